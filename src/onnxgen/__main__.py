@@ -1,0 +1,3 @@
+from onnxgen.cli import main
+
+raise SystemExit(main())

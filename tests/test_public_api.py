@@ -1,0 +1,7 @@
+import onnxgen
+
+
+def test_public_api_names_are_pinned() -> None:
+    assert set(onnxgen.__all__) >= {"OnnxgenError", "DecoderIOError", "ModelPackageError"}
+    for name in onnxgen.__all__:
+        assert hasattr(onnxgen, name), name
