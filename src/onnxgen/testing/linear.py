@@ -1,0 +1,141 @@
+"""Gated DeltaNet (linear-attention) token mixers for the tiny hybrid decoders, in two export forms.
+
+- :func:`linear_layer_fused` uses the ``com.microsoft`` ops onnxruntime-genai's builder emits for
+  Qwen3.5: ``CausalConvWithState``, ``LinearAttentionGate``, ``LinearAttention``, ``GatedRMSNorm``.
+- :func:`linear_layer_scan` uses standard ONNX only: Concat + Conv + Slice for the causal conv and a
+  ``Scan`` over the sequence axis for the recurrence (the form mobius ``--ep onnx-standard`` produces).
+
+Both read the normed hidden state ``x`` [batch, seq, hidden], the conv state [batch, conv_dim, K-1] and the
+recurrent state [batch, Hv, dk, dv] from graph inputs named by the caller, write the present states to the
+names the caller gives, and return the mixer output [batch, seq, hidden] (before the residual add).
+:mod:`onnxgen.testing.reference_linear` is the numpy ground truth for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxgen.testing.graph import GraphBuilder
+from onnxgen.testing.reference_linear import L2_EPS
+from onnxgen.testing.spec import TinySpec
+
+MS = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class _Geom:
+    hk: int
+    hv: int
+    dk: int
+    dv: int
+    k: int
+
+    @classmethod
+    def of(cls, spec: TinySpec) -> _Geom:
+        if spec.conv_kernel < 2:
+            raise ValueError(f"TinySpec.conv_kernel must be >= 2 for a conv state, got {spec.conv_kernel}")
+        return cls(
+            spec.lin_key_heads, spec.lin_value_heads, spec.lin_key_dim, spec.lin_value_dim, spec.conv_kernel
+        )
+
+
+def _weights(b: GraphBuilder, w: dict[str, np.ndarray], layer: int, names: tuple[str, ...]) -> dict[str, str]:
+    """Initializers for some of one layer's linear-attention weights, keyed by short name (``qkv``, ...)."""
+    p = f"layers.{layer}.lin."
+    return {n: b.const(np.ascontiguousarray(w[p + n], dtype=np.float32), name=p + n) for n in names}
+
+
+def _op(b: GraphBuilder, op_type: str, inputs: list[str], **attrs: object) -> str:
+    """One single-output node; returns its output name."""
+    out = b.op(op_type, inputs, **attrs)
+    if not isinstance(out, str):
+        raise TypeError(f"{op_type} was expected to have one output, got {out}")
+    return out
+
+
+def _ops(b: GraphBuilder, op_type: str, inputs: list[str], outputs: list[str], **attrs: object) -> list[str]:
+    """One node with several named outputs; returns their names."""
+    b.op(op_type, inputs, outputs=outputs, **attrs)
+    return outputs
+
+
+def _silu(b: GraphBuilder, x: str) -> str:
+    return _op(b, "Mul", [x, _op(b, "Sigmoid", [x])])
+
+
+def _l2norm_heads(b: GraphBuilder, x: str, g: _Geom, heads: int, dim: int, scale: float | None) -> str:
+    """[B, T, heads*dim] -> [B, T, Hv, dim]: L2-normalise each head (HF form), repeat to Hv heads, scale."""
+    x4 = _op(b, "Reshape", [x, b.const([0, 0, heads, dim])])
+    ss = _op(b, "ReduceSum", [_op(b, "Mul", [x4, x4]), b.const([-1])], keepdims=1)
+    inv = _op(b, "Reciprocal", [_op(b, "Sqrt", [_op(b, "Add", [ss, b.const(np.float32(L2_EPS))])])])
+    y = _op(b, "Mul", [x4, inv])
+    if scale is not None:
+        y = _op(b, "Mul", [y, b.const(np.float32(scale))])
+    if heads != g.hv:  # value head h reads key head floor(h * Hk / Hv)
+        y = _op(b, "Gather", [y, b.const(np.arange(g.hv, dtype=np.int64) * heads // g.hv)], axis=2)
+    return y
+
+
+def _qkv_heads(b: GraphBuilder, act: str, g: _Geom, q_scale: float | None) -> tuple[str, str, str]:
+    """Split the activated conv output [B, T, conv_dim] into q, k [B, T, Hv, dk] and v [B, T, Hv, dv]."""
+    sizes = b.const([g.hk * g.dk, g.hk * g.dk, g.hv * g.dv])
+    q, k, v = _ops(b, "Split", [act, sizes], [b.fresh("q"), b.fresh("k"), b.fresh("v")], axis=-1)
+    q4 = _l2norm_heads(b, q, g, g.hk, g.dk, q_scale)
+    k4 = _l2norm_heads(b, k, g, g.hk, g.dk, None)
+    v4 = _op(b, "Reshape", [v, b.const([0, 0, g.hv, g.dv])])
+    return q4, k4, v4
+
+
+def _packed(b: GraphBuilder, x4: str) -> str:
+    return _op(b, "Reshape", [x4, b.const([0, 0, -1])])
+
+
+def linear_layer_fused(
+    b: GraphBuilder,
+    x: str,
+    w: dict[str, np.ndarray],
+    spec: TinySpec,
+    layer: int,
+    conv_in: str,
+    rec_in: str,
+    conv_out: str,
+    rec_out: str,
+) -> str:
+    """Gated DeltaNet mixer from ``com.microsoft`` fused ops; returns the [B, T, hidden] output name."""
+    g = _Geom.of(spec)
+    wn = _weights(b, w, layer, ("qkv", "z", "a", "b", "conv", "dt_bias", "norm", "out"))
+    mixed_t = _op(b, "Transpose", [_op(b, "MatMul", [x, wn["qkv"]])], perm=[0, 2, 1])  # [B, C, T]
+    conv_t = _ops(
+        b,
+        "CausalConvWithState",
+        [mixed_t, wn["conv"], "", conv_in],
+        [b.fresh("causal_conv"), conv_out],
+        domain=MS,
+        activation="silu",
+    )[0]
+    act = _op(b, "Transpose", [conv_t], perm=[0, 2, 1])  # [B, T, C]
+    q4, k4, v4 = _qkv_heads(b, act, g, None)
+
+    decay_scale = b.const(-np.exp(w[f"layers.{layer}.lin.A_log"]).astype(np.float32))
+    a_proj = _op(b, "MatMul", [x, wn["a"]])
+    b_proj = _op(b, "MatMul", [x, wn["b"]])
+    gate_ins = [a_proj, wn["dt_bias"], decay_scale, b_proj]
+    decay, beta = _ops(b, "LinearAttentionGate", gate_ins, [b.fresh("decay"), b.fresh("beta")], domain=MS)
+    o = _ops(
+        b,
+        "LinearAttention",
+        [_packed(b, q4), _packed(b, k4), _packed(b, v4), rec_in, decay, beta],
+        [b.fresh("linear_attention"), rec_out],
+        domain=MS,
+        q_num_heads=g.hv,
+        kv_num_heads=g.hv,
+        scale=float(g.dk**-0.5),
+        update_rule="gated_delta",
+    )[0]
+    z = _op(b, "MatMul", [x, wn["z"]])
+    normed = _op(
+        b, "GatedRMSNorm", [o, wn["norm"], z], domain=MS, epsilon=float(spec.rms_eps), activation="silu"
+    )
+    return _op(b, "MatMul", [normed, wn["out"]])
