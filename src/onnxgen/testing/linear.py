@@ -139,3 +139,83 @@ def linear_layer_fused(
         b, "GatedRMSNorm", [o, wn["norm"], z], domain=MS, epsilon=float(spec.rms_eps), activation="silu"
     )
     return _op(b, "MatMul", [normed, wn["out"]])
+
+
+def _gated_delta_body(b: GraphBuilder) -> tuple[GraphBuilder, list[str]]:
+    """The Scan body for one token: state [B, Hv, dk, dv]; q, k [B, Hv, dk], v [B, Hv, dv], g, beta [B, Hv].
+
+    Every name comes from the parent builder so the body never shadows an outer-scope name.
+    """
+    body = GraphBuilder(b.fresh("gated_delta_step"))
+
+    def op(op_type: str, inputs: list[str], **attrs: object) -> str:
+        return _ops(body, op_type, inputs, [b.fresh(op_type.lower())], **attrs)[0]
+
+    s, q, k, v, g, beta = (
+        body.input(b.fresh(n), "float32", shape)
+        for n, shape in (
+            ("state", [None] * 4),
+            ("q_t", [None] * 3),
+            ("k_t", [None] * 3),
+            ("v_t", [None] * 3),
+            ("g_t", [None] * 2),
+            ("beta_t", [None] * 2),
+        )
+    )
+    ax2 = body.const([2], name=b.fresh("axis2"))
+    ax3 = body.const([3], name=b.fresh("axis3"))
+    ax23 = body.const([2, 3], name=b.fresh("axes23"))
+    s1 = op("Mul", [s, op("Unsqueeze", [op("Exp", [g]), ax23])])  # S <- exp(g) S
+    u = op("MatMul", [op("Unsqueeze", [k, ax2]), s1])  # k^T S: [B, Hv, 1, dv]
+    delta = op("Mul", [op("Sub", [op("Unsqueeze", [v, ax2]), u]), op("Unsqueeze", [beta, ax23])])
+    s2 = op("Add", [s1, op("MatMul", [op("Unsqueeze", [k, ax3]), delta])])  # S + k (x) beta (v - u)
+    o = op("Squeeze", [op("MatMul", [op("Unsqueeze", [q, ax2]), s2]), ax2])  # q^T S: [B, Hv, dv]
+    body.output(s2, "float32", [None] * 4)
+    body.output(o, "float32", [None] * 3)
+    return body, [s2, o]
+
+
+def linear_layer_scan(
+    b: GraphBuilder,
+    x: str,
+    w: dict[str, np.ndarray],
+    spec: TinySpec,
+    layer: int,
+    conv_in: str,
+    rec_in: str,
+    conv_out: str,
+    rec_out: str,
+) -> str:
+    """Gated DeltaNet mixer from standard ONNX ops with a ``Scan`` over the sequence axis."""
+    g = _Geom.of(spec)
+    wn = _weights(b, w, layer, ("qkv", "z", "a", "b", "conv", "dt_bias", "norm", "out"))
+    mixed_t = _op(b, "Transpose", [_op(b, "MatMul", [x, wn["qkv"]])], perm=[0, 2, 1])  # [B, C, T]
+    full = _op(b, "Concat", [conv_in, mixed_t], axis=2)  # [B, C, K-1+T]
+    conv = _op(b, "Conv", [full, wn["conv"]], group=spec.conv_dim, kernel_shape=[g.k])  # [B, C, T]
+    ends = b.const([np.iinfo(np.int64).max])
+    _ops(b, "Slice", [full, b.const([-(g.k - 1)]), ends, b.const([2])], [conv_out])
+    act = _op(b, "Transpose", [_silu(b, conv)], perm=[0, 2, 1])  # [B, T, C]
+    q4, k4, v4 = _qkv_heads(b, act, g, float(g.dk**-0.5))
+
+    decay_scale = b.const(-np.exp(w[f"layers.{layer}.lin.A_log"]).astype(np.float32))
+    a_proj = _op(b, "Add", [_op(b, "MatMul", [x, wn["a"]]), wn["dt_bias"]])
+    decay = _op(b, "Mul", [_op(b, "Softplus", [a_proj]), decay_scale])  # [B, T, Hv]
+    beta = _op(b, "Sigmoid", [_op(b, "MatMul", [x, wn["b"]])])
+    body, _ = _gated_delta_body(b)
+    o = _ops(
+        b,
+        "Scan",
+        [rec_in, q4, k4, v4, decay, beta],
+        [rec_out, b.fresh("scan_o")],
+        body=body.graph(),
+        num_scan_inputs=5,
+        scan_input_axes=[1] * 5,
+        scan_output_axes=[1],
+    )[1]  # [B, T, Hv, dv]
+
+    ms = _op(b, "ReduceMean", [_op(b, "Mul", [o, o]), b.const([-1])], keepdims=1)
+    inv = _op(b, "Reciprocal", [_op(b, "Sqrt", [_op(b, "Add", [ms, b.const(np.float32(spec.rms_eps))])])])
+    normed = _op(b, "Mul", [_op(b, "Mul", [o, inv]), wn["norm"]])
+    z4 = _op(b, "Reshape", [_op(b, "MatMul", [x, wn["z"]]), b.const([0, 0, g.hv, g.dv])])
+    gated = _packed(b, _op(b, "Mul", [normed, _silu(b, z4)]))
+    return _op(b, "MatMul", [gated, wn["out"]])
