@@ -8,7 +8,22 @@
 Both read the normed hidden state ``x`` [batch, seq, hidden], the conv state [batch, conv_dim, K-1] and the
 recurrent state [batch, Hv, dk, dv] from graph inputs named by the caller, write the present states to the
 names the caller gives, and return the mixer output [batch, seq, hidden] (before the residual add).
-:mod:`onnxgen.testing.reference_linear` is the numpy ground truth for both.
+:mod:`onnxgen.testing.reference_linear` is the numpy ground truth for both. Both need default-domain
+opset >= 18 (axes as inputs); the fused form also needs ``com.microsoft`` opset 1.
+
+Contracts checked on onnxruntime 1.32 (see tests/testing/test_linear_layers.py):
+
+- ``CausalConvWithState``: channels-first [B, C, T] input, weight [C, 1, K] as stored, no bias,
+  ``activation="silu"``; its present state is the last K-1 columns of concat(past, input), also for T < K-1.
+- ``LinearAttention``: ``update_rule="gated_delta"``, per-head scalar decay (log space) and beta [B, T, Hv],
+  state [B, H, dk, dv]. No L2 norm inside, so q and k are normalised before. Its GQA shares one KV head
+  across query heads, the opposite of Gated DeltaNet, so q and k are repeated to Hv heads and
+  ``q_num_heads = kv_num_heads = Hv``. ``scale`` is set explicitly to dk^-1/2 (the op's 0.0 default
+  derives the same value from the query width).
+- ``GatedRMSNorm``: per-head norm over the trailing dv of [B, T, Hv*dv], ``epsilon = spec.rms_eps``
+  (the op defaults to 1e-5), gate silu(z).
+- ``Scan``: one state variable (the recurrent state), five scan inputs q, k, v, g, beta scanned on axis 1
+  (``scan_input_axes=[1]*5``), one scan output o on axis 1; the body has only plain ops.
 """
 
 from __future__ import annotations
