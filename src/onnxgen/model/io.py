@@ -5,7 +5,8 @@ Precedence: ``inference_metadata`` ``model.io`` (declared) > ``genai_config.json
 graph's port names and shapes.
 
 Shapes are tuples whose entries are an ``int`` (static extent) or a ``str`` (symbolic axis name);
-``None`` stands for an unnamed dynamic axis.
+``None`` stands for an unnamed dynamic axis. A port whose rank the graph does not state (an output
+declared without a shape) has ``shape == ()`` and ``rank_known == False``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,16 @@ class Port:
     name: str
     dtype: str
     shape: Shape
+    rank_known: bool = True
 
     @property
     def rank(self) -> int:
         return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        """Every axis has a concrete extent."""
+        return self.rank_known and all(isinstance(d, int) for d in self.shape)
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,17 @@ class DecoderIO:
     # Every other graph input, with how it is fed (unknown extra inputs are an error at derivation).
     extra_inputs: tuple[Port, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    # The graph's own input and output ports (name, dtype, shape), in graph order.
+    input_ports: tuple[Port, ...] = ()
+    output_ports: tuple[Port, ...] = ()
 
     @property
     def is_hybrid(self) -> bool:
         return bool(self.state_pairs)
+
+    def port(self, name: str) -> Port:
+        """The graph input or output called ``name`` (``KeyError`` when the graph has none)."""
+        for p in (*self.input_ports, *self.output_ports):
+            if p.name == name:
+                return p
+        raise KeyError(name)

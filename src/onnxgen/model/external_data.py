@@ -1,0 +1,66 @@
+"""Checks that every external-data file a model references exists and is long enough (no data read)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+
+from onnxgen.errors import ModelPackageError
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield attr.t
+        yield from attr.tensors
+        if attr.HasField("g"):
+            yield from _graph_tensors(attr.g)
+        for g in attr.graphs:
+            yield from _graph_tensors(g)
+
+
+def external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of the model (main graph, subgraphs, function bodies) stored outside the file."""
+    tensors = [*_graph_tensors(model.graph)]
+    for fn in model.functions:
+        for node in fn.node:
+            tensors.extend(_node_tensors(node))
+    return (t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL)
+
+
+def check_external_data(model: onnx.ModelProto, model_path: Path) -> list[Path]:
+    """The external-data files ``model`` needs; raises :class:`ModelPackageError` naming a file that is
+    missing, or too short for the tensor ranges recorded in the graph (a truncated copy)."""
+    needed: dict[Path, tuple[int, str]] = {}
+    for t in external_tensors(model):
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        if not location:
+            raise ModelPackageError(
+                f"{model_path}: tensor '{t.name}' is external but names no file; re-export"
+            )
+        end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        path = model_path.parent / location
+        if end > needed.get(path, (-1, ""))[0]:
+            needed[path] = (end, t.name)
+    for path, (end, tensor) in needed.items():
+        if not path.is_file():
+            raise ModelPackageError(
+                f"external data file {path} (weights of {model_path.name}, e.g. tensor '{tensor}') is missing; "
+                f"copy it next to {model_path.name}"
+            )
+        size = path.stat().st_size
+        if size < end:
+            raise ModelPackageError(
+                f"external data file {path} is truncated: {size} bytes, but tensor '{tensor}' ends at byte "
+                f"{end}; re-copy the file"
+            )
+    return sorted(needed)

@@ -1,0 +1,94 @@
+"""KV pairs: checking the four ports of each attention layer and finding (kv_heads, head_dim)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import onnx
+
+from onnxgen.errors import DecoderIOError
+from onnxgen.model.geometry import AttentionGeometry, geometry_from_configs
+from onnxgen.model.graph_ports import MS_DOMAIN, GraphSignature, consumers
+from onnxgen.model.io import KVPair, Port
+from onnxgen.model.naming import KVNames
+from onnxgen.model.pairs import check_compatible
+
+
+def _static(port: Port, axis: int) -> int | None:
+    if port.rank_known and port.rank > axis and isinstance(port.shape[axis], int):
+        return int(port.shape[axis])  # type: ignore[arg-type]
+    return None
+
+
+class KVBuilder:
+    """Builds checked :class:`KVPair` objects; geometry from shapes, then configs, then the graph."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        sig: GraphSignature,
+        genai_config: Mapping[str, Any] | None,
+        hf_config: Mapping[str, Any] | None,
+    ) -> None:
+        self.sig = sig
+        self.config_kv, self.config_hd = geometry_from_configs(genai_config, hf_config)
+        self.attention = AttentionGeometry(model)
+        self.notes: list[str] = []
+
+    def build(self, names: KVNames) -> KVPair:
+        pk, pv = self.sig.input(names.past_key), self.sig.input(names.past_value)
+        prk, prv = self.sig.output(names.present_key), self.sig.output(names.present_value)
+        assert pk and pv and prk and prv  # existence is checked before pairs are built
+        for past in (pk, pv):
+            if past.rank_known and past.rank != 4:
+                raise DecoderIOError(
+                    f"KV input '{past.name}' has rank {past.rank}; onnxgen supports [batch, kv_heads, seq, head_dim] caches"
+                )
+        check_compatible(pk, prk, seq_axis=2)
+        check_compatible(pv, prv, seq_axis=2)
+        if pk.dtype != pv.dtype:
+            raise DecoderIOError(
+                f"KV inputs '{pk.name}' ({pk.dtype}) and '{pv.name}' ({pv.dtype}) differ in dtype"
+            )
+        kv_heads, head_dim = self._geometry(pk, pv, prk)
+        return KVPair(
+            names.layer, pk.name, pv.name, prk.name, prv.name, pk.dtype, kv_heads=kv_heads, head_dim=head_dim
+        )
+
+    def _geometry(self, pk: Port, pv: Port, prk: Port) -> tuple[int, int]:
+        kv = _static(pk, 1) or _static(prk, 1) or _static(pv, 1)
+        hd = _static(pk, 3) or _static(prk, 3)
+        for what, graph_value, config_value in (
+            ("kv_heads", kv, self.config_kv),
+            ("head_dim", hd, self.config_hd),
+        ):
+            if graph_value and config_value and graph_value != config_value:
+                note = f"{what}: graph port '{pk.name}' says {graph_value}, config says {config_value}; using the graph"
+                if note not in self.notes:
+                    self.notes.append(note)
+        kv, hd = kv or self.config_kv, hd or self.config_hd
+        if kv is None or hd is None:
+            node_kv, node_hd = self.attention(pk.name)
+            kv, hd = kv or node_kv, hd or node_hd
+        if kv is None or hd is None:
+            missing = " and ".join(w for w, v in (("kv_heads", kv), ("head_dim", hd)) if v is None)
+            raise DecoderIOError(
+                f"cannot tell {missing} of KV input '{pk.name}' (shape {list(pk.shape)}): no static extent, no config "
+                "states it and no attention node reveals it; add num_key_value_heads/head_dim to config.json or "
+                "declare the shape in inference_metadata.yaml model.io kv_inputs ({name, shape})"
+            )
+        return kv, hd
+
+
+def shares_buffer(model: onnx.ModelProto, pairs: list[KVPair]) -> bool:
+    """Every past key/value is read only by com.microsoft GroupQueryAttention nodes."""
+    if not pairs:
+        return False
+    users = consumers(model)
+    for pair in pairs:
+        for name in pair.inputs:
+            nodes = users.get(name, [])
+            if not nodes or any(n.op_type != "GroupQueryAttention" or n.domain != MS_DOMAIN for n in nodes):
+                return False
+    return True

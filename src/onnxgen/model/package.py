@@ -1,0 +1,191 @@
+"""ModelPackage: what a model directory holds, opened cheaply (the graph is read without weights)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from onnxgen.errors import ModelPackageError
+from onnxgen.model.config_files import (
+    CHAT_TEMPLATE_NAME,
+    INFERENCE_METADATA_NAMES,
+    JSON_CONFIG_NAMES,
+    TOKENIZER_NAME,
+    read_config,
+)
+from onnxgen.model.external_data import check_external_data
+from onnxgen.model.graph_ports import GraphSignature, signature
+from onnxgen.model.io import DecoderIO
+from onnxgen.model.settings import ModelSettings, resolve_settings
+
+MODEL_FILE = "model.onnx"
+
+
+class ModelPackage:
+    """A decoder export on disk: ``model.onnx`` (+ external data) and the config files beside it.
+
+    Open with :meth:`open`. Config files are parsed at open (a malformed one is a
+    :class:`~onnxgen.errors.ConfigError`); the decoder I/O (:attr:`io`) and the token/context
+    settings (:attr:`settings`) are derived on first access and cached.
+    """
+
+    def __init__(
+        self, model_path: Path, graph: onnx.ModelProto, configs: dict[str, tuple[Path, dict[str, Any]]]
+    ):
+        self.model_path = model_path
+        self.root = model_path.parent
+        self.graph = graph  # weights not loaded: external tensors are references only
+        self.configs = configs
+        self._notes: list[str] = []
+        tok = self.root / TOKENIZER_NAME
+        self.tokenizer_path: Path | None = tok if tok.is_file() else None
+        tpl = self.root / CHAT_TEMPLATE_NAME
+        self.chat_template_path: Path | None = tpl if tpl.is_file() else None
+
+    # -- opening --------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path) -> ModelPackage:
+        """Open a model directory, or a ``.onnx`` file inside one.
+
+        Raises :class:`ModelPackageError` for a missing/unreadable/truncated model or a missing
+        external-data file, :class:`ConfigError` for a malformed config file.
+        """
+        path = Path(path).expanduser()
+        notes: list[str] = []
+        configs = _read_configs(path.parent if path.is_file() else path, notes)
+        model_path = _find_model(path, configs.get("genai_config"))
+        graph = _load_graph(model_path)
+        check_external_data(graph, model_path)
+        pkg = cls(model_path, graph, configs)
+        pkg._notes.extend(notes)
+        return pkg
+
+    # -- configs --------------------------------------------------------------------------------
+    def config(self, kind: str) -> dict[str, Any] | None:
+        """Parsed content of ``inference_metadata``, ``genai_config``, ``hf_config``,
+        ``generation_config`` or ``tokenizer_config`` (``None`` when the file is absent)."""
+        entry = self.configs.get(kind)
+        return entry[1] if entry else None
+
+    def config_path(self, kind: str) -> Path | None:
+        entry = self.configs.get(kind)
+        return entry[0] if entry else None
+
+    @property
+    def inference_metadata(self) -> dict[str, Any] | None:
+        return self.config("inference_metadata")
+
+    @property
+    def genai_config(self) -> dict[str, Any] | None:
+        return self.config("genai_config")
+
+    @property
+    def hf_config(self) -> dict[str, Any] | None:
+        return self.config("hf_config")
+
+    @property
+    def generation_config(self) -> dict[str, Any] | None:
+        return self.config("generation_config")
+
+    @property
+    def tokenizer_config(self) -> dict[str, Any] | None:
+        return self.config("tokenizer_config")
+
+    # -- derived, cached ------------------------------------------------------------------------
+    @cached_property
+    def signature(self) -> GraphSignature:
+        return signature(self.graph)
+
+    @cached_property
+    def io(self) -> DecoderIO:
+        from onnxgen.model.derive import derive_io
+
+        return derive_io(self)
+
+    @cached_property
+    def settings(self) -> ModelSettings:
+        named = {kind: (path.name, data) for kind, (path, data) in self.configs.items()}
+        return resolve_settings(named, self.tokenizer_path)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.settings.eos_token_ids
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.settings.bos_token_id
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.settings.pad_token_id
+
+    @property
+    def context_length(self) -> int | None:
+        return self.settings.context_length
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Everything worth telling the user: config disagreements, fallbacks taken."""
+        return (*self._notes, *self.settings.notes)
+
+    def __repr__(self) -> str:
+        return f"ModelPackage({str(self.model_path)!r})"
+
+
+def _read_configs(root: Path, notes: list[str]) -> dict[str, tuple[Path, dict[str, Any]]]:
+    if not root.is_dir():
+        raise ModelPackageError(
+            f"model path {root} does not exist or is not a directory; pass a model directory or its model.onnx"
+        )
+    configs: dict[str, tuple[Path, dict[str, Any]]] = {}
+    found = [root / n for n in INFERENCE_METADATA_NAMES if (root / n).is_file()]
+    if found:
+        configs["inference_metadata"] = (found[0], read_config(found[0]))
+        notes.extend(f"{extra.name} ignored: {found[0].name} takes precedence" for extra in found[1:])
+    for kind, name in JSON_CONFIG_NAMES.items():
+        if (root / name).is_file():
+            configs[kind] = (root / name, read_config(root / name))
+    return configs
+
+
+def _find_model(path: Path, genai: tuple[Path, dict[str, Any]] | None) -> Path:
+    if path.is_file():
+        return path
+    if (path / MODEL_FILE).is_file():
+        return path / MODEL_FILE
+    decoder = ((genai[1].get("model") or {}).get("decoder") or {}) if genai else {}
+    filename = decoder.get("filename") if isinstance(decoder, dict) else None
+    if isinstance(filename, str) and filename:
+        if (path / filename).is_file():
+            return path / filename
+        raise ModelPackageError(
+            f"{path / filename} (named by genai_config.json model.decoder.filename) does not exist; "
+            "copy the model file into the directory or fix the filename"
+        )
+    others = sorted(p.name for p in path.glob("*.onnx"))
+    if len(others) == 1:
+        return path / others[0]
+    hint = f" (found {', '.join(others)}: pass the one to use)" if others else ""
+    raise ModelPackageError(f"{path / MODEL_FILE} does not exist{hint}; export the model into {path}")
+
+
+def _load_graph(model_path: Path) -> onnx.ModelProto:
+    if model_path.stat().st_size == 0:
+        raise ModelPackageError(f"{model_path} is empty; re-export or re-copy the model")
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise ModelPackageError(
+            f"{model_path} cannot be parsed as ONNX ({e}); the file is truncated or not an ONNX model: "
+            "re-export or re-copy it"
+        ) from e
+    if not model.HasField("graph") or not model.graph.output or not model.graph.input:
+        raise ModelPackageError(
+            f"{model_path} has no graph inputs/outputs; the file is truncated or not an ONNX model: "
+            "re-export or re-copy it"
+        )
+    return model
