@@ -93,6 +93,34 @@ class GraphBuilder:
         )
         return outs[0] if len(outs) == 1 else outs
 
+    def op1(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        *,
+        domain: str = "",
+        out: str | None = None,
+        **attrs: object,
+    ) -> str:
+        """Append a single-output node; returns its output name (``out`` when given)."""
+        outs = [out] if out is not None else [self.fresh(op_type.lower())]
+        self.op(op_type, inputs, domain=domain, outputs=outs, **attrs)
+        return outs[0]
+
+    def opn(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        outputs: Sequence[str | None],
+        *,
+        domain: str = "",
+        **attrs: object,
+    ) -> list[str]:
+        """Append a node with several outputs; ``None`` entries get fresh names. Returns all output names."""
+        outs = [o if o is not None else self.fresh(op_type.lower()) for o in outputs]
+        self.op(op_type, inputs, domain=domain, outputs=outs, **attrs)
+        return outs
+
     def graph(self) -> onnx.GraphProto:
         return helper.make_graph(
             self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers
@@ -103,7 +131,7 @@ class GraphBuilder:
         if ms_opset is not None:
             imports.append(helper.make_opsetid("com.microsoft", ms_opset))
         m = helper.make_model(self.graph(), opset_imports=imports, producer_name="onnxgen.testing")
-        m.ir_version = 10
+        m.ir_version = 10 if opset <= 22 else 11
         return m
 
 
