@@ -1,0 +1,198 @@
+"""The generation loop: prefill, decode steps, stopping, streaming events.
+
+Token selection (processor chain + sampler) and text (incremental detokenizer + stop strings) are kept
+apart: :class:`TokenLoop` yields token ids as the model produces them, :class:`Generator` turns them
+into streamed text and a final :class:`GenerationResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnxgen.errors import GenerationError
+from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
+from onnxgen.generation.sampling import Sampler
+from onnxgen.generation.stopping import StopChecker, StopStringMatcher
+from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.state import DecodeState
+from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass
+class StreamEvent:
+    """One step of a stream: the new token ids, the text they complete, and at the end a finish reason."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    stats: dict[str, Any] | None = None
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class TokenLoop:
+    """Chooses tokens one forward at a time for one sequence; counts forwards and times them."""
+
+    def __init__(
+        self,
+        session: DecoderSession,
+        state: DecodeState,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        eos_ids: Sequence[int],
+    ) -> None:
+        self.session = session
+        self.state = state
+        self.params = params
+        self.prompt_len = len(prompt)
+        self.ids = np.zeros(len(prompt) + params.max_new_tokens, dtype=np.int64)
+        self.ids[: len(prompt)] = prompt
+        self.n = len(prompt)
+        self.chain = build_chain(params, eos_ids)
+        self.sampler = None if params.is_greedy else Sampler(params.seed)
+        self.checker = StopChecker(params, eos_ids)
+        self.forward_passes = 0
+
+    def _select(self, logits: np.ndarray) -> int:
+        if self.chain:
+            view = SequenceView(self.ids[: self.n], self.prompt_len)
+            logits = apply_chain(self.chain, view, logits)
+        if self.sampler is None:
+            return int(np.argmax(logits))
+        return self.sampler.sample(logits)
+
+    def tokens(self) -> Iterator[tuple[int, str | None]]:
+        """Yield (token id, finish reason or None); the last yielded token carries the reason."""
+        logits = self.session.forward(self.state, self.ids[None, : self.n])[0, -1]
+        self.forward_passes += 1
+        while True:
+            token = self._select(logits)
+            self.ids[self.n] = token
+            self.n += 1
+            reason = self.checker.check(token, self.n - self.prompt_len)
+            yield token, reason
+            if reason is not None:
+                return
+            logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n])[0, -1]
+            self.forward_passes += 1
+
+
+class Generator:
+    """Runs requests on one :class:`DecoderSession`, reusing its decode state between requests."""
+
+    def __init__(
+        self,
+        session: DecoderSession,
+        tokenizer: Tokenizer | None,
+        eos_ids: Sequence[int],
+        context_length: int | None,
+    ) -> None:
+        self.session = session
+        self.tokenizer = tokenizer
+        self.eos_ids = tuple(eos_ids)
+        self.context_length = context_length
+        self._state: DecodeState | None = None
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        if len(prompt_ids) == 0:
+            raise GenerationError("the prompt is empty; give at least one token (or non-empty text)")
+        vocab = self.session.vocab_size
+        bad = [int(i) for i in prompt_ids if not 0 <= int(i) < vocab] if vocab > 0 else []
+        if bad:
+            raise GenerationError(
+                f"prompt token ids {bad[:5]} are outside the model's vocabulary [0, {vocab}); "
+                "encode the prompt with this model's tokenizer"
+            )
+        if self.context_length is not None and len(prompt_ids) >= self.context_length:
+            raise GenerationError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context holds {self.context_length} "
+                "(prompt plus at least one new token); shorten the prompt"
+            )
+
+    def _budget(self, prompt_len: int, params: SamplingParams) -> SamplingParams:
+        """Clip max_new_tokens to what the context has room for."""
+        if self.context_length is None or prompt_len + params.max_new_tokens <= self.context_length:
+            return params
+        room = self.context_length - prompt_len
+        return SamplingParams(
+            **{**params.__dict__, "max_new_tokens": room, "min_new_tokens": min(params.min_new_tokens, room)}
+        )
+
+    def state_for(self, capacity: int) -> DecodeState:
+        """A reset decode state holding at least ``capacity`` tokens (reused between requests)."""
+        if self._state is None or self._state.capacity < capacity:
+            self._state = self.session.new_state(capacity)
+        else:
+            self._state.reset()
+        return self._state
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[StreamEvent]:
+        self.check_prompt(prompt_ids)
+        params = self._budget(len(prompt_ids), params)
+        start = time.perf_counter()
+        state = self.state_for(len(prompt_ids) + params.max_new_tokens)
+        loop = TokenLoop(self.session, state, prompt_ids, params, self.eos_ids)
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
+        stops = StopStringMatcher(params.stop) if params.stop else None
+        generated: list[int] = []
+        first = end = start
+        for token, reason in loop.tokens():
+            if not generated:
+                first = time.perf_counter()
+            generated.append(token)
+            text = ""
+            if detok is not None:
+                piece = detok.feed(token)
+                if reason is not None:
+                    piece += detok.flush()
+                if stops is not None:
+                    match = stops.feed(piece)
+                    piece = match.text
+                    if match.stopped:
+                        reason = "stop"
+                    elif reason is not None:
+                        piece += stops.flush()
+                text = piece
+            if reason is None:
+                yield StreamEvent([token], text)
+                continue
+            end = time.perf_counter()
+            stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
+            yield StreamEvent([token], text, reason, stats)
+            return
+
+    @staticmethod
+    def _stats(
+        prompt: int, generated: int, start: float, first: float, end: float, passes: int
+    ) -> dict[str, Any]:
+        decode_s = end - first
+        return {
+            "prompt_tokens": prompt,
+            "generated_tokens": generated,
+            "ttft_s": first - start,
+            "decode_tok_s": (generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+            "forward_passes": passes,
+            "total_s": end - start,
+        }
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+        ids: list[int] = []
+        parts: list[str] = []
+        for event in self.stream(prompt_ids, params):
+            ids.extend(event.token_ids)
+            parts.append(event.text)
+            if event.finish_reason is not None:
+                return GenerationResult(ids, "".join(parts), event.finish_reason, event.stats or {})
+        raise GenerationError("generation ended without a finish reason")  # pragma: no cover

@@ -1,0 +1,50 @@
+"""Host buffers that onnxruntime reads and writes in place.
+
+On the CPU an ``OrtValue`` made by ``ortvalue_from_numpy`` shares memory with its numpy array, so
+onnxgen keeps every KV and state buffer as a (numpy array, OrtValue) pair: the runtime binds the OrtValue,
+the state object reads, zeroes, snapshots and rewinds through the array, and nothing is copied per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+_NP_DTYPES = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": np.float32,  # not representable in numpy: refused by dtype_of()
+    "int64": np.int64,
+    "int32": np.int32,
+}
+
+
+def dtype_of(name: str) -> np.dtype:
+    """numpy dtype for a DecoderIO dtype name."""
+    if name not in _NP_DTYPES or name == "bfloat16":
+        from onnxgen.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"tensor element type {name!r} is not supported for KV/state buffers; "
+            "export the model with float32 or float16 caches"
+        )
+    return np.dtype(_NP_DTYPES[name])
+
+
+@dataclass
+class HostBuffer:
+    """A numpy array and the OrtValue that views the same memory."""
+
+    array: np.ndarray
+    value: ort.OrtValue
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...], dtype: np.dtype) -> HostBuffer:
+        return cls.wrap(np.zeros(shape, dtype=dtype))
+
+    @classmethod
+    def wrap(cls, array: np.ndarray) -> HostBuffer:
+        array = np.ascontiguousarray(array)
+        return cls(array, ort.OrtValue.ortvalue_from_numpy(array))

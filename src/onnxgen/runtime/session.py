@@ -1,0 +1,126 @@
+"""DecoderSession: an onnxruntime session driven through IO binding.
+
+One forward binds the step's small inputs (token ids, attention mask, position ids), the KV and
+recurrent-state buffers of a :class:`DecodeState` (by port name), and the logits output, runs, and
+advances the state. Nothing on that path copies a KV cache or a recurrent state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxgen.errors import GenerationError, UnsupportedModelError
+from onnxgen.model.io import DecoderIO
+from onnxgen.runtime.state import DecodeState
+
+log = logging.getLogger(__name__)
+
+
+def default_threads() -> int:
+    """All cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def make_session_options(threads: int | None) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or default_threads()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    return opts
+
+
+class DecoderSession:
+    """Runs forwards of one decoder export over a :class:`DecodeState`."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        io: DecoderIO,
+        *,
+        threads: int | None = None,
+        providers: Sequence[str] | None = None,
+        options: ort.SessionOptions | None = None,
+    ) -> None:
+        self.io = io
+        self.threads = threads or default_threads()
+        opts = options or make_session_options(self.threads)
+        try:
+            self.session = ort.InferenceSession(
+                str(model_path), sess_options=opts, providers=list(providers or ["CPUExecutionProvider"])
+            )
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise UnsupportedModelError(
+                f"onnxruntime could not load {model_path}: {e}. Check that the installed onnxruntime "
+                "supports every op of the export (see `onnxgen inspect`)"
+            ) from e
+        self.vocab_size = self._vocab_size()
+        self._logits_dtype = self._output_dtype(io.logits)
+        self._shared_kv = io.past_present_share_buffer
+        self._token_dtype = np.int64 if self._input_type(io.token_input) == "tensor(int64)" else np.int32
+        self._mask_dtype = (
+            np.int64
+            if io.attention_mask is None or self._input_type(io.attention_mask) == "tensor(int64)"
+            else np.int32
+        )
+
+    def _input_type(self, name: str) -> str:
+        return next(i.type for i in self.session.get_inputs() if i.name == name)
+
+    def _output_dtype(self, name: str) -> np.dtype:
+        t = next(o.type for o in self.session.get_outputs() if o.name == name)
+        return np.dtype(np.float16) if t == "tensor(float16)" else np.dtype(np.float32)
+
+    def _vocab_size(self) -> int:
+        shape = next(o.shape for o in self.session.get_outputs() if o.name == self.io.logits)
+        return int(shape[-1]) if isinstance(shape[-1], int) else -1
+
+    def new_state(self, capacity: int, batch: int = 1) -> DecodeState:
+        """An empty decode state holding up to ``capacity`` tokens per row."""
+        return DecodeState(self.io, batch=batch, capacity=capacity, shared_kv=self._shared_kv)
+
+    def forward(self, state: DecodeState, ids: np.ndarray) -> np.ndarray:
+        """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, T, vocab].
+
+        The returned array is owned by the caller (it is not reused by later forwards).
+        """
+        batch, t = ids.shape
+        if batch != state.batch:
+            raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
+        binding = self.session.io_binding()
+        self._bind_step_inputs(binding, state.length, ids)
+        writes = state.bind(binding, t)
+        binding.bind_output(self.io.logits, "cpu")
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:
+            state.discard(writes)
+            raise GenerationError(f"forward over {t} tokens at position {state.length} failed: {e}") from e
+        # IOBinding returns outputs in the order they were bound.
+        outputs = dict(zip(state.bound_outputs + [self.io.logits], binding.get_outputs(), strict=True))
+        state.advance(t, writes, outputs)
+        return outputs[self.io.logits].numpy()
+
+    def _bind_step_inputs(self, binding: ort.IOBinding, past: int, ids: np.ndarray) -> None:
+        io = self.io
+        batch, t = ids.shape
+        binding.bind_cpu_input(io.token_input, np.ascontiguousarray(ids, dtype=self._token_dtype))
+        if io.attention_mask is not None:
+            binding.bind_cpu_input(io.attention_mask, np.ones((batch, past + t), dtype=self._mask_dtype))
+        if io.position_ids is not None:
+            pos = np.arange(past, past + t, dtype=np.int64)
+            if io.position_ids_rank == 3:
+                arr = np.broadcast_to(pos, (3, batch, t))
+            else:
+                arr = np.broadcast_to(pos, (batch, t))
+            binding.bind_cpu_input(io.position_ids, np.ascontiguousarray(arr))

@@ -1,0 +1,207 @@
+"""DecodeState: the KV caches, recurrent states and length cursor of one decoding run.
+
+KV caches come in two modes, chosen from the DecoderIO:
+
+- *shared*: GroupQueryAttention exports read past and write present in one preallocated
+  ``[batch, kv_heads, capacity, head_dim]`` buffer (onnxruntime-genai's past_present_share_buffer); the
+  state only moves its length cursor, and rewinding is free.
+- *growing*: present = concat(past, new); the present OrtValue a forward returns becomes the next past
+  as it is (no copy). Rewinding slices.
+
+Recurrent states are fixed-shape, zero at start, and double-buffered: a forward reads the current
+buffer and writes a spare one, then they swap. Because the current buffer is never written, a
+snapshot is a set of references (the snapshotted buffers are pinned so they are not reused as spares)
+and restoring it is free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxgen.errors import GenerationError
+from onnxgen.model.io import DecoderIO, StatePair
+from onnxgen.runtime.buffers import HostBuffer, dtype_of
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What :meth:`DecodeState.restore` needs to go back to a point in the run."""
+
+    length: int
+    kv: tuple[ort.OrtValue, ...] | None  # growing mode: the past OrtValues (immutable once made)
+    states: tuple[HostBuffer, ...]
+
+
+class _StateSlot:
+    """Current buffer of one recurrent state plus a free list of spares."""
+
+    def __init__(self, pair: StatePair, batch: int) -> None:
+        shape = tuple(batch if (i == 0 and not isinstance(d, int)) else d for i, d in enumerate(pair.shape))
+        self.pair = pair
+        self.shape: tuple[int, ...] = tuple(int(d) for d in shape)  # type: ignore[arg-type]
+        self.dtype = dtype_of(pair.dtype)
+        self.current = HostBuffer.zeros(self.shape, self.dtype)
+        self.free: list[HostBuffer] = [HostBuffer.zeros(self.shape, self.dtype)]
+
+    def take_spare(self) -> HostBuffer:
+        return self.free.pop() if self.free else HostBuffer.zeros(self.shape, self.dtype)
+
+
+class DecodeState:
+    """KV buffers, recurrent-state buffers and the number of tokens already in them."""
+
+    def __init__(self, io: DecoderIO, *, batch: int = 1, capacity: int, shared_kv: bool) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 (got {capacity})")
+        self.io = io
+        self.batch = batch
+        self.capacity = capacity
+        self.shared_kv = shared_kv
+        self.length = 0
+        self._pinned: dict[int, int] = {}
+        self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
+        self._kv_shared: list[HostBuffer] = []
+        self._kv: list[ort.OrtValue] = []
+        self._kv_empty: list[ort.OrtValue] = []
+        for pair in io.kv_pairs:
+            dt = dtype_of(pair.dtype)
+            for _ in (pair.past_key, pair.past_value):
+                if shared_kv:
+                    shape = (batch, pair.kv_heads, capacity, pair.head_dim)
+                    self._kv_shared.append(HostBuffer.zeros(shape, dt))
+                else:
+                    empty = np.zeros((batch, pair.kv_heads, 0, pair.head_dim), dtype=dt)
+                    self._kv_empty.append(ort.OrtValue.ortvalue_from_numpy(empty))
+        self._kv = list(self._kv_empty)
+        self._kv_names_in = [n for p in io.kv_pairs for n in p.inputs]
+        self._kv_names_out = [n for p in io.kv_pairs for n in p.outputs]
+        # Output names in the order bind() binds them.
+        self.bound_outputs = self._kv_names_out + [s.pair.output for s in self._slots]
+
+    # -- binding (used by DecoderSession) ----------------------------------------------------------
+    def bind(self, binding: ort.IOBinding, new_tokens: int) -> list[tuple[_StateSlot, HostBuffer]]:
+        """Bind KV and state inputs/outputs for a forward over ``new_tokens`` tokens.
+
+        Returns the (slot, spare) pairs the forward writes into; :meth:`advance` swaps them in.
+        """
+        if self.length + new_tokens > self.capacity:
+            raise GenerationError(
+                f"sequence would reach {self.length + new_tokens} tokens but the decode state holds "
+                f"{self.capacity}; raise max_new_tokens' budget or shorten the prompt"
+            )
+        if self.shared_kv:
+            for n_in, n_out, buf in zip(self._kv_names_in, self._kv_names_out, self._kv_shared, strict=True):
+                binding.bind_ortvalue_input(n_in, buf.value)
+                binding.bind_ortvalue_output(n_out, buf.value)
+        else:
+            for n_in, n_out, value in zip(self._kv_names_in, self._kv_names_out, self._kv, strict=True):
+                binding.bind_ortvalue_input(n_in, value)
+                binding.bind_output(n_out, "cpu")
+        writes = []
+        for slot in self._slots:
+            spare = slot.take_spare()
+            binding.bind_ortvalue_input(slot.pair.input, slot.current.value)
+            binding.bind_ortvalue_output(slot.pair.output, spare.value)
+            writes.append((slot, spare))
+        return writes
+
+    def advance(
+        self,
+        new_tokens: int,
+        writes: list[tuple[_StateSlot, HostBuffer]],
+        outputs: dict[str, ort.OrtValue],
+    ) -> None:
+        """Commit a finished forward: move the cursor, take presents as the next pasts, swap states."""
+        self.length += new_tokens
+        if not self.shared_kv:
+            self._kv = [outputs[n] for n in self._kv_names_out]
+        for slot, spare in writes:
+            old = slot.current
+            slot.current = spare
+            if id(old) not in self._pinned:
+                slot.free.append(old)
+
+    def discard(self, writes: list[tuple[_StateSlot, HostBuffer]]) -> None:
+        """Undo :meth:`bind` after a failed forward (returns the spares)."""
+        for slot, spare in writes:
+            slot.free.append(spare)
+
+    # -- snapshot / restore / rewind ------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """Remember this point (free: references, not copies). Pair with :meth:`release`."""
+        states = tuple(slot.current for slot in self._slots)
+        for buf in states:
+            self._pinned[id(buf)] = self._pinned.get(id(buf), 0) + 1
+        kv = None if self.shared_kv else tuple(self._kv)
+        return Snapshot(self.length, kv, states)
+
+    def restore(self, snap: Snapshot) -> None:
+        """Go back to ``snap``: length, KV and recurrent states exactly as they were."""
+        if snap.length > self.length and self.shared_kv:
+            raise GenerationError(
+                "cannot restore a snapshot taken after the current point of a shared KV cache"
+            )
+        self.length = snap.length
+        if snap.kv is not None:
+            self._kv = list(snap.kv)
+        for slot, buf in zip(self._slots, snap.states, strict=True):
+            if slot.current is not buf and id(slot.current) not in self._pinned:
+                slot.free.append(slot.current)
+            slot.current = buf
+
+    def release(self, snap: Snapshot) -> None:
+        """Forget ``snap``; its buffers become reusable once nothing else pins them."""
+        for slot, buf in zip(self._slots, snap.states, strict=True):
+            n = self._pinned.get(id(buf), 0) - 1
+            if n > 0:
+                self._pinned[id(buf)] = n
+                continue
+            self._pinned.pop(id(buf), None)
+            if slot.current is not buf and all(f is not buf for f in slot.free):
+                slot.free.append(buf)
+
+    def rewind(self, length: int) -> None:
+        """Truncate the KV caches to ``length`` tokens. Recurrent states cannot be rewound this way."""
+        if length > self.length or length < 0:
+            raise ValueError(f"rewind length must be in [0, {self.length}] (got {length})")
+        if length == self.length:
+            return
+        if self._slots:
+            raise GenerationError(
+                "a hybrid model's recurrent state cannot be rewound by truncation; "
+                "restore a snapshot and re-run the kept tokens instead"
+            )
+        self.length = length
+        if not self.shared_kv:
+            self._kv = [
+                ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, :length]))
+                for v in self._kv
+            ]
+
+    # -- inspection (tests, debugging) ----------------------------------------------------------------
+    def kv_arrays(self) -> dict[str, np.ndarray]:
+        """The live part of every past KV tensor, by input name (copies)."""
+        if self.shared_kv:
+            return {
+                n: b.array[:, :, : self.length].copy()
+                for n, b in zip(self._kv_names_in, self._kv_shared, strict=True)
+            }
+        return {
+            n: v.numpy()[:, :, : self.length].copy() for n, v in zip(self._kv_names_in, self._kv, strict=True)
+        }
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Every recurrent state by input name (copies)."""
+        return {s.pair.input: s.current.array.copy() for s in self._slots}
+
+    def reset(self) -> None:
+        """Back to an empty sequence: length 0, zero states."""
+        self.length = 0
+        for slot in self._slots:
+            if id(slot.current) in self._pinned:
+                slot.current = slot.take_spare()
+            slot.current.array.fill(0)
+        self._kv = list(self._kv_empty)
