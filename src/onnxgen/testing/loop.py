@@ -38,12 +38,14 @@ def _session(model: str | Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _initial_pasts(sess: ort.InferenceSession, batch: int) -> dict[str, np.ndarray]:
+def _initial_pasts(sess: ort.InferenceSession, batch: int, kv_capacity: int) -> dict[str, np.ndarray]:
     pasts = {}
     for port in sess.get_inputs():
         if not port.name.startswith("past"):
             continue
-        shape = [batch if i == 0 else (d if isinstance(d, int) else 0) for i, d in enumerate(port.shape)]
+        shape = [
+            batch if i == 0 else (d if isinstance(d, int) else kv_capacity) for i, d in enumerate(port.shape)
+        ]
         pasts[port.name] = np.zeros(shape, dtype=np.float32)
     return pasts
 
@@ -62,11 +64,14 @@ def run_teacher_forced(
     prompts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],
     padding: Padding = "right",
+    kv_capacity: int = 0,
 ) -> list[np.ndarray]:
     """Prefill ``prompts`` as one padded batch, then feed ``continuations`` one token per step.
 
     Every continuation must have the same length. Returns, per sequence, the logits [len(prompt) +
-    len(continuation), vocab] at its live positions only.
+    len(continuation), vocab] at its live positions only. ``kv_capacity`` > 0 starts every KV cache as
+    a zero buffer of that many positions, as a ``past_present_share_buffer`` runtime does with
+    GroupQueryAttention exports (their present then keeps that length).
     """
     if len({len(c) for c in continuations}) > 1 or len(continuations) != len(prompts):
         raise ValueError("run_teacher_forced needs one continuation per prompt, all of the same length")
@@ -77,7 +82,7 @@ def run_teacher_forced(
     for row, prompt in enumerate(prompts):
         cols = slice(0, len(prompt)) if padding == "right" else slice(width - len(prompt), width)
         ids[row, cols], mask[row, cols] = prompt, 1
-    pasts = _initial_pasts(sess, batch)
+    pasts = _initial_pasts(sess, batch, kv_capacity)
     names = [o.name for o in sess.get_outputs()]
     steps = [ids] + [
         np.asarray([[c[t]] for c in continuations], dtype=np.int64) for t in range(len(continuations[0]))

@@ -56,7 +56,7 @@ def genai_config(spec: TinySpec, style: Style, ports: Ports) -> dict[str, Any]:
     eos = _eos_ids(spec)
     return {
         "model": {
-            "bos_token_id": None,
+            "bos_token_id": 1,  # the builder's fallback when the model has no BOS (genai rejects null)
             "context_length": spec.max_position,
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
@@ -71,7 +71,7 @@ def genai_config(spec: TinySpec, style: Style, ports: Ports) -> dict[str, Any]:
             },
             "eos_token_id": eos,
             "pad_token_id": eos[0],
-            "type": "qwen3_5" if style.hybrid else "llama",
+            "type": "qwen3_5_text" if style.hybrid else "llama",
             "vocab_size": spec.vocab_size,
         },
         "search": {
