@@ -1,8 +1,12 @@
-"""``onnxgen inspect MODEL [--json]`` (filled in by the model/I/O work)."""
+"""``onnxgen inspect MODEL [--json]``: a model's export family and derived I/O topology."""
 
 from __future__ import annotations
 
 import argparse
+import json
+
+from onnxgen.model.inspect import describe, format_text
+from onnxgen.model.package import ModelPackage
 
 
 def add_inspect(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -13,4 +17,6 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def _run(args: argparse.Namespace) -> int:
-    raise NotImplementedError("inspect is not built yet")
+    summary = describe(ModelPackage.open(args.model))
+    print(json.dumps(summary, indent=2) if args.json else format_text(summary))
+    return 0

@@ -1,0 +1,168 @@
+"""A model's summary for ``onnxgen inspect``: export family, I/O roles and pairs, notable ops, settings."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Any
+
+from onnxgen.model.graph_ports import MS_DOMAIN, all_nodes, has_op, local_functions, op_counts
+from onnxgen.model.io import DecoderIO, Shape
+from onnxgen.model.package import ModelPackage
+
+
+def _scan_inside_functions(package: ModelPackage) -> bool:
+    return any(n.op_type == "Scan" and not n.domain for f in package.graph.functions for n in f.node)
+
+
+def export_family(package: ModelPackage, io: DecoderIO) -> str:
+    """A short name for how the model was exported, from its ops (and whether it carries state)."""
+    g = package.graph
+    if io.state_pairs:
+        if has_op(g, "LinearAttention", MS_DOMAIN):
+            return "hybrid (com.microsoft LinearAttention)"
+        if has_op(g, "Scan"):
+            return (
+                "hybrid (ONNX Scan in model-local functions)"
+                if _scan_inside_functions(package)
+                else "hybrid (ONNX Scan)"
+            )
+        if g.functions:
+            return "hybrid (model-local functions)"
+        return "hybrid"
+    if has_op(g, "GroupQueryAttention", MS_DOMAIN):
+        return "onnxruntime-genai (GroupQueryAttention)"
+    if has_op(g, "Attention"):
+        return "standard ONNX (Attention op)"
+    if has_op(g, "MultiHeadAttention", MS_DOMAIN) or has_op(g, "Attention", MS_DOMAIN):
+        return "onnxruntime contrib attention"
+    return "standard ONNX"
+
+
+def _shape(shape: Shape) -> list[int | str | None]:
+    return list(shape)
+
+
+def describe(package: ModelPackage) -> dict[str, Any]:
+    """Everything ``onnxgen inspect`` shows, as one JSON-serialisable mapping."""
+    io = package.io
+    settings = package.settings
+    calls = local_functions(package.graph)
+    return {
+        "model": str(package.model_path),
+        "family": export_family(package, io),
+        "source": io.source,
+        "token_input": io.token_input,
+        "attention_mask": io.attention_mask,
+        "position_ids": io.position_ids,
+        "position_ids_rank": io.position_ids_rank if io.position_ids else None,
+        "logits": io.logits,
+        "hidden_states": list(io.hidden_states),
+        "kv_pairs": [
+            {
+                "layer": p.layer,
+                "past_key": p.past_key,
+                "past_value": p.past_value,
+                "present_key": p.present_key,
+                "present_value": p.present_value,
+                "shape": _shape(io.port(p.past_key).shape),
+                "dtype": p.dtype,
+                "kv_heads": p.kv_heads,
+                "head_dim": p.head_dim,
+            }
+            for p in io.kv_pairs
+        ],
+        "state_pairs": [
+            {
+                "layer": s.layer,
+                "kind": s.kind,
+                "input": s.input,
+                "output": s.output,
+                "shape": _shape(s.shape),
+                "dtype": s.dtype,
+            }
+            for s in io.state_pairs
+        ],
+        "past_present_share_buffer": io.past_present_share_buffer,
+        "ops": op_counts(package.graph),
+        "functions": sorted(f"{d}::{n}" for d, n in calls),
+        "node_count": sum(1 for _ in all_nodes(package.graph)),
+        "context_length": settings.context_length,
+        "eos_token_id": list(settings.eos_token_ids),
+        "bos_token_id": settings.bos_token_id,
+        "pad_token_id": settings.pad_token_id,
+        "settings_sources": dict(settings.sources),
+        "files": sorted(str(p.name) for p, _ in package.configs.values()),
+        "notes": [*package.notes, *io.notes],
+    }
+
+
+def layer_list(layers: list[int]) -> str:
+    """``[3, 7, 11, 15]`` -> ``"3..15 step 4"``; ``[0, 1, 2]`` -> ``"0..2"``; long irregular lists are cut."""
+    if len(layers) >= 3:
+        step = layers[1] - layers[0]
+        if step > 0 and all(b - a == step for a, b in itertools.pairwise(layers)):
+            return f"{layers[0]}..{layers[-1]}" + (f" step {step}" if step > 1 else "")
+    if len(layers) > 10:
+        head = ", ".join(map(str, layers[:6]))
+        return f"{head}, ..., {layers[-1]} ({len(layers)} layers)"
+    return ", ".join(map(str, layers))
+
+
+def _fmt_shape(shape: list[Any]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _grouped(items: list[dict[str, Any]], key: tuple[str, ...]) -> list[tuple[tuple[Any, ...], list[int]]]:
+    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for item in items:
+        groups[tuple(_fmt_shape(item[k]) if k == "shape" else item[k] for k in key)].append(item["layer"])
+    return list(groups.items())
+
+
+def format_text(d: dict[str, Any]) -> str:
+    """The human-readable form of :func:`describe`'s mapping."""
+    lines = [
+        f"model:          {d['model']}",
+        f"family:         {d['family']}",
+        f"I/O from:       {d['source']}",
+        f"token input:    {d['token_input']}",
+        f"attention mask: {d['attention_mask'] or '-'}",
+        f"position ids:   {d['position_ids'] or '-'}"
+        + (f" (rank {d['position_ids_rank']})" if d["position_ids"] else ""),
+        f"logits:         {d['logits']}",
+    ]
+    if d["hidden_states"]:
+        lines.append(f"hidden states:  {', '.join(d['hidden_states'])}")
+    kv = d["kv_pairs"]
+    lines.append(f"KV pairs:       {len(kv)} layers ({2 * len(kv)} past tensors)")
+    for (shape, dtype), layers in _grouped(kv, ("shape", "dtype")):
+        example = next(p for p in kv if p["layer"] == layers[0])
+        lines.append(
+            f"  layers {layer_list(sorted(layers))}: {example['past_key']} -> {example['present_key']} "
+            f"{shape} {dtype} (kv_heads {example['kv_heads']}, head_dim {example['head_dim']})"
+        )
+    st = d["state_pairs"]
+    lines.append(f"state pairs:    {len(st)}")
+    for (kind, shape, dtype), layers in _grouped(st, ("kind", "shape", "dtype")):
+        example = next(s for s in st if s["layer"] == layers[0] and s["kind"] == kind)
+        where = layer_list(sorted(x for x in layers if x is not None)) or "-"
+        lines.append(f"  {kind} at layers {where}: {example['input']} -> {example['output']} {shape} {dtype}")
+    lines.append(f"share buffer:   {'yes' if d['past_present_share_buffer'] else 'no'}")
+    lines.append(f"context length: {d['context_length'] if d['context_length'] is not None else 'unknown'}")
+    lines.append(
+        f"eos / bos / pad: {d['eos_token_id'] or '-'} / {_opt(d['bos_token_id'])} / {_opt(d['pad_token_id'])}"
+    )
+    lines.append(f"ops ({d['node_count']} nodes, incl. functions and subgraphs):")
+    for domain, ops in d["ops"].items():
+        lines.append(f"  {domain}: " + ", ".join(f"{op}×{n}" for op, n in ops.items()))
+    if d["functions"]:
+        lines.append(f"local functions: {', '.join(d['functions'])}")
+    if d["files"]:
+        lines.append(f"config files:   {', '.join(d['files'])}")
+    lines.extend(f"note: {n}" for n in d["notes"])
+    return "\n".join(lines)
+
+
+def _opt(v: object) -> str:
+    return "-" if v is None else str(v)

@@ -1,0 +1,97 @@
+"""``onnxgen inspect``: text and JSON summaries, and short errors (exit 2, no traceback) for bad models."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "model"))
+from sigbuild import base_inputs, logits_port, qwen36_27b, sig_model, write_package
+
+from onnxgen.cli import main
+
+CONFIGS = {
+    "config.json": {"eos_token_id": 248044, "max_position_embeddings": 262144},
+    "generation_config.json": {"eos_token_id": [248046, 248044], "bos_token_id": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_package(tmp_path_factory.mktemp("q36"), qwen36_27b(), CONFIGS)
+
+
+def test_inspect_json_prints_one_object_with_roles_pairs_and_settings(
+    hybrid_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(hybrid_dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["source"] == "graph"
+    assert (out["token_input"], out["attention_mask"], out["position_ids"], out["logits"]) == (
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "logits",
+    )
+    assert len(out["kv_pairs"]) == 16 and len(out["state_pairs"]) == 96
+    assert out["kv_pairs"][0]["shape"] == ["batch", 4, "past", 256]
+    rec = next(s for s in out["state_pairs"] if s["kind"] == "recurrent")
+    assert rec["shape"] == ["batch", 48, 128, 128] and rec["dtype"] == "float32"
+    assert out["family"].startswith("hybrid")
+    assert out["ops"]["ai.onnx"]["Cast"] > 0
+    assert out["context_length"] == 262144
+    assert out["eos_token_id"] == [248046, 248044]
+    assert out["bos_token_id"] == 1
+    assert any("eos_token_id" in n for n in out["notes"])
+
+
+def test_inspect_text_names_family_roles_pairs_and_settings(
+    hybrid_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(hybrid_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "I/O from:       graph" in out
+    assert "KV pairs:       16 layers (32 past tensors)" in out
+    assert "layers 3..63 step 4: past_key_values.3.key -> present.3.key [batch, 4, past, 256] float32" in out
+    assert "state pairs:    96" in out
+    assert "recurrent at layers" in out and "[batch, 48, 128, 128]" in out
+    assert "context length: 262144" in out
+    assert "position ids:   position_ids (rank 3)" in out
+
+
+def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main(["inspect", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.startswith("onnxgen inspect: error: ")
+    return err
+
+
+def test_missing_model_exits_2_with_the_file_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "model.onnx does not exist" in _error(capsys, str(tmp_path))
+
+
+def test_truncated_model_exits_2_with_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_package(tmp_path, sig_model(base_inputs(), [logits_port()]))
+    data = (tmp_path / "model.onnx").read_bytes()
+    (tmp_path / "model.onnx").write_bytes(data[:-7])
+    err = _error(capsys, str(tmp_path))
+    assert "truncated" in err and "re-export" in err
+
+
+def test_malformed_config_exits_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_package(tmp_path, sig_model(base_inputs(), [logits_port()]), {"genai_config.json": "{oops"})
+    assert "genai_config.json is not valid JSON" in _error(capsys, str(tmp_path), "--json")
+
+
+def test_ambiguous_ports_exit_2_with_how_to_declare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = sig_model([("a", "int64", ["b", "s"]), ("c", "int64", ["b", "s"])], [logits_port()])
+    err = _error(capsys, str(write_package(tmp_path, model)))
+    assert "could each be the token input" in err and "model: {io: {token_input: a}}" in err
