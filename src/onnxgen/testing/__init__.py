@@ -18,7 +18,13 @@ from onnxgen.testing.families import STYLES, build_graph
 from onnxgen.testing.graph import save_model
 from onnxgen.testing.packaging import CONFIGS, write_package
 from onnxgen.testing.spec import TinySpec, make_weights
-from onnxgen.testing.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, special_token_ids, tiny_tokenizer
+from onnxgen.testing.tokenizer import (
+    CHAT_TEMPLATE,
+    MIN_VOCAB_SIZE,
+    SPECIAL_TOKENS,
+    special_token_ids,
+    tiny_tokenizer,
+)
 
 FAMILIES = ("genai-dense", "standard-dense", "hybrid-genai", "hybrid-mobius", "hybrid-scan")
 PRECISIONS = ("fp32", "int4")
@@ -53,6 +59,11 @@ def _check_args(family: str, spec: TinySpec, precision: str, config: str) -> Non
         raise ValueError(f"family {family!r} needs linear layers in the spec; use TinySpec.hybrid(...)")
     if not style.hybrid and spec.linear_layers:
         raise ValueError(f"family {family!r} is dense but the spec has linear layers {spec.linear_layers}")
+    if spec.vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"TinySpec.vocab_size={spec.vocab_size} is below the {MIN_VOCAB_SIZE} ids a byte-level tokenizer "
+            "needs (256 bytes + 3 specials); raise it"
+        )
     if spec.head_dim % 2:
         raise ValueError(f"TinySpec.head_dim must be even for rotary embeddings, got {spec.head_dim}")
     if style.attention == "gqa" and spec.attention_layers and spec.head_dim % 16:
