@@ -95,7 +95,7 @@ def test_genai_config_without_state_templates_leaves_states_to_the_graph(tmp_pat
     )
     assert io.source == "genai_config"
     assert len(io.state_pairs) == 6
-    assert any("states no state pairs; derived from the graph" in n for n in io.notes)
+    assert any("states no state pairs; 6 derived from the graph" in n for n in io.notes)
 
 
 def test_genai_position_ids_the_graph_lacks_are_dropped_with_a_note(tmp_path: Path) -> None:
@@ -188,7 +188,7 @@ def test_declared_io_leaves_unstated_roles_to_the_graph(tmp_path: Path) -> None:
         "position_ids",
     )
     assert len(io.kv_pairs) == 1 and len(io.state_pairs) == 6
-    assert any("states no KV pairs; derived from the graph" in n for n in io.notes)
+    assert any("states no KV pairs; 1 derived from the graph" in n for n in io.notes)
 
 
 def test_declared_state_pairs_are_the_whole_list_and_undeclared_state_ports_are_reported(

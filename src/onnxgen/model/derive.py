@@ -64,10 +64,10 @@ def derive_io(package: ModelPackage) -> DecoderIO:
         graph_kv, graph_states = pair_by_name(sig, claimed)
         if plan.kv is None:
             plan.kv = graph_kv
-            _fallback_note(plan, notes, "KV pairs")
+            _fallback_note(plan, notes, "KV pairs", len(graph_kv))
         if plan.states is None:
             plan.states = graph_states
-            _fallback_note(plan, notes, "state pairs")
+            _fallback_note(plan, notes, "state pairs", len(graph_states))
 
     builder = KVBuilder(package.graph, sig, package.genai_config, package.hf_config)
     kv_pairs = tuple(builder.build(n) for n in plan.kv)
@@ -106,9 +106,9 @@ def _claimed_by(plan: Plan) -> set[str]:
     return claimed
 
 
-def _fallback_note(plan: Plan, notes: list[str], what: str) -> None:
-    if plan.source != "graph":
-        notes.append(f"{plan.origin} states no {what}; derived from the graph")
+def _fallback_note(plan: Plan, notes: list[str], what: str, found: int) -> None:
+    if plan.source != "graph" and found:
+        notes.append(f"{plan.origin} states no {what}; {found} derived from the graph")
 
 
 def _state(sig: GraphSignature, names: StateNames) -> StatePair:

@@ -135,7 +135,7 @@ def format_text(d: dict[str, Any]) -> str:
     if d["hidden_states"]:
         lines.append(f"hidden states:  {', '.join(d['hidden_states'])}")
     kv = d["kv_pairs"]
-    lines.append(f"KV pairs:       {len(kv)} layers ({2 * len(kv)} past tensors)")
+    lines.append(f"KV pairs:       {len(kv)} layer{'' if len(kv) == 1 else 's'} ({2 * len(kv)} past tensors)")
     for (shape, dtype), layers in _grouped(kv, ("shape", "dtype")):
         example = next(p for p in kv if p["layer"] == layers[0])
         lines.append(

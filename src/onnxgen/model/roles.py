@@ -115,13 +115,15 @@ def derive_roles(plan: Plan, sig: GraphSignature, cache_ports: set[str], notes: 
     token = _pick(plan, "token_input", "input_ids", sig.inputs, used) or _only_token_candidate(sig, used)
     if token is None:
         raise DecoderIOError(
-            "the graph has no token input (named input_ids or the only rank-2 integer input)"
+            "the graph has no token input (no input_ids, and no rank-2 integer input left over); "
+            f"{_declare_hint('token_input', 'NAME')}"
         )
     logits = _pick(plan, "logits", "logits", sig.outputs, cache_ports) or _only_logits_candidate(
         sig, cache_ports
     )
     if plan.source != "graph":
-        missing = [r for r in (*_INPUT_ROLES, "logits") if not plan.stated(r)]
+        found = {"token_input": token, "attention_mask": mask, "position_ids": pos, "logits": logits}
+        missing = [f"{r} ({found[r]})" for r in (*_INPUT_ROLES, "logits") if not plan.stated(r) and found[r]]
         if missing:
             notes.append(f"{plan.origin} states no {', '.join(missing)}; derived from the graph")
     _check_port(
