@@ -11,16 +11,25 @@ from onnxgen.errors import (
     UnsupportedModelError,
 )
 
+from onnxgen.generation.generator import GenerationResult, StreamEvent
+from onnxgen.generation.params import SamplingParams
+from onnxgen.llm import LLM, load
+
 __version__ = "0.1.0"
 
 __all__ = [
     "AmbiguousIOError",
     "ConfigError",
     "DecoderIOError",
+    "GenerationResult",
     "GenerationError",
+    "LLM",
     "ModelPackageError",
     "OnnxgenError",
+    "SamplingParams",
+    "StreamEvent",
     "TokenizerError",
     "UnsupportedModelError",
     "__version__",
+    "load",
 ]

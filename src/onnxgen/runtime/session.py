@@ -107,7 +107,7 @@ class DecoderSession:
             state.discard(writes)
             raise GenerationError(f"forward over {t} tokens at position {state.length} failed: {e}") from e
         # IOBinding returns outputs in the order they were bound.
-        outputs = dict(zip(state.bound_outputs + [self.io.logits], binding.get_outputs(), strict=True))
+        outputs = dict(zip([*state.bound_outputs, self.io.logits], binding.get_outputs(), strict=True))
         state.advance(t, writes, outputs)
         return outputs[self.io.logits].numpy()
 
