@@ -10,7 +10,6 @@ from onnxgen.errors import (
     TokenizerError,
     UnsupportedModelError,
 )
-
 from onnxgen.generation.generator import GenerationResult, StreamEvent
 from onnxgen.generation.params import SamplingParams
 from onnxgen.llm import LLM, load
@@ -18,12 +17,12 @@ from onnxgen.llm import LLM, load
 __version__ = "0.1.0"
 
 __all__ = [
+    "LLM",
     "AmbiguousIOError",
     "ConfigError",
     "DecoderIOError",
-    "GenerationResult",
     "GenerationError",
-    "LLM",
+    "GenerationResult",
     "ModelPackageError",
     "OnnxgenError",
     "SamplingParams",
