@@ -59,21 +59,7 @@ def derive_io(package: ModelPackage) -> DecoderIO:
     check_declared_shapes(plan, sig)
     notes = list(plan.notes)
 
-    claimed = _claimed_by(plan)
-    if plan.kv is None or plan.states is None:
-        graph_kv, graph_states = pair_by_name(sig, claimed)
-        if plan.kv is None:
-            plan.kv = graph_kv
-            _fallback_note(plan, notes, "KV pairs", len(graph_kv))
-        if plan.states is None:
-            plan.states = graph_states
-            _fallback_note(plan, notes, "state pairs", len(graph_states))
-
-    builder = KVBuilder(package.graph, sig, package.genai_config, package.hf_config)
-    kv_pairs = tuple(builder.build(n) for n in plan.kv)
-    notes.extend(builder.notes)
-    state_pairs = tuple(_state(sig, n) for n in plan.states)
-
+    kv_pairs, state_pairs = _pairs(package, plan, notes)
     cache_ports = {n for p in kv_pairs for n in (*p.inputs, *p.outputs)}
     cache_ports |= {n for s in state_pairs for n in (s.input, s.output)}
     roles = derive_roles(plan, sig, cache_ports, notes)
@@ -95,6 +81,25 @@ def derive_io(package: ModelPackage) -> DecoderIO:
         input_ports=sig.inputs,
         output_ports=sig.outputs,
     )
+
+
+def _pairs(
+    package: ModelPackage, plan: Plan, notes: list[str]
+) -> tuple[tuple[KVPair, ...], tuple[StatePair, ...]]:
+    """The plan's KV and state pairs, the graph rules filling whichever list the plan does not state."""
+    sig = package.signature
+    if plan.kv is None or plan.states is None:
+        graph_kv, graph_states = pair_by_name(sig, _claimed_by(plan))
+        if plan.kv is None:
+            plan.kv = graph_kv
+            _fallback_note(plan, notes, "KV pairs", len(graph_kv))
+        if plan.states is None:
+            plan.states = graph_states
+            _fallback_note(plan, notes, "state pairs", len(graph_states))
+    builder = KVBuilder(package.graph, sig, package.genai_config, package.hf_config)
+    kv_pairs = tuple(builder.build(n) for n in plan.kv)
+    notes.extend(builder.notes)
+    return kv_pairs, tuple(_state(sig, n) for n in plan.states)
 
 
 def _claimed_by(plan: Plan) -> set[str]:

@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from onnxgen.model.graph_ports import MS_DOMAIN, all_nodes, has_op, local_functions, op_counts
-from onnxgen.model.io import DecoderIO, Shape
+from onnxgen.model.io import DecoderIO, KVPair, Shape, StatePair
 from onnxgen.model.package import ModelPackage
 
 
@@ -43,6 +43,31 @@ def _shape(shape: Shape) -> list[int | str | None]:
     return list(shape)
 
 
+def _kv_json(io: DecoderIO, p: KVPair) -> dict[str, Any]:
+    return {
+        "layer": p.layer,
+        "past_key": p.past_key,
+        "past_value": p.past_value,
+        "present_key": p.present_key,
+        "present_value": p.present_value,
+        "shape": _shape(io.port(p.past_key).shape),
+        "dtype": p.dtype,
+        "kv_heads": p.kv_heads,
+        "head_dim": p.head_dim,
+    }
+
+
+def _state_json(s: StatePair) -> dict[str, Any]:
+    return {
+        "layer": s.layer,
+        "kind": s.kind,
+        "input": s.input,
+        "output": s.output,
+        "shape": _shape(s.shape),
+        "dtype": s.dtype,
+    }
+
+
 def describe(package: ModelPackage) -> dict[str, Any]:
     """Everything ``onnxgen inspect`` shows, as one JSON-serialisable mapping."""
     io = package.io
@@ -58,31 +83,8 @@ def describe(package: ModelPackage) -> dict[str, Any]:
         "position_ids_rank": io.position_ids_rank if io.position_ids else None,
         "logits": io.logits,
         "hidden_states": list(io.hidden_states),
-        "kv_pairs": [
-            {
-                "layer": p.layer,
-                "past_key": p.past_key,
-                "past_value": p.past_value,
-                "present_key": p.present_key,
-                "present_value": p.present_value,
-                "shape": _shape(io.port(p.past_key).shape),
-                "dtype": p.dtype,
-                "kv_heads": p.kv_heads,
-                "head_dim": p.head_dim,
-            }
-            for p in io.kv_pairs
-        ],
-        "state_pairs": [
-            {
-                "layer": s.layer,
-                "kind": s.kind,
-                "input": s.input,
-                "output": s.output,
-                "shape": _shape(s.shape),
-                "dtype": s.dtype,
-            }
-            for s in io.state_pairs
-        ],
+        "kv_pairs": [_kv_json(io, p) for p in io.kv_pairs],
+        "state_pairs": [_state_json(s) for s in io.state_pairs],
         "past_present_share_buffer": io.past_present_share_buffer,
         "ops": op_counts(package.graph),
         "functions": sorted(f"{d}::{n}" for d, n in calls),
@@ -120,20 +122,8 @@ def _grouped(items: list[dict[str, Any]], key: tuple[str, ...]) -> list[tuple[tu
     return list(groups.items())
 
 
-def format_text(d: dict[str, Any]) -> str:
-    """The human-readable form of :func:`describe`'s mapping."""
-    lines = [
-        f"model:          {d['model']}",
-        f"family:         {d['family']}",
-        f"I/O from:       {d['source']}",
-        f"token input:    {d['token_input']}",
-        f"attention mask: {d['attention_mask'] or '-'}",
-        f"position ids:   {d['position_ids'] or '-'}"
-        + (f" (rank {d['position_ids_rank']})" if d["position_ids"] else ""),
-        f"logits:         {d['logits']}",
-    ]
-    if d["hidden_states"]:
-        lines.append(f"hidden states:  {', '.join(d['hidden_states'])}")
+def _pair_lines(d: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     kv = d["kv_pairs"]
     lines.append(f"KV pairs:       {len(kv)} layer{'' if len(kv) == 1 else 's'} ({2 * len(kv)} past tensors)")
     for (shape, dtype), layers in _grouped(kv, ("shape", "dtype")):
@@ -148,6 +138,24 @@ def format_text(d: dict[str, Any]) -> str:
         example = next(s for s in st if s["layer"] == layers[0] and s["kind"] == kind)
         where = layer_list(sorted(x for x in layers if x is not None)) or "-"
         lines.append(f"  {kind} at layers {where}: {example['input']} -> {example['output']} {shape} {dtype}")
+    return lines
+
+
+def format_text(d: dict[str, Any]) -> str:
+    """The human-readable form of :func:`describe`'s mapping."""
+    lines = [
+        f"model:          {d['model']}",
+        f"family:         {d['family']}",
+        f"I/O from:       {d['source']}",
+        f"token input:    {d['token_input']}",
+        f"attention mask: {d['attention_mask'] or '-'}",
+        f"position ids:   {d['position_ids'] or '-'}"
+        + (f" (rank {d['position_ids_rank']})" if d["position_ids"] else ""),
+        f"logits:         {d['logits']}",
+    ]
+    if d["hidden_states"]:
+        lines.append(f"hidden states:  {', '.join(d['hidden_states'])}")
+    lines.extend(_pair_lines(d))
     lines.append(f"share buffer:   {'yes' if d['past_present_share_buffer'] else 'no'}")
     lines.append(f"context length: {d['context_length'] if d['context_length'] is not None else 'unknown'}")
     lines.append(

@@ -39,7 +39,8 @@ class KVBuilder:
     def build(self, names: KVNames) -> KVPair:
         pk, pv = self.sig.input(names.past_key), self.sig.input(names.past_value)
         prk, prv = self.sig.output(names.present_key), self.sig.output(names.present_value)
-        assert pk and pv and prk and prv  # existence is checked before pairs are built
+        if pk is None or pv is None or prk is None or prv is None:  # stated names are checked earlier
+            raise DecoderIOError(f"layer {names.layer} KV ports {names} are not all in the graph")
         for past in (pk, pv):
             if past.rank_known and past.rank != 4:
                 raise DecoderIOError(
