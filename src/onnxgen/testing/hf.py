@@ -1,0 +1,277 @@
+"""Tiny random-weight Hugging Face checkpoints, and exports of them by onnxruntime-genai's model builder.
+
+Everything is built locally (no hub access): a config object in code, ``from_config`` under a fixed
+torch seed, ``save_pretrained`` in float32, plus a small byte-level BPE tokenizer trained on embedded
+text. Families: Qwen3 and Llama (dense), Qwen3.5 (hybrid: Gated DeltaNet layers with one full-attention
+layer in every four, saved through ``Qwen3_5ForConditionalGeneration`` as the builder expects).
+
+torch, transformers and onnxruntime-genai are imported lazily, so this module imports without them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from onnxgen.errors import OnnxgenError
+from onnxgen.testing._hf_tokenizer import save_tokenizer
+
+Size = Literal["tiny", "bench"]
+Precision = Literal["fp32", "int4"]
+Family = Literal["qwen3", "llama", "qwen3_5"]
+
+__all__ = [
+    "SIZES",
+    "GenaiBuilderError",
+    "HFSize",
+    "build_hf_checkpoint",
+    "build_llama_checkpoint",
+    "build_qwen3_5_checkpoint",
+    "build_qwen3_checkpoint",
+    "export_with_genai_builder",
+]
+
+
+class GenaiBuilderError(OnnxgenError):
+    """onnxruntime-genai's model builder failed or is not installed."""
+
+
+@dataclass(frozen=True)
+class HFSize:
+    """Geometry shared by every family at one size (Qwen3.5 adds its linear-attention geometry)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_position: int
+    # Gated DeltaNet geometry (Qwen3.5 only).
+    lin_key_heads: int
+    lin_value_heads: int
+    lin_key_dim: int
+    lin_value_dim: int
+    # Qwen3.5 mRoPE: sections over head_dim * 0.25 / 2 rotary frequencies (text rows are identical).
+    mrope_section: tuple[int, int, int]
+
+
+SIZES: dict[str, HFSize] = {
+    "tiny": HFSize(
+        hidden=64,
+        layers=4,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        intermediate=128,
+        vocab=512,
+        max_position=512,
+        lin_key_heads=2,
+        lin_value_heads=4,
+        lin_key_dim=16,
+        lin_value_dim=32,  # != key dim, so the recurrent state's axis order is visible in its shape
+        mrope_section=(2, 1, 1),
+    ),
+    "bench": HFSize(
+        hidden=512,
+        layers=8,
+        heads=8,
+        kv_heads=2,
+        head_dim=64,
+        intermediate=1536,
+        vocab=32000,
+        max_position=4096,
+        lin_key_heads=4,
+        lin_value_heads=8,
+        lin_key_dim=64,
+        lin_value_dim=64,
+        mrope_section=(3, 3, 2),
+    ),
+}
+
+# Token ids of the special tokens every checkpoint's tokenizer carries (see _hf_tokenizer).
+EOS_ID = 0  # <|endoftext|>, also pad
+BOS_ID = 1  # <|im_start|>
+
+
+def _size(size: Size | HFSize) -> HFSize:
+    if isinstance(size, HFSize):
+        return size
+    if size not in SIZES:
+        raise ValueError(f"size={size!r} is not one of {sorted(SIZES)}; pass 'tiny', 'bench' or an HFSize")
+    return SIZES[size]
+
+
+def _common(s: HFSize) -> dict[str, Any]:
+    return {
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "max_position_embeddings": s.max_position,
+        "rms_norm_eps": 1e-6,
+        # Weights of std ~ 1/sqrt(hidden) give unit-scale logits, so greedy picks are far from ties.
+        "initializer_range": s.hidden**-0.5,
+        "tie_word_embeddings": False,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": EOS_ID,
+    }
+
+
+def _save(model_cls: Any, config: Any, out_dir: Path, s: HFSize, seed: int) -> Path:
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_cls._from_config(config, dtype=torch.float32)
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    save_tokenizer(out_dir, s.vocab)
+    return out_dir
+
+
+def build_qwen3_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random ``Qwen3ForCausalLM`` (q/k RMSNorm, fused-rotary GQA in the export) to ``out_dir``."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    s = _size(size)
+    config = Qwen3Config(
+        **_common(s),
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        attention_bias=False,
+    )
+    config.architectures = ["Qwen3ForCausalLM"]
+    return _save(Qwen3ForCausalLM, config, Path(out_dir), s, seed)
+
+
+def build_llama_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random ``LlamaForCausalLM`` to ``out_dir``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    s = _size(size)
+    config = LlamaConfig(
+        **_common(s),
+        bos_token_id=BOS_ID,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    return _save(LlamaForCausalLM, config, Path(out_dir), s, seed)
+
+
+def build_qwen3_5_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random hybrid ``Qwen3_5ForConditionalGeneration`` (text model + a minimal vision tower).
+
+    Layers ``i % 4 == 3`` are full attention (gated q, q/k norm, partial interleaved mRoPE), the others
+    Gated DeltaNet (conv kernel 4). The builder reads ``architectures[0]`` and collapses ``text_config``.
+    """
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    s = _size(size)
+    text = _common(s)
+    text.update(
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(s.layers)],
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=s.lin_key_dim,
+        linear_value_head_dim=s.lin_value_dim,
+        linear_num_key_heads=s.lin_key_heads,
+        linear_num_value_heads=s.lin_value_heads,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": list(s.mrope_section),
+            "mrope_interleaved": True,
+        },
+    )
+    vision = {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": s.hidden,
+        "num_position_embeddings": 16,
+    }
+    config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    return _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed)
+
+
+_BUILDERS = {
+    "qwen3": build_qwen3_checkpoint,
+    "llama": build_llama_checkpoint,
+    "qwen3_5": build_qwen3_5_checkpoint,
+}
+
+
+def build_hf_checkpoint(
+    family: Family, out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0
+) -> Path:
+    """Dispatch to ``build_<family>_checkpoint``."""
+    if family not in _BUILDERS:
+        raise ValueError(f"family={family!r} is not one of {sorted(_BUILDERS)}")
+    return _BUILDERS[family](out_dir, size, seed)
+
+
+def export_with_genai_builder(
+    hf_dir: str | Path,
+    out_dir: str | Path,
+    precision: Precision = "fp32",
+    *,
+    cache_dir: str | Path | None = None,
+    extra_options: dict[str, str] | None = None,
+    timeout_s: float = 1800.0,
+) -> Path:
+    """Export ``hf_dir`` with ``python -m onnxruntime_genai.models.builder ... -e cpu``; return ``out_dir``.
+
+    Raises :class:`GenaiBuilderError` with the tail of the builder's output when it fails or when
+    ``out_dir`` has no ``model.onnx`` / ``genai_config.json`` afterwards. The builder re-saves the
+    tokenizer through transformers' ``AutoTokenizer``, which names Qwen3.5's class ``Qwen3_5Tokenizer``;
+    onnxruntime-genai 0.18 rejects that name, so it is rewritten to ``Qwen2Tokenizer`` (same BPE).
+    """
+    if precision not in ("fp32", "int4"):
+        raise ValueError(f"precision={precision!r} is not one of 'fp32', 'int4'")
+    hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
+    if not (hf_dir / "config.json").is_file():
+        raise GenaiBuilderError(f"{hf_dir} has no config.json; build a checkpoint there first")
+    cache = Path(cache_dir).resolve() if cache_dir else out_dir.with_name(out_dir.name + ".cache")
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir)]
+    cmd += ["-o", str(out_dir), "-p", precision, "-e", "cpu", "-c", str(cache)]
+    if extra_options:
+        cmd += ["--extra_options", *(f"{k}={v}" for k, v in extra_options.items())]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise GenaiBuilderError(f"model builder timed out after {timeout_s:.0f}s exporting {hf_dir}") from e
+    missing = [f for f in ("model.onnx", "genai_config.json") if not (out_dir / f).is_file()]
+    if proc.returncode or missing:
+        tail = "\n".join((proc.stdout + "\n" + proc.stderr).strip().splitlines()[-25:])
+        why = f"exit code {proc.returncode}" if proc.returncode else f"no {', '.join(missing)} in {out_dir}"
+        raise GenaiBuilderError(
+            f"onnxruntime-genai model builder failed on {hf_dir} ({precision}, {why}); is "
+            f"onnxruntime-genai installed (pip install onnxruntime-genai onnx-ir)?\n"
+            f"command: {' '.join(cmd)}\n--- builder output (tail) ---\n{tail}"
+        )
+    _fix_tokenizer_class(out_dir / "tokenizer_config.json")
+    return out_dir
+
+
+# tokenizer classes transformers writes that onnxruntime-genai 0.18 cannot load -> a class it can.
+_GENAI_TOKENIZER_CLASS = {"Qwen3_5Tokenizer": "Qwen2Tokenizer"}
+
+
+def _fix_tokenizer_class(path: Path) -> None:
+    if not path.is_file():
+        return
+    cfg = json.loads(path.read_text())
+    fixed = _GENAI_TOKENIZER_CLASS.get(cfg.get("tokenizer_class", ""))
+    if fixed:
+        cfg["tokenizer_class"] = fixed
+        path.write_text(json.dumps(cfg, indent=2) + "\n")
