@@ -1,0 +1,137 @@
+"""Per-request sampling parameters: one frozen, validated dataclass.
+
+``temperature=0`` means greedy decoding (the OpenAI convention). Every invalid value raises
+:class:`SamplingParamsError` (a ``ValueError`` and a :class:`~onnxgen.errors.GenerationError`) whose message
+follows one template: the parameter, the constraint, the value given, a hint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from onnxgen.errors import GenerationError
+
+
+class SamplingParamsError(GenerationError, ValueError):
+    """A sampling parameter is out of range or of the wrong type."""
+
+
+def _invalid(name: str, constraint: str, value: object, hint: str) -> SamplingParamsError:
+    return SamplingParamsError(f"{name} must be {constraint} (got {value!r}); {hint}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _check_int(name: str, value: object, low: int, hint: str) -> None:
+    if not _is_int(value) or value < low:  # type: ignore[operator]
+        raise _invalid(name, f"an integer >= {low}", value, hint)
+
+
+def _check_float(name: str, value: object, low: float, high: float, constraint: str, hint: str) -> None:
+    if not _is_number(value) or not low <= value <= high:  # type: ignore[operator]
+        raise _invalid(name, constraint, value, hint)
+
+
+def _normalize_stop(stop: object) -> tuple[str, ...]:
+    items = (stop,) if isinstance(stop, str) else stop
+    hint = "pass a string or a list of non-empty strings"
+    if not isinstance(items, Sequence):
+        raise _invalid("stop", "a string or a list of strings", stop, hint)
+    for item in items:
+        if not isinstance(item, str) or not item:
+            raise _invalid("stop", "a list of non-empty strings", stop, hint)
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    Attributes:
+        max_new_tokens: most tokens to generate (finish reason ``"length"`` when reached).
+        temperature: softmax temperature; ``0`` selects greedy decoding.
+        top_k: keep the k most likely tokens (``0`` disables).
+        top_p: nucleus sampling mass in (0, 1] (``1.0`` disables).
+        min_p: drop tokens whose probability is below ``min_p`` times the top probability (``0`` disables).
+        repetition_penalty: HF-style penalty over prompt and generated tokens (``1.0`` disables).
+        presence_penalty: OpenAI-style penalty in [-2, 2] over generated tokens.
+        frequency_penalty: OpenAI-style penalty in [-2, 2] per occurrence in generated tokens.
+        seed: seed of the request's random generator; ``None`` draws from OS entropy.
+        stop: stop strings; a single string is accepted and stored as a one-element tuple.
+        ignore_eos: keep generating past end-of-sequence tokens.
+        min_new_tokens: end-of-sequence tokens are masked until this many tokens were generated.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] | list[str] | str = field(default_factory=tuple)
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+    # Constrained decoding (json_schema / regex / grammar) will add its fields here.
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", _normalize_stop(self.stop))
+        self._check_lengths()
+        self._check_sampling()
+        self._check_penalties()
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, "use a non-negative integer, or None for a random seed")
+        if not isinstance(self.ignore_eos, bool):
+            raise _invalid("ignore_eos", "a bool", self.ignore_eos, "use True or False")
+
+    def _check_lengths(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, 1, "ask for at least one new token")
+        _check_int("min_new_tokens", self.min_new_tokens, 0, "use 0 to allow stopping at once")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise _invalid(
+                "min_new_tokens",
+                f"<= max_new_tokens ({self.max_new_tokens})",
+                self.min_new_tokens,
+                "lower min_new_tokens or raise max_new_tokens",
+            )
+
+    def _check_sampling(self) -> None:
+        _check_float(
+            "temperature",
+            self.temperature,
+            0.0,
+            math.inf,
+            "a finite number >= 0",
+            "use 0 for greedy decoding",
+        )
+        _check_int("top_k", self.top_k, 0, "use 0 to disable top-k filtering")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise _invalid("top_p", "in (0, 1]", self.top_p, "use 1.0 to disable nucleus sampling")
+        _check_float("min_p", self.min_p, 0.0, 1.0, "in [0, 1]", "use 0.0 to disable min-p filtering")
+
+    def _check_penalties(self) -> None:
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+            raise _invalid(
+                "repetition_penalty",
+                "a finite number > 0",
+                self.repetition_penalty,
+                "use 1.0 for no penalty; values above 1 discourage repeats",
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            hint = "use 0.0 for no penalty; positive values discourage repeats"
+            _check_float(name, getattr(self, name), -2.0, 2.0, "in [-2, 2]", hint)
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when decoding picks the most likely token (``temperature == 0``)."""
+        return self.temperature == 0.0
