@@ -1,0 +1,260 @@
+"""Tokenizer: HF ``tokenizers`` wrapper, chat template (jinja2 sandbox), incremental detokenizer.
+
+A model directory provides ``tokenizer.json`` and optionally ``tokenizer_config.json`` (special tokens,
+``add_bos_token``, ``chat_template``) and ``chat_template.jinja`` (wins over the config's template).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+import tokenizers
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from onnxgen.errors import TokenizerError
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"
+_SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+Ids = Sequence[int] | np.ndarray
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"{path} cannot be read as JSON ({e}); fix or remove the file") from e
+
+
+def _token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or ``{"content": ...}``."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _config_template(config: Mapping[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}]: use the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+class _GenerationTag(Extension):
+    """Accepts HF's ``{% generation %}...{% endgeneration %}`` blocks and renders their body as is."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2's Extension API)
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **kwargs: Any) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, **kwargs)
+
+
+def _plain_data(value: Any) -> Any:
+    """Rebuilds template inputs from plain JSON types, so no rich object reaches the sandbox."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, Mapping):
+        return {str(key): _plain_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_data(item) for item in value]
+    if isinstance(value, np.generic):
+        return _plain_data(value.item())
+    for plain in (bool, str, int, float):  # subclasses (enums, ...) lose their extra methods
+        if isinstance(value, plain):
+            return str.__str__(value) if plain is str else plain(value)
+    return f"<{type(value).__name__}>"
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template the way HF transformers does, in an immutable sandbox."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+class Tokenizer:
+    """A HF fast tokenizer plus what ``tokenizer_config.json`` says about special tokens and chat."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        config: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
+        *,
+        template_looked_at: Sequence[str] = (),
+    ) -> None:
+        self.backend = backend
+        config = dict(config or {})
+        self.special_tokens = {name: _token_text(config.get(name)) for name in _SPECIAL_NAMES}
+        self.add_bos_token = config.get("add_bos_token") is True
+        self.chat_template = chat_template if chat_template is not None else _config_template(config)
+        self._template_looked_at = tuple(template_looked_at)
+        self._compiled: jinja2.Template | None = None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``chat_template.jinja``) from a directory."""
+        directory = Path(path)
+        file = directory / TOKENIZER_FILE
+        if not file.is_file():
+            raise TokenizerError(
+                f"{file} not found; onnxgen needs the HF fast tokenizer file beside the model "
+                "(write it with `AutoTokenizer.from_pretrained(src).save_pretrained(dir)`)"
+            )
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(file))
+        except Exception as e:  # tokenizers raises plain Exception on malformed files
+            raise TokenizerError(f"{file} cannot be loaded ({e}); re-export the tokenizer") from e
+        config_path, template_path = directory / CONFIG_FILE, directory / TEMPLATE_FILE
+        config = _read_json(config_path) if config_path.is_file() else {}
+        template = template_path.read_text(encoding="utf-8") if template_path.is_file() else None
+        looked_at = (str(template_path), f"{config_path} (chat_template)")
+        return cls(backend, config, template, template_looked_at=looked_at)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer knows, added tokens included."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def _special_id(self, name: str) -> int | None:
+        text = self.special_tokens.get(name)
+        return None if text is None else self.backend.token_to_id(text)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._special_id("bos_token")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._special_id("eos_token")
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The tokenizer's eos id(s); the model's generation config may add more."""
+        eos = self.eos_token_id
+        return () if eos is None else (eos,)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        bos = self.bos_token_id
+        if add_special_tokens and self.add_bos_token and bos is not None and ids[:1] != [bos]:
+            ids = [bos, *ids]
+        return ids
+
+    def decode(self, ids: Ids, skip_special_tokens: bool = True) -> str:
+        as_list = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+        return self.backend.decode(as_list, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        """Render ``messages`` with the chat template (HF globals: special tokens, ``tools=None``, ...)."""
+        template = self._template()
+        context = {name: text for name, text in self.special_tokens.items() if text is not None}
+        context.update(tools=None, documents=None)
+        context.update(kwargs)
+        for index, message in enumerate(messages):
+            if not isinstance(message, Mapping):
+                raise TokenizerError(
+                    f"chat message {index} must be a mapping such as {{'role': ..., 'content': ...}} (got {message!r})"
+                )
+        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        try:
+            return template.render(
+                messages=_plain_data(chat),
+                add_generation_prompt=add_generation_prompt,
+                **_plain_data(context),
+            )
+        except jinja2.TemplateError as e:
+            raise TokenizerError(f"the chat template rejected the messages: {e}") from e
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> list[int]:
+        """Token ids of the rendered chat (no special tokens added: the template writes its own)."""
+        return self.encode(self.apply_chat_template(messages, **kwargs), add_special_tokens=False)
+
+    def _template(self) -> jinja2.Template:
+        if self._compiled is None:
+            if self.chat_template is None:
+                looked = ", ".join(self._template_looked_at) or "no files (tokenizer built in memory)"
+                raise TokenizerError(
+                    f"no chat template found (looked at {looked}); add a {TEMPLATE_FILE} file or a "
+                    f'"chat_template" entry to {CONFIG_FILE}, or encode a plain prompt instead'
+                )
+            try:
+                self._compiled = compile_chat_template(self.chat_template)
+            except jinja2.TemplateSyntaxError as e:
+                raise TokenizerError(
+                    f"the chat template does not compile (line {e.lineno}: {e.message})"
+                ) from e
+        return self._compiled
+
+
+class IncrementalDetokenizer:
+    """Streams token ids to text without splitting UTF-8 characters or losing leading spaces.
+
+    Each step decodes a short window ``ids[prefix_offset:]`` and emits what it adds to the decode of
+    ``ids[prefix_offset:read_offset]`` (the vLLM/TGI scheme), so tokenizers whose decode depends on
+    neighbours (byte-level BPE, metaspace) stream the same text as one decode of all ids. Text ending in
+    U+FFFD (an incomplete multi-byte character) is held back until the character completes; :meth:`flush`
+    releases whatever is left at the end. ``prompt_ids`` give the first generated token its context.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Ids = (), skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = [int(i) for i in prompt_ids]
+        self.read_offset = len(self.ids)
+        self.prefix_offset = max(self.read_offset - 5, 0)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _pending_text(self) -> tuple[str, str]:
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        return prefix, self._decode(self.ids[self.prefix_offset :])
+
+    def feed(self, token_id: int) -> str:
+        """Add one token id; return the text it completes (possibly empty)."""
+        self.ids.append(int(token_id))
+        prefix, text = self._pending_text()
+        if len(text) <= len(prefix) or text.endswith("\ufffd"):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return text[len(prefix) :]
+
+    def flush(self) -> str:
+        """Return the held-back text (at the end of generation), even an incomplete character."""
+        prefix, text = self._pending_text()
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix) :]
