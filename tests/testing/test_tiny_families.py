@@ -163,3 +163,25 @@ def test_bad_arguments_are_rejected_naming_the_parameter(tmp_path: Path, kwargs:
     with pytest.raises(ValueError, match=named):
         build_model(tmp_path, **kwargs)
     assert not (tmp_path / "model.onnx").exists()
+
+
+def test_public_api_of_onnxgen_testing_is_pinned() -> None:
+    import onnxgen.testing as t
+
+    assert set(t.__all__) == {
+        "CHAT_TEMPLATE",
+        "CONFIGS",
+        "FAMILIES",
+        "PRECISIONS",
+        "SPECIAL_TOKENS",
+        "TinySpec",
+        "build_model",
+        "make_weights",
+        "reference_logits",
+        "run_teacher_forced",
+        "special_token_ids",
+        "tiny_tokenizer",
+    }
+    assert t.FAMILIES == ("genai-dense", "standard-dense", "hybrid-genai", "hybrid-mobius", "hybrid-scan")
+    for name in t.__all__:
+        assert hasattr(t, name), name

@@ -7,7 +7,8 @@ The engine never imports this package; tests and users who want a toy model do::
 
 Families (see :mod:`onnxgen.testing.families`): ``genai-dense``, ``standard-dense``, ``hybrid-genai``,
 ``hybrid-mobius``, ``hybrid-scan``. Models built from one spec compute the same function;
-:mod:`onnxgen.testing.reference` is its numpy ground truth.
+:func:`reference_logits` is their numpy ground truth and :func:`run_teacher_forced` a plain onnxruntime loop
+(batched prefill + cached decode steps) to run any of them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from onnxgen.testing.families import STYLES, build_graph
 from onnxgen.testing.graph import save_model
+from onnxgen.testing.loop import run_teacher_forced
 from onnxgen.testing.packaging import CONFIGS, write_package
+from onnxgen.testing.reference import reference_logits
 from onnxgen.testing.spec import TinySpec, make_weights
 from onnxgen.testing.tokenizer import (
     CHAT_TEMPLATE,
@@ -113,6 +116,8 @@ __all__ = [
     "TinySpec",
     "build_model",
     "make_weights",
+    "reference_logits",
+    "run_teacher_forced",
     "special_token_ids",
     "tiny_tokenizer",
 ]

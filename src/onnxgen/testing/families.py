@@ -1,16 +1,23 @@
 """The export families: one tiny decoder written the way each exporter writes it.
 
-| family          | attention                           | positions          | states (linear layers)                | norms          | opset   |
-|-----------------|-------------------------------------|--------------------|---------------------------------------|----------------|---------|
-| genai-dense     | GroupQueryAttention, fused rotary    | none (from mask)   | —                                     | Skip(S)LN fused| 21 + ms |
-| standard-dense  | plain ops, growing Concat cache      | [B, S]             | —                                     | plain ops      | 21      |
-| hybrid-genai    | MRotaryEmbedding + GQA (do_rotary=0) | [3, B, S] (mRoPE)  | ``past.N.conv/recurrent`` fused ops   | Skip(S)LN fused| 21 + ms |
-| hybrid-mobius   | RotaryEmbedding-23 + Attention-24    | [B, S]             | ``past_key_values.N.conv_state/...``  | RMSNormalization| 24 + ms|
-| hybrid-scan     | RotaryEmbedding-23 + Attention-24    | [B, S]             | same names, Scan over the sequence    | RMSNormalization| 24     |
+=============== ==================================== ================= ================================= ============== =======
+family          attention                            position_ids      linear-layer states               norms          opset
+=============== ==================================== ================= ================================= ============== =======
+genai-dense     GroupQueryAttention, fused rotary    none              —                                 SkipSimplified 21 + ms
+standard-dense  plain ops, Concat-grown cache        [B, S]            —                                 plain ops      21
+hybrid-genai    MRotaryEmbedding + GQA (do_rotary=0) [3, B, S] mRoPE  ``past.N.conv``/``.recurrent``     SkipSimplified 21 + ms
+hybrid-mobius   RotaryEmbedding-23 + Attention-24    [B, S]            ``past_key_values.N.conv_state``  RMSNorm-23     24 + ms
+hybrid-scan     RotaryEmbedding-23 + Attention-24    [B, S]            same names; Scan over the tokens  RMSNorm-23     24
+=============== ==================================== ================= ================================= ============== =======
 
 Every family reads the same weights (:func:`onnxgen.testing.spec.make_weights`), so one spec gives one
 function in all of them. KV ports are ``past_key_values.N.key/value`` -> ``present.N.key/value`` with N the
 absolute layer index, ``[batch_size, kv_heads, past_sequence_length, head_dim]``.
+
+Padding: plain and Attention-24 attention honour any padding in ``attention_mask``; GroupQueryAttention
+reads only the number of ones in each mask row, so batches for the genai families must be right-padded
+(the real builder's contract). Linear layers take no mask: pad tokens would enter their state, so hybrid
+batches are meant to hold sequences of equal length (or to be prefilled one sequence at a time).
 """
 
 from __future__ import annotations
