@@ -35,7 +35,9 @@ class LLM:
     ) -> None:
         self.package = package
         self.io = package.io
-        self.session = DecoderSession(package.model_path, self.io, threads=threads, providers=providers)
+        self.session = DecoderSession(
+            package.model_path, self.io, threads=threads, providers=providers, graph=package.graph
+        )
         self.tokenizer: Tokenizer | None = None
         if package.tokenizer_path is not None:
             self.tokenizer = Tokenizer.from_dir(package.root)

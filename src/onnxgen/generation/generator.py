@@ -75,7 +75,7 @@ class TokenLoop:
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
         """Yield (token id, finish reason or None); the last yielded token carries the reason."""
-        logits = self.session.forward(self.state, self.ids[None, : self.n])[0, -1]
+        logits = self.session.forward(self.state, self.ids[None, : self.n], 1)[0, -1]
         self.forward_passes += 1
         while True:
             token = self._select(logits)
@@ -85,7 +85,7 @@ class TokenLoop:
             yield token, reason
             if reason is not None:
                 return
-            logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n])[0, -1]
+            logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1)[0, -1]
             self.forward_passes += 1
 
 

@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError, UnsupportedModelError
+from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime.state import DecodeState
 
@@ -51,13 +53,29 @@ class DecoderSession:
         threads: int | None = None,
         providers: Sequence[str] | None = None,
         options: ort.SessionOptions | None = None,
+        graph: onnx.ModelProto | None = None,
+        last_logits: bool = True,
     ) -> None:
         self.io = io
         self.threads = threads or default_threads()
         opts = options or make_session_options(self.threads)
+        model_path = Path(model_path)
+        source: str | bytes = str(model_path)
+        self.logits_to_keep = False
+        if last_logits:
+            if graph is None:
+                graph = onnx.load(str(model_path), load_external_data=False)
+            graph, self.logits_to_keep, reason = keep_last_logits(graph, io.logits)
+            if self.logits_to_keep:
+                source = graph.SerializeToString()
+                opts.add_session_config_entry(
+                    "session.model_external_initializers_file_folder_path", str(model_path.parent)
+                )
+            else:
+                log.info("logits are computed for every position: %s", reason)
         try:
             self.session = ort.InferenceSession(
-                str(model_path), sess_options=opts, providers=list(providers or ["CPUExecutionProvider"])
+                source, sess_options=opts, providers=list(providers or ["CPUExecutionProvider"])
             )
         except Exception as e:  # onnxruntime raises its own exception types
             raise UnsupportedModelError(
@@ -89,16 +107,20 @@ class DecoderSession:
         """An empty decode state holding up to ``capacity`` tokens per row."""
         return DecodeState(self.io, batch=batch, capacity=capacity, shared_kv=self._shared_kv)
 
-    def forward(self, state: DecodeState, ids: np.ndarray) -> np.ndarray:
-        """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, T, vocab].
+    def forward(self, state: DecodeState, ids: np.ndarray, num_logits: int | None = None) -> np.ndarray:
+        """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, N, vocab] for the last
+        N = ``num_logits`` positions (all T when None).
 
         The returned array is owned by the caller (it is not reused by later forwards).
         """
         batch, t = ids.shape
+        keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
         binding = self.session.io_binding()
         self._bind_step_inputs(binding, state.length, ids)
+        if self.logits_to_keep:
+            binding.bind_cpu_input(LOGITS_TO_KEEP, np.array([keep], dtype=np.int64))
         writes = state.bind(binding, t)
         binding.bind_output(self.io.logits, "cpu")
         try:
@@ -109,7 +131,8 @@ class DecoderSession:
         # IOBinding returns outputs in the order they were bound.
         outputs = dict(zip([*state.bound_outputs, self.io.logits], binding.get_outputs(), strict=True))
         state.advance(t, writes, outputs)
-        return outputs[self.io.logits].numpy()
+        logits = outputs[self.io.logits].numpy()
+        return logits if logits.shape[1] == keep else logits[:, -keep:]
 
     def _bind_step_inputs(self, binding: ort.IOBinding, past: int, ids: np.ndarray) -> None:
         io = self.io
