@@ -274,3 +274,28 @@ def test_metaspace_leading_spaces_survive_streaming_where_token_by_token_decode_
     assert "".join(stream(IncrementalDetokenizer(tok), ids)) == "Hello world there"
     prompt, generated = ids[:1], ids[1:]
     assert "".join(stream(IncrementalDetokenizer(tok, prompt_ids=prompt), generated)) == " world there"
+
+
+PARITY_TEMPLATES = [
+    CHATML,
+    "{% for m in messages %}\n    {% if m.role == 'user' %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}",
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+    "{% set ns.n = ns.n + 1 %}{{ m | tojson }}{% endfor %}{{ ns.n }}{{ tools | tojson }}{{ bos_token }}",
+]
+
+
+@pytest.mark.external
+@pytest.mark.parametrize("template", PARITY_TEMPLATES, ids=["chatml", "trimmed", "namespace_tojson"])
+def test_chat_templates_render_like_hf_transformers(tmp_path: Path, template: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "chat_template": template}
+    ours = Tokenizer.from_dir(write_dir(tmp_path, config))
+    theirs = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "tokenizer.json"), bos_token="<|endoftext|>", eos_token="<|im_end|>"
+    )
+    messages = [*MESSAGES, {"role": "assistant", "content": "wörld", "tool_calls": None}]
+    tools = [{"type": "function", "function": {"name": "wörld"}}]
+    expected = theirs.apply_chat_template(
+        messages, chat_template=template, tokenize=False, tools=tools, add_generation_prompt=True
+    )
+    assert ours.apply_chat_template(messages, tools=tools) == expected
