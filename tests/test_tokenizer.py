@@ -178,6 +178,12 @@ def test_raise_exception_in_a_template_becomes_a_tokenizer_error(tmp_path: Path)
         render(tmp_path, template)
 
 
+def test_content_the_template_cannot_handle_becomes_a_tokenizer_error(tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    with pytest.raises(TokenizerError, match="rejected the messages"):
+        render(tmp_path, CHATML, messages)
+
+
 def test_generation_blocks_render_their_body(tmp_path: Path) -> None:
     assert render(tmp_path, "a{% generation %}b{% endgeneration %}c") == "abc"
 

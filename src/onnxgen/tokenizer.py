@@ -29,10 +29,17 @@ _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 Ids = Sequence[int] | np.ndarray
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{path} cannot be read ({e}); fix or remove the file") from e
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        return json.loads(_read_text(path))
+    except ValueError as e:
         raise TokenizerError(f"{path} cannot be read as JSON ({e}); fix or remove the file") from e
 
 
@@ -83,7 +90,7 @@ def _plain_data(value: Any) -> Any:
         return [_plain_data(item) for item in value]
     if isinstance(value, np.generic):
         return _plain_data(value.item())
-    for plain in (bool, str, int, float):  # subclasses (enums, ...) lose their extra methods
+    for plain in (str, int, float):  # subclasses (enums, ...) lose their extra methods
         if isinstance(value, plain):
             return str.__str__(value) if plain is str else plain(value)
     return f"<{type(value).__name__}>"
@@ -135,7 +142,7 @@ class Tokenizer:
             raise TokenizerError(f"{file} cannot be loaded ({e}); re-export the tokenizer") from e
         config_path, template_path = directory / CONFIG_FILE, directory / TEMPLATE_FILE
         config = _read_json(config_path) if config_path.is_file() else {}
-        template = template_path.read_text(encoding="utf-8") if template_path.is_file() else None
+        template = _read_text(template_path) if template_path.is_file() else None
         looked_at = (str(template_path), f"{config_path} (chat_template)")
         return cls(backend, config, template, template_looked_at=looked_at)
 
@@ -196,7 +203,7 @@ class Tokenizer:
                 add_generation_prompt=add_generation_prompt,
                 **_plain_data(context),
             )
-        except jinja2.TemplateError as e:
+        except (jinja2.TemplateError, TypeError, ValueError) as e:  # raise_exception, sandbox, bad content
             raise TokenizerError(f"the chat template rejected the messages: {e}") from e
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> list[int]:
