@@ -19,6 +19,7 @@ import onnxruntime as ort
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
+from onnxgen.runtime.buffers import HostBuffer
 from onnxgen.runtime.state import DecodeState
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,46 @@ def make_session_options(threads: int | None) -> ort.SessionOptions:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
     return opts
+
+
+class _Binder:
+    """One IOBinding plus what is bound to it, so unchanged KV/state buffers are not bound again.
+
+    A decode state alternates between two state buffers (ping-pong), so each state keeps two binders
+    (by step parity) and in steady state no KV or state port is rebound at all.
+    """
+
+    def __init__(self, binding: ort.IOBinding) -> None:
+        self.binding = binding
+        self._inputs: dict[str, ort.OrtValue] = {}
+        self._outputs: dict[str, ort.OrtValue | None] = {}
+        self._allocated: list[str] = []
+        self.allocates = False
+
+    def input(self, name: str, value: ort.OrtValue) -> None:
+        if self._inputs.get(name) is not value:
+            self.binding.bind_ortvalue_input(name, value)
+            self._inputs[name] = value
+
+    def output(self, name: str, value: ort.OrtValue | None) -> None:
+        """Bind ``value``, or let onnxruntime allocate the output (``None``; rebound every run)."""
+        if value is None:
+            self.binding.bind_output(name, "cpu")
+            if name not in self._outputs or self._outputs[name] is not None:
+                self._outputs[name] = None
+                self._allocated = [n for n, v in self._outputs.items() if v is None]
+                self.allocates = True
+        elif self._outputs.get(name) is not value:
+            self.binding.bind_ortvalue_output(name, value)
+            self._outputs[name] = value
+            self._allocated = [n for n, v in self._outputs.items() if v is None]
+            self.allocates = bool(self._allocated)
+
+    def allocated_outputs(self) -> dict[str, ort.OrtValue]:
+        """The outputs onnxruntime allocated in the last run, by name (binding order is output order)."""
+        values = self.binding.get_outputs()
+        names = list(self._outputs)
+        return {n: v for n, v in zip(names, values, strict=True) if self._outputs[n] is None}
 
 
 class DecoderSession:
@@ -83,6 +124,7 @@ class DecoderSession:
                 "supports every op of the export (see `onnxgen inspect`)"
             ) from e
         self.vocab_size = self._vocab_size()
+        self._logits_bufs: dict[tuple[int, int], HostBuffer] = {}
         self._logits_dtype = self._output_dtype(io.logits)
         self._shared_kv = io.past_present_share_buffer
         self._token_dtype = np.int64 if self._input_type(io.token_input) == "tensor(int64)" else np.int32
@@ -117,26 +159,49 @@ class DecoderSession:
         keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
-        binding = self.session.io_binding()
-        self._bind_step_inputs(binding, state.length, ids)
-        if self.logits_to_keep:
-            binding.bind_cpu_input(LOGITS_TO_KEEP, np.array([keep], dtype=np.int64))
-        writes = state.bind(binding, t)
-        binding.bind_output(self.io.logits, "cpu")
+        binder = self._binder(state)
+        self._bind_step_inputs(binder.binding, state.length, ids, keep)
+        step = state.prepare(t)
+        for name, value in step.inputs:
+            binder.input(name, value)
+        for name, out in step.outputs:
+            binder.output(name, out)
+        logits_buf = self._logits_buffer(batch, keep if self.logits_to_keep else t)
+        binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
-            self.session.run_with_iobinding(binding)
+            self.session.run_with_iobinding(binder.binding)
         except Exception as e:
-            state.discard(writes)
+            state.discard(step)
             raise GenerationError(f"forward over {t} tokens at position {state.length} failed: {e}") from e
-        # IOBinding returns outputs in the order they were bound.
-        outputs = dict(zip([*state.bound_outputs, self.io.logits], binding.get_outputs(), strict=True))
-        state.advance(t, writes, outputs)
-        logits = outputs[self.io.logits].numpy()
+        allocated = binder.allocated_outputs() if binder.allocates else {}
+        state.advance(t, step, allocated)
+        logits = logits_buf.array.copy() if logits_buf is not None else allocated[self.io.logits].numpy()
         return logits if logits.shape[1] == keep else logits[:, -keep:]
 
-    def _bind_step_inputs(self, binding: ort.IOBinding, past: int, ids: np.ndarray) -> None:
+    def _binder(self, state: DecodeState) -> _Binder:
+        key = (id(self), state.steps % 2)
+        binder = state.bindings.get(key)
+        if binder is None:
+            binder = state.bindings[key] = _Binder(self.session.io_binding())
+        return binder  # type: ignore[return-value]
+
+    def _logits_buffer(self, batch: int, rows: int) -> HostBuffer | None:
+        """A reusable logits output buffer for small fixed shapes (decode steps, kept prefill logits)."""
+        if self.vocab_size <= 0 or rows > 16:
+            return None
+        key = (batch, rows)
+        buf = self._logits_bufs.get(key)
+        if buf is None:
+            buf = self._logits_bufs[key] = HostBuffer.zeros(
+                (batch, rows, self.vocab_size), self._logits_dtype
+            )
+        return buf
+
+    def _bind_step_inputs(self, binding: ort.IOBinding, past: int, ids: np.ndarray, keep: int) -> None:
         io = self.io
         batch, t = ids.shape
+        if self.logits_to_keep:
+            binding.bind_cpu_input(LOGITS_TO_KEEP, np.array([keep], dtype=np.int64))
         binding.bind_cpu_input(io.token_input, np.ascontiguousarray(ids, dtype=self._token_dtype))
         if io.attention_mask is not None:
             binding.bind_cpu_input(io.attention_mask, np.ones((batch, past + t), dtype=self._mask_dtype))

@@ -35,6 +35,15 @@ class Snapshot:
     states: tuple[HostBuffer, ...]
 
 
+@dataclass
+class StepIO:
+    """The KV/state bindings of one forward (see :meth:`DecodeState.prepare`)."""
+
+    inputs: list[tuple[str, ort.OrtValue]]
+    outputs: list[tuple[str, ort.OrtValue | None]]
+    writes: list[tuple[_StateSlot, HostBuffer]]
+
+
 class _StateSlot:
     """Current buffer of one recurrent state plus a free list of spares."""
 
@@ -61,6 +70,8 @@ class DecodeState:
         self.capacity = capacity
         self.shared_kv = shared_kv
         self.length = 0
+        self.steps = 0  # forwards run; its parity picks one of two cached bindings (ping-pong buffers)
+        self.bindings: dict[tuple[int, int], object] = {}  # owned by the sessions that run this state
         self._pinned: dict[int, int] = {}
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
         self._kv_shared: list[HostBuffer] = []
@@ -78,55 +89,59 @@ class DecodeState:
         self._kv = list(self._kv_empty)
         self._kv_names_in = [n for p in io.kv_pairs for n in p.inputs]
         self._kv_names_out = [n for p in io.kv_pairs for n in p.outputs]
-        # Output names in the order bind() binds them.
-        self.bound_outputs = self._kv_names_out + [s.pair.output for s in self._slots]
 
     # -- binding (used by DecoderSession) ----------------------------------------------------------
-    def bind(self, binding: ort.IOBinding, new_tokens: int) -> list[tuple[_StateSlot, HostBuffer]]:
-        """Bind KV and state inputs/outputs for a forward over ``new_tokens`` tokens.
+    def prepare(self, new_tokens: int) -> StepIO:
+        """What a forward over ``new_tokens`` tokens binds: KV and state inputs and outputs.
 
-        Returns the (slot, spare) pairs the forward writes into; :meth:`advance` swaps them in.
+        Outputs bound to ``None`` are allocated by onnxruntime (growing KV). :meth:`advance` commits
+        the step, :meth:`discard` undoes it after a failed forward.
         """
         if self.length + new_tokens > self.capacity:
             raise GenerationError(
                 f"sequence would reach {self.length + new_tokens} tokens but the decode state holds "
-                f"{self.capacity}; raise max_new_tokens' budget or shorten the prompt"
+                f"{self.capacity}; raise the state's capacity (prompt + max_new_tokens) or shorten the prompt"
             )
+        inputs: list[tuple[str, ort.OrtValue]] = []
+        outputs: list[tuple[str, ort.OrtValue | None]] = []
         if self.shared_kv:
             for n_in, n_out, buf in zip(self._kv_names_in, self._kv_names_out, self._kv_shared, strict=True):
-                binding.bind_ortvalue_input(n_in, buf.value)
-                binding.bind_ortvalue_output(n_out, buf.value)
+                inputs.append((n_in, buf.value))
+                outputs.append((n_out, buf.value))
         else:
-            for n_in, n_out, value in zip(self._kv_names_in, self._kv_names_out, self._kv, strict=True):
-                binding.bind_ortvalue_input(n_in, value)
-                binding.bind_output(n_out, "cpu")
+            inputs.extend(zip(self._kv_names_in, self._kv, strict=True))
+            outputs.extend((n, None) for n in self._kv_names_out)
         writes = []
         for slot in self._slots:
             spare = slot.take_spare()
-            binding.bind_ortvalue_input(slot.pair.input, slot.current.value)
-            binding.bind_ortvalue_output(slot.pair.output, spare.value)
+            inputs.append((slot.pair.input, slot.current.value))
+            outputs.append((slot.pair.output, spare.value))
             writes.append((slot, spare))
-        return writes
+        return StepIO(inputs, outputs, writes)
 
     def advance(
         self,
         new_tokens: int,
-        writes: list[tuple[_StateSlot, HostBuffer]],
-        outputs: dict[str, ort.OrtValue],
+        step: StepIO,
+        allocated: dict[str, ort.OrtValue],
     ) -> None:
-        """Commit a finished forward: move the cursor, take presents as the next pasts, swap states."""
+        """Commit a finished forward: move the cursor, take presents as the next pasts, swap states.
+
+        ``allocated`` holds the outputs onnxruntime allocated (growing KV), by name.
+        """
         self.length += new_tokens
+        self.steps += 1
         if not self.shared_kv:
-            self._kv = [outputs[n] for n in self._kv_names_out]
-        for slot, spare in writes:
+            self._kv = [allocated[n] for n in self._kv_names_out]
+        for slot, spare in step.writes:
             old = slot.current
             slot.current = spare
             if id(old) not in self._pinned:
                 slot.free.append(old)
 
-    def discard(self, writes: list[tuple[_StateSlot, HostBuffer]]) -> None:
-        """Undo :meth:`bind` after a failed forward (returns the spares)."""
-        for slot, spare in writes:
+    def discard(self, step: StepIO) -> None:
+        """Undo :meth:`prepare` after a failed forward (returns the spares)."""
+        for slot, spare in step.writes:
             slot.free.append(spare)
 
     # -- snapshot / restore / rewind ------------------------------------------------------------------
