@@ -33,6 +33,7 @@ class Snapshot:
     length: int
     kv: tuple[ort.OrtValue, ...] | None  # growing mode: the past OrtValues (immutable once made)
     states: tuple[HostBuffer, ...]
+    epoch: int = 0  # shared mode: forwards prepared before the snapshot (see DecodeState.restore)
 
 
 @dataclass
@@ -89,6 +90,10 @@ class DecodeState:
         self._kv = list(self._kv_empty)
         self._kv_names_in = [n for p in io.kv_pairs for n in p.inputs]
         self._kv_names_out = [n for p in io.kv_pairs for n in p.outputs]
+        # Shared mode: which forward last wrote each position, so that restoring a snapshot whose
+        # positions were overwritten since (restore earlier, run other tokens, restore later) is refused.
+        self._epoch = 0
+        self._written = np.zeros(capacity if shared_kv else 0, dtype=np.int64)
 
     # -- binding (used by DecoderSession) ----------------------------------------------------------
     def prepare(self, new_tokens: int) -> StepIO:
@@ -105,6 +110,8 @@ class DecodeState:
         inputs: list[tuple[str, ort.OrtValue]] = []
         outputs: list[tuple[str, ort.OrtValue | None]] = []
         if self.shared_kv:
+            self._epoch += 1  # marked before the run: a failed forward may have written too
+            self._written[self.length : self.length + new_tokens] = self._epoch
             for n_in, n_out, buf in zip(self._kv_names_in, self._kv_names_out, self._kv_shared, strict=True):
                 inputs.append((n_in, buf.value))
                 outputs.append((n_out, buf.value))
@@ -151,13 +158,15 @@ class DecodeState:
         for buf in states:
             self._pinned[id(buf)] = self._pinned.get(id(buf), 0) + 1
         kv = None if self.shared_kv else tuple(self._kv)
-        return Snapshot(self.length, kv, states)
+        return Snapshot(self.length, kv, states, self._epoch)
 
     def restore(self, snap: Snapshot) -> None:
         """Go back to ``snap``: length, KV and recurrent states exactly as they were."""
-        if snap.length > self.length and self.shared_kv:
+        if self.shared_kv and snap.length and int(self._written[: snap.length].max()) > snap.epoch:
             raise GenerationError(
-                "cannot restore a snapshot taken after the current point of a shared KV cache"
+                f"cannot restore a snapshot at length {snap.length}: forwards since it was taken have "
+                "overwritten its positions in the shared KV buffer; restore an earlier snapshot and re-run "
+                "the tokens instead"
             )
         self.length = snap.length
         if snap.kv is not None:
