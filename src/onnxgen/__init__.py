@@ -12,6 +12,7 @@ from onnxgen.errors import (
 )
 from onnxgen.generation.generator import GenerationResult, StreamEvent
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.speculative import DraftModel, PromptLookup
 from onnxgen.llm import LLM, load
 
 __version__ = "0.1.0"
@@ -21,10 +22,12 @@ __all__ = [
     "AmbiguousIOError",
     "ConfigError",
     "DecoderIOError",
+    "DraftModel",
     "GenerationError",
     "GenerationResult",
     "ModelPackageError",
     "OnnxgenError",
+    "PromptLookup",
     "SamplingParams",
     "StreamEvent",
     "TokenizerError",

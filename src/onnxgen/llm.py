@@ -10,6 +10,7 @@ from typing import Any
 from onnxgen.errors import GenerationError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.speculative import DraftModel, Speculative
 from onnxgen.model import ModelPackage
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.tokenizer import Tokenizer
@@ -43,6 +44,7 @@ class LLM:
             self.tokenizer = Tokenizer.from_dir(package.root)
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
         self.generator = Generator(self.session, self.tokenizer, eos, package.context_length)
+        self._drafts: dict[str, LLM] = {}
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -69,18 +71,62 @@ class LLM:
         text = tok.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         return tok.encode(text, add_special_tokens=False)
 
+    # -- speculative decoding -----------------------------------------------------------------------
+    def _draft_session(self, speculative: Speculative | None) -> DecoderSession | None:
+        if not isinstance(speculative, DraftModel):
+            return None
+        draft = speculative.model
+        if not isinstance(draft, LLM):
+            key = str(Path(draft).expanduser().resolve())
+            if key not in self._drafts:
+                self._drafts[key] = load(key, threads=self.session.threads)
+            draft = self._drafts[key]
+        self._check_same_tokenizer(draft)
+        return draft.session
+
+    def _check_same_tokenizer(self, draft: LLM) -> None:
+        where = f"draft model {draft.package.root}"
+        if draft.session.vocab_size != self.session.vocab_size:
+            raise GenerationError(
+                f"{where} has a vocabulary of {draft.session.vocab_size} logits but the target has "
+                f"{self.session.vocab_size}; a draft model must share the target's tokenizer"
+            )
+        if self.tokenizer is not None and draft.tokenizer is not None:
+            probe = "def main():\n    return 'Hello, world!'  # 42 ünïcode"
+            if self.tokenizer.encode(probe) != draft.tokenizer.encode(probe):
+                raise GenerationError(
+                    f"{where} tokenizes text differently from the target; a draft model must share the "
+                    "target's tokenizer (export both from checkpoints with the same tokenizer.json)"
+                )
+
     # -- generation -------------------------------------------------------------------------------
-    def generate(self, prompt: Prompt, params: SamplingParams | None = None) -> GenerationResult:
-        return self.generator.generate(self.encode(prompt), params or SamplingParams())
+    def generate(
+        self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
+    ) -> GenerationResult:
+        draft = self._draft_session(speculative)
+        return self.generator.generate(self.encode(prompt), params or SamplingParams(), speculative, draft)
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamEvent]:
-        return self.generator.stream(self.encode(prompt), params or SamplingParams())
+    def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
+    ) -> Iterator[StreamEvent]:
+        draft = self._draft_session(speculative)
+        return self.generator.stream(self.encode(prompt), params or SamplingParams(), speculative, draft)
 
-    def chat(self, messages: Messages, params: SamplingParams | None = None) -> GenerationResult:
-        return self.generator.generate(self.chat_prompt(messages), params or SamplingParams())
+    def chat(
+        self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
+    ) -> GenerationResult:
+        draft = self._draft_session(speculative)
+        return self.generator.generate(
+            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+        )
 
-    def stream_chat(self, messages: Messages, params: SamplingParams | None = None) -> Iterator[StreamEvent]:
-        return self.generator.stream(self.chat_prompt(messages), params or SamplingParams())
+    def stream_chat(
+        self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
+    ) -> Iterator[StreamEvent]:
+        draft = self._draft_session(speculative)
+        return self.generator.stream(
+            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+        )
 
 
 def load(

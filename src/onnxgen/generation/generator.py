@@ -18,6 +18,7 @@ from onnxgen.errors import GenerationError
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
 from onnxgen.generation.sampling import Sampler
+from onnxgen.generation.speculative import PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
@@ -64,6 +65,10 @@ class TokenLoop:
         self.sampler = None if params.is_greedy else Sampler(params.seed)
         self.checker = StopChecker(params, eos_ids)
         self.forward_passes = 0
+
+    def stats(self) -> dict[str, Any]:
+        """Loop-specific statistics merged into the result's stats."""
+        return {}
 
     def _select(self, logits: np.ndarray) -> int:
         if self.chain:
@@ -138,12 +143,48 @@ class Generator:
             self._state.reset()
         return self._state
 
-    def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[StreamEvent]:
+    def _loop(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        speculative: Speculative | None,
+        draft: DecoderSession | None,
+    ) -> TokenLoop:
+        state = self.state_for(len(prompt_ids) + params.max_new_tokens)
+        if speculative is None:
+            return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids)
+        from onnxgen.generation.speculative.loop import SpeculativeLoop
+        from onnxgen.generation.speculative.proposers import DraftModelProposer, NgramProposer
+
+        proposer: NgramProposer | DraftModelProposer
+        if isinstance(speculative, PromptLookup):
+            proposer = NgramProposer(speculative.max_ngram, speculative.min_ngram)
+        else:
+            if draft is None:
+                raise GenerationError("a DraftModel needs its loaded draft session")
+            proposer = DraftModelProposer(draft, params, self.eos_ids, state.capacity)
+        return SpeculativeLoop(
+            self.session,
+            state,
+            prompt_ids,
+            params,
+            self.eos_ids,
+            proposer,
+            speculative.num_draft_tokens,
+            speculative.adaptive,
+        )
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        speculative: Speculative | None = None,
+        draft: DecoderSession | None = None,
+    ) -> Iterator[StreamEvent]:
         self.check_prompt(prompt_ids)
         params = self._budget(len(prompt_ids), params)
         start = time.perf_counter()
-        state = self.state_for(len(prompt_ids) + params.max_new_tokens)
-        loop = TokenLoop(self.session, state, prompt_ids, params, self.eos_ids)
+        loop = self._loop(prompt_ids, params, speculative, draft)
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
         stops = StopStringMatcher(params.stop) if params.stop else None
         generated: list[int] = []
@@ -170,6 +211,7 @@ class Generator:
                 continue
             end = time.perf_counter()
             stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
+            stats.update(loop.stats())
             yield StreamEvent([token], text, reason, stats)
             return
 
@@ -187,10 +229,16 @@ class Generator:
             "total_s": end - start,
         }
 
-    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        speculative: Speculative | None = None,
+        draft: DecoderSession | None = None,
+    ) -> GenerationResult:
         ids: list[int] = []
         parts: list[str] = []
-        for event in self.stream(prompt_ids, params):
+        for event in self.stream(prompt_ids, params, speculative, draft):
             ids.extend(event.token_ids)
             parts.append(event.text)
             if event.finish_reason is not None:

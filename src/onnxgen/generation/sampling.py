@@ -74,6 +74,10 @@ class Sampler:
             return int(live[self._draw(weights(logits[live]))])
         return self._draw(weights(logits))
 
+    def uniform(self) -> float:
+        """One uniform draw in [0, 1) from this sampler's stream (speculative acceptance tests)."""
+        return float(self._rng.random())
+
     def sample_probs(self, p: np.ndarray) -> int:
         """Draw one token id from a probability row ``p`` (non-negative; need not be normalised)."""
         _check_row(p)

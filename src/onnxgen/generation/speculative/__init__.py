@@ -1,1 +1,50 @@
+"""Speculative decoding: what to draft with, and the loop that verifies and commits drafts."""
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+def _check_k(num_draft_tokens: int) -> None:
+    if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
+        raise ValueError(
+            f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r}); 4 is a good start"
+        )
+
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """Draft by n-gram lookup in the prompt and generated text (no extra model)."""
+
+    num_draft_tokens: int = 4
+    max_ngram: int = 3
+    min_ngram: int = 1
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _check_k(self.num_draft_tokens)
+        if not (isinstance(self.min_ngram, int) and isinstance(self.max_ngram, int)) or not (
+            1 <= self.min_ngram <= self.max_ngram
+        ):
+            raise ValueError(
+                f"PromptLookup needs 1 <= min_ngram <= max_ngram (got min_ngram={self.min_ngram!r}, "
+                f"max_ngram={self.max_ngram!r})"
+            )
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """Draft with a smaller model of the same tokenizer: an ``onnxgen.LLM`` or a model directory."""
+
+    model: Any
+    num_draft_tokens: int = 4
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _check_k(self.num_draft_tokens)
+
+
+Speculative = PromptLookup | DraftModel
+
+__all__ = ["DraftModel", "PromptLookup", "Speculative"]

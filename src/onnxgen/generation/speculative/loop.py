@@ -1,0 +1,125 @@
+"""The speculative token loop: propose k drafts, verify them in one target forward, commit.
+
+Commit after accepting j of k drafts (REFERENCE.md section 4): the verify forward ran the pending
+token and all k drafts, so the model must be brought back to "pending + j drafts" fed.
+- Full accept (j = k): nothing to do, the state is exact.
+- KV-only models: rewind the KV cursor (shared buffers) or slice the caches (growing).
+- Models with recurrent state: restore the snapshot taken before the verify (free: the states are
+  double-buffered, so a snapshot is a set of pinned references) and re-run only the j + 1 kept tokens
+  (strategy (a): universal, costs a short replay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from onnxgen.generation.generator import TokenLoop
+from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.processors import SequenceView, apply_chain
+from onnxgen.generation.speculative.accept import accept_greedy, accept_sampled
+from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.state import DecodeState
+
+
+class Proposer(Protocol):
+    def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], list[np.ndarray] | None]: ...
+    def observe(self, context_len: int, accepted: int) -> None: ...
+    def reset(self) -> None: ...
+
+
+class SpeculativeLoop(TokenLoop):
+    """A :class:`TokenLoop` that emits several tokens per target forward when drafts are accepted."""
+
+    def __init__(
+        self,
+        session: DecoderSession,
+        state: DecodeState,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        eos_ids: Sequence[int],
+        proposer: Proposer,
+        num_draft_tokens: int,
+        adaptive: bool = True,
+    ) -> None:
+        super().__init__(session, state, prompt, params, eos_ids)
+        self.proposer = proposer
+        self.k = num_draft_tokens
+        self.max_k = 2 * num_draft_tokens if adaptive else num_draft_tokens
+        self.adaptive = adaptive
+        self.proposed = 0
+        self.accepted = 0
+        self.replays = 0
+        self.hybrid = bool(session.io.state_pairs)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "proposed_draft_tokens": self.proposed,
+            "accepted_draft_tokens": self.accepted,
+            "target_forward_passes": self.forward_passes,
+            "state_replays": self.replays,
+        }
+
+    def _emit(self, token: int) -> str | None:
+        self.ids[self.n] = token
+        self.n += 1
+        return self.checker.check(token, self.n - self.prompt_len)
+
+    def tokens(self) -> Iterator[tuple[int, str | None]]:
+        logits = self.session.forward(self.state, self.ids[None, : self.n], 1)[0, -1]
+        self.forward_passes += 1
+        token = self._select(logits)
+        reason = self._emit(token)
+        yield token, reason
+        while reason is None:
+            room = self.params.max_new_tokens - (self.n - self.prompt_len)
+            k = min(self.k, room - 1)
+            drafts, q = self.proposer.propose(self.ids[: self.n], k) if k > 0 else ([], None)
+            if not drafts:  # nothing to verify: a plain step
+                logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1)[0, -1]
+                self.forward_passes += 1
+                emitted = [self._select(logits)]
+            else:
+                emitted = self._verify(drafts, q)
+            for token in emitted:
+                reason = self._emit(token)
+                yield token, reason
+                if reason is not None:
+                    return
+
+    def _verify(self, drafts: list[int], q: list[np.ndarray] | None) -> list[int]:
+        k = len(drafts)
+        n = self.n  # ids[n-1] is the pending token, not yet run by the target
+        start = self.state.length
+        snap = self.state.snapshot() if self.hybrid else None
+        self.ids[n : n + k] = drafts
+        logits = self.session.forward(self.state, self.ids[None, n - 1 : n + k], k + 1)[0]
+        self.forward_passes += 1
+        rows = [self._process(logits[i], n + i) for i in range(k + 1)]
+        if self.sampler is None:
+            j, token = accept_greedy(rows, drafts)
+        else:
+            j, token = accept_sampled(rows, drafts, q, self.sampler)
+        if j < k:
+            if snap is not None:
+                self.state.restore(snap)
+                self.session.forward(self.state, self.ids[None, n - 1 : n + j], 1)
+                self.forward_passes += 1
+                self.replays += 1
+            else:
+                self.state.rewind(start + j + 1)
+        if snap is not None:
+            self.state.release(snap)
+        self.proposed += k
+        self.accepted += j
+        self.proposer.observe(n, j)
+        if self.adaptive:
+            self.k = min(self.k + 2, self.max_k) if j == k else max(1, self.k - 1)
+        return [*drafts[:j], token]
+
+    def _process(self, row: np.ndarray, prefix_len: int) -> np.ndarray:
+        if not self.chain:
+            return row
+        return apply_chain(self.chain, SequenceView(self.ids[:prefix_len], self.prompt_len), row)

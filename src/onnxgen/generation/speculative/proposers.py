@@ -1,0 +1,132 @@
+"""Draft proposers: prompt lookup (n-gram) and a draft model.
+
+A proposer answers ``propose(ids, k) -> (draft tokens, draft probability rows or None)`` given the
+whole token history (prompt + generated, ending with the pending token the target has not yet run),
+and ``observe(context_len, accepted)`` after the target verified the draft, so a stateful proposer can
+commit its own state to exactly the accepted prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
+from onnxgen.generation.sampling import Sampler, probs
+from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.state import DecodeState, Snapshot
+
+
+class NgramProposer:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], None]:
+        n_ids = len(ids)
+        for n in range(min(self.max_ngram, n_ids - 1), self.min_ngram - 1, -1):
+            tail = ids[n_ids - n :]
+            # Windows of length n ending before the tail's own start.
+            windows = np.lib.stride_tricks.sliding_window_view(ids[: n_ids - 1], n)
+            hits = np.flatnonzero((windows == tail).all(axis=1))
+            if len(hits) == 0:
+                continue
+            start = int(hits[-1]) + n
+            follow = ids[start : start + k]
+            if len(follow):
+                return [int(t) for t in follow], None
+        return [], None
+
+    def observe(self, context_len: int, accepted: int) -> None:
+        """Stateless: nothing to commit."""
+
+    def reset(self) -> None:
+        """Stateless: nothing to reset."""
+
+
+class DraftModelProposer:
+    """A smaller model of the same tokenizer drafts k tokens autoregressively from its own state.
+
+    The draft pins a snapshot of its state after every token it feeds, so committing to any accepted
+    prefix is a restore (no replay); a mismatch older than the snapshots falls back to re-feeding.
+    """
+
+    def __init__(
+        self, session: DecoderSession, params: SamplingParams, eos_ids: Sequence[int], capacity: int
+    ) -> None:
+        self.session = session
+        self.params = params
+        self.chain = build_chain(params, eos_ids)
+        self.sampler = None if params.is_greedy else Sampler(None if params.seed is None else params.seed + 1)
+        self.state: DecodeState = session.new_state(capacity)
+        self.fed: list[int] = []
+        self.snaps: dict[int, Snapshot] = {}
+        self.prompt_len = 0
+
+    def reset(self) -> None:
+        self._drop_snaps()
+        self.state.reset()
+        self.fed = []
+
+    def _drop_snaps(self, keep: int | None = None) -> None:
+        for n, snap in list(self.snaps.items()):
+            if n != keep:
+                self.state.release(snap)
+                del self.snaps[n]
+
+    def _sync(self, ids: np.ndarray) -> np.ndarray:
+        """Bring the draft state to ``ids[:-1]`` fed; return the logits after the last of ``ids``."""
+        common = 0
+        limit = min(len(self.fed), len(ids))
+        while common < limit and self.fed[common] == ids[common]:
+            common += 1
+        if common < len(self.fed):
+            snap = self.snaps.get(common)
+            if snap is not None:
+                self.state.restore(snap)
+                self.fed = self.fed[:common]
+            else:
+                self.state.reset()
+                self.fed = []
+                common = 0
+        self._drop_snaps()
+        new = ids[common:]
+        logits = self.session.forward(self.state, np.asarray(new, dtype=np.int64)[None], 1)[0, -1]
+        self.fed.extend(int(t) for t in new)
+        return logits
+
+    def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], list[np.ndarray] | None]:
+        if not self.prompt_len:
+            self.prompt_len = len(ids)
+        room = self.state.capacity - len(ids)
+        k = min(k, room)
+        if k <= 0:
+            return [], None
+        logits = self._sync(ids)
+        drafts: list[int] = []
+        rows: list[np.ndarray] = []
+        history = list(ids)
+        for i in range(k):
+            if self.chain:
+                logits = apply_chain(self.chain, SequenceView(np.asarray(history), self.prompt_len), logits)
+            if self.sampler is None:
+                token = int(np.argmax(logits))
+            else:
+                p = probs(logits)
+                rows.append(p)
+                token = self.sampler.sample_probs(p)
+            drafts.append(token)
+            history.append(token)
+            if i + 1 < k:
+                self.snaps[len(self.fed)] = self.state.snapshot()
+                logits = self.session.forward(self.state, np.array([[token]], dtype=np.int64), 1)[0, -1]
+                self.fed.append(token)
+        self.snaps[len(self.fed)] = self.state.snapshot()
+        return drafts, (rows if self.sampler is not None else None)
+
+    def observe(self, context_len: int, accepted: int) -> None:
+        """Nothing eager: the next :meth:`propose` restores the snapshot of the accepted prefix."""
