@@ -136,12 +136,18 @@ class Generator:
         )
 
     def state_for(self, capacity: int) -> DecodeState:
-        """A reset decode state holding at least ``capacity`` tokens (reused between requests)."""
-        if self._state is None or self._state.capacity < capacity:
-            self._state = self.session.new_state(capacity)
-        else:
-            self._state.reset()
-        return self._state
+        """A reset decode state holding at least ``capacity`` tokens, the caller's until :meth:`give_back`
+        (reused between requests; a request that starts while a stream is running gets its own)."""
+        state, self._state = self._state, None
+        if state is None or state.capacity < capacity:
+            return self.session.new_state(capacity)
+        state.reset()
+        return state
+
+    def give_back(self, state: DecodeState) -> None:
+        """Keep ``state`` for the next request (the larger one when several were out at once)."""
+        if self._state is None or self._state.capacity < state.capacity:
+            self._state = state
 
     def _loop(
         self,
@@ -181,10 +187,27 @@ class Generator:
         speculative: Speculative | None = None,
         draft: DecoderSession | None = None,
     ) -> Iterator[StreamEvent]:
+        """Events of one request; a bad prompt raises here, before the first event is asked for."""
         self.check_prompt(prompt_ids)
-        params = self._budget(len(prompt_ids), params)
+        return self._events(prompt_ids, self._budget(len(prompt_ids), params), speculative, draft)
+
+    def _events(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        speculative: Speculative | None,
+        draft: DecoderSession | None,
+    ) -> Iterator[StreamEvent]:
         start = time.perf_counter()
         loop = self._loop(prompt_ids, params, speculative, draft)
+        try:
+            yield from self._loop_events(loop, prompt_ids, params, start)
+        finally:
+            self.give_back(loop.state)
+
+    def _loop_events(
+        self, loop: TokenLoop, prompt_ids: Sequence[int], params: SamplingParams, start: float
+    ) -> Iterator[StreamEvent]:
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
         stops = StopStringMatcher(params.stop) if params.stop else None
         generated: list[int] = []
