@@ -254,9 +254,13 @@ def export_with_genai_builder(
     if proc.returncode or missing:
         tail = "\n".join((proc.stdout + "\n" + proc.stderr).strip().splitlines()[-25:])
         why = f"exit code {proc.returncode}" if proc.returncode else f"no {', '.join(missing)} in {out_dir}"
+        hint = (
+            "; install the external extra (pip install onnxruntime-genai onnx-ir transformers torch)"
+            if "No module named" in tail
+            else ""
+        )
         raise GenaiBuilderError(
-            f"onnxruntime-genai model builder failed on {hf_dir} ({precision}, {why}); is "
-            f"onnxruntime-genai installed (pip install onnxruntime-genai onnx-ir)?\n"
+            f"onnxruntime-genai model builder failed on {hf_dir} ({precision}, {why}){hint}\n"
             f"command: {' '.join(cmd)}\n--- builder output (tail) ---\n{tail}"
         )
     _fix_tokenizer_class(out_dir / "tokenizer_config.json")
