@@ -1,0 +1,115 @@
+"""``onnxgen chat``: a REPL on stdin that keeps the conversation, resets it, and survives a failed turn."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onnxgen.cli import main
+from onnxgen.generation.generator import StreamEvent
+from onnxgen.generation.params import SamplingParams
+from onnxgen.llm import LLM, load
+from onnxgen.testing import build_model
+
+Messages = list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("chat"), "hybrid-genai")
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir: Path) -> LLM:
+    return load(model_dir, threads=1)
+
+
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[Messages]:
+    """The messages of every turn the REPL sends to the model (a spy on LLM.stream_chat)."""
+    calls: list[Messages] = []
+    real = LLM.stream_chat
+
+    def spy(
+        self: LLM, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None
+    ) -> Iterator[StreamEvent]:
+        calls.append([dict(m) for m in messages])
+        return real(self, messages, params)
+
+    monkeypatch.setattr(LLM, "stream_chat", spy)
+    monkeypatch.delenv("ONNXGEN_MODEL", raising=False)
+    return calls
+
+
+def _chat(monkeypatch: pytest.MonkeyPatch, model_dir: Path, lines: str, *flags: str) -> int:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+    return main(["chat", str(model_dir), "-n", "6", "--threads", "1", *flags])
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def test_chat_keeps_the_first_exchange_in_the_second_prompt(
+    model_dir: Path,
+    llm: LLM,
+    asked: list[Messages],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = llm.chat([_user("hello")], SamplingParams(max_new_tokens=6)).text
+    assert _chat(monkeypatch, model_dir, "hello\nhow are you\n") == 0
+    out = capsys.readouterr().out
+    assert asked[0] == [_user("hello")]
+    assert asked[1] == [_user("hello"), {"role": "assistant", "content": first}, _user("how are you")]
+    second = llm.chat(asked[1], SamplingParams(max_new_tokens=6)).text
+    assert out == f"{first}\n{second}\n"
+    rendered = llm.tokenizer.apply_chat_template(asked[1], add_generation_prompt=True)  # type: ignore[union-attr]
+    assert f"user\nhello<|im_end|>\n<|im_start|>assistant\n{first}<|im_end|>" in rendered
+
+
+def test_chat_reset_forgets_the_turns_but_keeps_the_system_message(
+    model_dir: Path,
+    asked: list[Messages],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _chat(monkeypatch, model_dir, "hello\n/reset\nagain\n", "--system", "be brief") == 0
+    system = {"role": "system", "content": "be brief"}
+    assert asked == [[system, _user("hello")], [system, _user("again")]]
+    assert "cleared" in capsys.readouterr().err
+
+
+def test_chat_exit_command_and_end_of_input_end_the_repl_with_status_0(
+    model_dir: Path,
+    asked: list[Messages],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _chat(monkeypatch, model_dir, "hi\n/exit\nnever asked\n") == 0
+    assert asked == [[_user("hi")]]
+    assert _chat(monkeypatch, model_dir, "") == 0
+    assert _chat(monkeypatch, model_dir, "\n   \nlast line without newline") == 0
+    assert asked[1:] == [[_user("last line without newline")]]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_chat_reports_a_turn_past_the_context_and_goes_on_without_it(
+    model_dir: Path,
+    asked: list[Messages],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    too_long = " ".join(f"w{i}" for i in range(400))  # more tokens than the tiny model's 256 positions
+    assert _chat(monkeypatch, model_dir, f"{too_long}\nhello\nagain\n", "--stats") == 0
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "context" in errors[0] and "/reset" in errors[0]
+    assert "Traceback" not in captured.err
+    assert [m["content"] for m in asked[2] if m["role"] == "user"] == ["hello", "again"]
+    assert captured.err.count("[onnxgen] prompt") == 2  # --stats: one line per completed answer
