@@ -1,0 +1,150 @@
+"""The process plumbing of ``onnxgen bench``: a worker serving JSON-line commands, and its client.
+
+Protocol (one JSON object per line). The worker starts with ``ENGINE MODEL THREADS`` as arguments,
+loads the engine and answers ``{"ready": true, ...facts}`` (or ``{"error": ...}`` and exits). Then for
+each ``{"cmd": "run", "prompt": [...], "new_tokens": N}`` it answers the run's timings plus
+``peak_rss_mb``; ``{"cmd": "exit"}`` (or end of input) ends it. The worker moves its own stdout to
+stderr at start, so nothing a library prints can corrupt the protocol stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from onnxgen.bench_genai import BenchError
+from onnxgen.runtime.session import default_threads
+
+WORKER_CODE = "from onnxgen.bench import worker_main; raise SystemExit(worker_main())"
+
+
+class Engine(Protocol):
+    def info(self) -> dict[str, Any]: ...
+
+    def run(self, prompt: Sequence[int], new_tokens: int) -> dict[str, Any]: ...
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set size in MiB (``ru_maxrss``), None where unavailable."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not Unix
+        return None
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0  # bytes on macOS
+
+
+def process_threads() -> int | None:
+    """OS threads of this process (Linux), to show that the thread setting took effect."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # pragma: no cover - not Linux
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return {
+        "cpu": cpu,
+        "cores_available": default_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "onnxruntime": _version("onnxruntime"),
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
+def serve(factory: Callable[[str, str, int], Engine], argv: Sequence[str] | None = None) -> int:
+    """The worker's main loop (runs in the subprocess)."""
+    engine_name, model, threads = (sys.argv[1:] if argv is None else list(argv))[:3]
+    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+
+    def reply(message: dict[str, Any]) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    try:
+        engine = factory(engine_name, model, int(threads))
+    except Exception as e:  # reported to the parent, which raises it as a BenchError
+        reply({"error": f"{type(e).__name__}: {e}"})
+        return 1
+    reply({"ready": True, **engine.info(), "process_threads": process_threads(), "rss_mb": peak_rss_mb()})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("cmd") != "run":
+            break
+        try:
+            result = engine.run(command["prompt"], int(command["new_tokens"]))
+        except Exception as e:  # reported to the parent
+            reply({"error": f"{type(e).__name__}: {e}"})
+            continue
+        reply({**result, "peak_rss_mb": peak_rss_mb()})
+    return 0
+
+
+class Worker:
+    """The parent's handle on one worker subprocess."""
+
+    def __init__(self, engine: str, model: str | Path, threads: int) -> None:
+        self.engine = engine
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parents[1])  # so the child imports this onnxgen
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER_CODE, engine, str(model), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            env=env,
+        )
+        self.info = self._receive()
+
+    def _receive(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            status = self.proc.wait()
+            raise BenchError(f"the {self.engine} worker exited with status {status}; its messages are above")
+        message = json.loads(line)
+        if "error" in message:
+            raise BenchError(f"{self.engine} worker: {message['error']}")
+        return message
+
+    def run(self, prompt: Sequence[int], new_tokens: int) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(
+            json.dumps({"cmd": "run", "prompt": list(prompt), "new_tokens": new_tokens}) + "\n"
+        )
+        self.proc.stdin.flush()
+        return self._receive()
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None and self.proc.poll() is None:
+                self.proc.stdin.write('{"cmd": "exit"}\n')
+                self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
