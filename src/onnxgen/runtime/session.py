@@ -56,6 +56,9 @@ class _Binder:
         self._outputs: dict[str, ort.OrtValue | None] = {}
         self._allocated: list[str] = []
         self.allocates = False
+        # Logits output buffers by (batch, rows): per binder, hence per state, so that forwards of
+        # different states on other threads never write into the logits one is still copying out.
+        self.logits: dict[tuple[int, int], HostBuffer] = {}
 
     def input(self, name: str, value: ort.OrtValue) -> None:
         if self._inputs.get(name) is not value:
@@ -124,7 +127,6 @@ class DecoderSession:
                 "supports every op of the export (see `onnxgen inspect`)"
             ) from e
         self.vocab_size = self._vocab_size()
-        self._logits_bufs: dict[tuple[int, int], HostBuffer] = {}
         self._logits_dtype = self._output_dtype(io.logits)
         self._shared_kv = io.past_present_share_buffer
         self._token_dtype = np.int64 if self._input_type(io.token_input) == "tensor(int64)" else np.int32
@@ -166,7 +168,7 @@ class DecoderSession:
             binder.input(name, value)
         for name, out in step.outputs:
             binder.output(name, out)
-        logits_buf = self._logits_buffer(batch, keep if self.logits_to_keep else t)
+        logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
             self.session.run_with_iobinding(binder.binding)
@@ -185,16 +187,14 @@ class DecoderSession:
             binder = state.bindings[key] = _Binder(self.session.io_binding())
         return binder  # type: ignore[return-value]
 
-    def _logits_buffer(self, batch: int, rows: int) -> HostBuffer | None:
+    def _logits_buffer(self, binder: _Binder, batch: int, rows: int) -> HostBuffer | None:
         """A reusable logits output buffer for small fixed shapes (decode steps, kept prefill logits)."""
         if self.vocab_size <= 0 or rows > 16:
             return None
         key = (batch, rows)
-        buf = self._logits_bufs.get(key)
+        buf = binder.logits.get(key)
         if buf is None:
-            buf = self._logits_bufs[key] = HostBuffer.zeros(
-                (batch, rows, self.vocab_size), self._logits_dtype
-            )
+            buf = binder.logits[key] = HostBuffer.zeros((batch, rows, self.vocab_size), self._logits_dtype)
         return buf
 
     def _bind_step_inputs(self, binding: ort.IOBinding, past: int, ids: np.ndarray, keep: int) -> None:
