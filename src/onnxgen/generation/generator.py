@@ -7,6 +7,7 @@ into streamed text and a final :class:`GenerationResult`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,7 @@ class Generator:
         self.eos_ids = tuple(eos_ids)
         self.context_length = context_length
         self._state: DecodeState | None = None
+        self._state_lock = threading.Lock()  # requests on other threads each check out their own state
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         if len(prompt_ids) == 0:
@@ -138,7 +140,8 @@ class Generator:
     def state_for(self, capacity: int) -> DecodeState:
         """A reset decode state holding at least ``capacity`` tokens, the caller's until :meth:`give_back`
         (reused between requests; a request that starts while a stream is running gets its own)."""
-        state, self._state = self._state, None
+        with self._state_lock:
+            state, self._state = self._state, None
         if state is None or state.capacity < capacity:
             return self.session.new_state(capacity)
         state.reset()
@@ -146,8 +149,9 @@ class Generator:
 
     def give_back(self, state: DecodeState) -> None:
         """Keep ``state`` for the next request (the larger one when several were out at once)."""
-        if self._state is None or self._state.capacity < state.capacity:
-            self._state = state
+        with self._state_lock:
+            if self._state is None or self._state.capacity < state.capacity:
+                self._state = state
 
     def _loop(
         self,
