@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,23 @@ def test_an_abandoned_stream_does_not_disturb_the_next_request(llm: LLM) -> None
     next(stream)
     assert llm.generate(PROMPT, greedy(8)).token_ids == expected
     del stream
+
+
+def test_requests_on_parallel_threads_give_what_they_give_alone(llm: LLM) -> None:
+    prompts = [PROMPT, "def f(x):", "Hello world", "import numpy as np"]
+    params = greedy(40)
+    alone = [llm.generate(p, params).token_ids for p in prompts]
+    together: list[list[int]] = [[] for _ in prompts]
+
+    def work(i: int) -> None:
+        together[i] = llm.generate(prompts[i], params).token_ids
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
 
 
 # -- stats ------------------------------------------------------------------------------------------
