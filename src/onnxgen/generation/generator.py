@@ -193,6 +193,11 @@ class Generator:
     ) -> Iterator[StreamEvent]:
         """Events of one request; a bad prompt raises here, before the first event is asked for."""
         self.check_prompt(prompt_ids)
+        if params.stop and self.tokenizer is None:
+            raise GenerationError(
+                f"stop strings {list(params.stop)!r} are matched on decoded text, but this model has no "
+                "tokenizer; put its tokenizer.json beside model.onnx, or stop on token ids (eos) instead"
+            )
         return self._events(prompt_ids, self._budget(len(prompt_ids), params), speculative, draft)
 
     def _events(
