@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import onnxgen
-from onnxgen import SamplingParams, TokenizerError
+from onnxgen import GenerationError, SamplingParams, TokenizerError
 from onnxgen.llm import LLM
 from onnxgen.model import ModelPackage
 from onnxgen.runtime.session import DecoderSession
@@ -99,3 +99,5 @@ def test_a_model_without_a_tokenizer_takes_token_ids_and_refuses_text(
         llm.generate("text")
     with pytest.raises(TokenizerError, match=r"tokenizer\.json"):
         llm.chat(MESSAGES)
+    with pytest.raises(GenerationError, match=r"stop strings \['END'\].*no tokenizer"):
+        llm.generate([5, 17, 200], SamplingParams(max_new_tokens=4, stop="END"))
