@@ -66,10 +66,19 @@ class TokenLoop:
         self.sampler = None if params.is_greedy else Sampler(params.seed)
         self.checker = StopChecker(params, eos_ids)
         self.forward_passes = 0
+        self.prefill_s = 0.0
 
     def stats(self) -> dict[str, Any]:
         """Loop-specific statistics merged into the result's stats."""
         return {}
+
+    def _prefill(self) -> np.ndarray:
+        """Run the prompt in one forward; the last position's logits. Timed as ``prefill_s``."""
+        start = time.perf_counter()
+        logits = self.session.forward(self.state, self.ids[None, : self.n], 1)[0, -1]
+        self.prefill_s = time.perf_counter() - start
+        self.forward_passes += 1
+        return logits
 
     def _select(self, logits: np.ndarray) -> int:
         if self.chain:
@@ -81,8 +90,7 @@ class TokenLoop:
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
         """Yield (token id, finish reason or None); the last yielded token carries the reason."""
-        logits = self.session.forward(self.state, self.ids[None, : self.n], 1)[0, -1]
-        self.forward_passes += 1
+        logits = self._prefill()
         while True:
             token = self._select(logits)
             self.ids[self.n] = token
@@ -243,6 +251,7 @@ class Generator:
                 continue
             end = time.perf_counter()
             stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
+            stats["prefill_s"] = loop.prefill_s
             stats.update(loop.stats())
             yield StreamEvent([token], text, reason, stats)
             return

@@ -53,6 +53,10 @@ class SpeculativeLoop(TokenLoop):
         self.accepted = 0
         self.replays = 0
         self.hybrid = bool(session.io.state_pairs)
+        # Back-off: after verifies that accepted nothing, run 1, 2, 4, ... (at most 16) plain steps
+        # before drafting again, so a prompt whose drafts keep failing decodes at nearly plain speed.
+        self._misses = 0
+        self._skip = 0
 
     def stats(self) -> dict[str, int]:
         return {
@@ -68,14 +72,15 @@ class SpeculativeLoop(TokenLoop):
         return self.checker.check(token, self.n - self.prompt_len)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
-        logits = self.session.forward(self.state, self.ids[None, : self.n], 1)[0, -1]
-        self.forward_passes += 1
-        token = self._select(logits)
+        token = self._select(self._prefill())
         reason = self._emit(token)
         yield token, reason
         while reason is None:
             room = self.params.max_new_tokens - (self.n - self.prompt_len)
             k = min(self.k, room - 1)
+            if self._skip > 0:
+                self._skip -= 1
+                k = 0
             drafts, q = self.proposer.propose(self.ids[: self.n], k) if k > 0 else ([], None)
             if not drafts:  # nothing to verify: a plain step
                 logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1)[0, -1]
@@ -117,6 +122,11 @@ class SpeculativeLoop(TokenLoop):
         self.proposer.observe(n, j)
         if self.adaptive:
             self.k = min(self.k + 2, self.max_k) if j == k else max(1, self.k - 1)
+        if j == 0:
+            self._skip = min(2**self._misses, 16)
+            self._misses += 1
+        else:
+            self._misses = 0
         return [*drafts[:j], token]
 
     def _process(self, row: np.ndarray, prefix_len: int) -> np.ndarray:
