@@ -181,7 +181,7 @@ class DecoderSession:
         return logits if logits.shape[1] == keep else logits[:, -keep:]
 
     def _binder(self, state: DecodeState) -> _Binder:
-        key = (id(self), state.steps % 2)
+        key = (self, state.steps % 2)
         binder = state.bindings.get(key)
         if binder is None:
             binder = state.bindings[key] = _Binder(self.session.io_binding())

@@ -72,7 +72,8 @@ class DecodeState:
         self.shared_kv = shared_kv
         self.length = 0
         self.steps = 0  # forwards run; its parity picks one of two cached bindings (ping-pong buffers)
-        self.bindings: dict[tuple[int, int], object] = {}  # owned by the sessions that run this state
+        # Cached IO bindings, keyed by (session, step parity); owned by the sessions that run this state.
+        self.bindings: dict[tuple[object, int], object] = {}
         self._pinned: dict[int, int] = {}
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
         self._kv_shared: list[HostBuffer] = []
@@ -223,6 +224,7 @@ class DecodeState:
 
     def reset(self) -> None:
         """Back to an empty sequence: length 0, zero states."""
+        self.bindings.clear()  # bound pasts of the last run would otherwise stay alive
         self.length = 0
         for slot in self._slots:
             if id(slot.current) in self._pinned:
