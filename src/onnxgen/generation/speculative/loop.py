@@ -27,7 +27,7 @@ from onnxgen.runtime.state import DecodeState
 class Proposer(Protocol):
     def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], list[np.ndarray] | None]: ...
     def observe(self, context_len: int, accepted: int) -> None: ...
-    def reset(self) -> None: ...
+    def reset(self, prompt_len: int) -> None: ...
 
 
 class SpeculativeLoop(TokenLoop):
@@ -46,6 +46,7 @@ class SpeculativeLoop(TokenLoop):
     ) -> None:
         super().__init__(session, state, prompt, params, eos_ids)
         self.proposer = proposer
+        proposer.reset(self.prompt_len)  # penalties and min_new_tokens need the prompt/generated split
         self.k = num_draft_tokens
         self.max_k = 2 * num_draft_tokens if adaptive else num_draft_tokens
         self.adaptive = adaptive

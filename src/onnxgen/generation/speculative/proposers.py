@@ -3,7 +3,8 @@
 A proposer answers ``propose(ids, k) -> (draft tokens, draft probability rows or None)`` given the
 whole token history (prompt + generated, ending with the pending token the target has not yet run),
 and ``observe(context_len, accepted)`` after the target verified the draft, so a stateful proposer can
-commit its own state to exactly the accepted prefix.
+commit its own state to exactly the accepted prefix. ``reset(prompt_len)`` starts a request: the
+first ``prompt_len`` ids are the prompt, the rest generated (what penalties and min_new_tokens count).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class NgramProposer:
     def observe(self, context_len: int, accepted: int) -> None:
         """Stateless: nothing to commit."""
 
-    def reset(self) -> None:
+    def reset(self, prompt_len: int) -> None:
         """Stateless: nothing to reset."""
 
 
@@ -67,10 +68,12 @@ class DraftModelProposer:
         self.snaps: dict[int, Snapshot] = {}
         self.prompt_len = 0
 
-    def reset(self) -> None:
+    def reset(self, prompt_len: int) -> None:
+        """Start a new request whose first ``prompt_len`` ids are the prompt (the rest are generated)."""
         self._drop_snaps()
         self.state.reset()
         self.fed = []
+        self.prompt_len = prompt_len
 
     def _drop_snaps(self, keep: int | None = None) -> None:
         for n, snap in list(self.snaps.items()):
@@ -100,8 +103,6 @@ class DraftModelProposer:
         return logits
 
     def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], list[np.ndarray] | None]:
-        if not self.prompt_len:
-            self.prompt_len = len(ids)
         room = self.state.capacity - len(ids)
         k = min(k, room)
         if k <= 0:
