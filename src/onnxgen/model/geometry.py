@@ -10,7 +10,9 @@ Sources, in order: the past port's static shape, the config files (genai_config 
 
 A tensor's width (last axis) is read from ``value_info`` or from the weight that produces it
 (``MatMul``/``Gemm`` initializer dims, ``MatMulNBits`` attribute ``N``), looking through
-``Add``/``Cast``/``Identity`` and last-axis ``Split``. Weight data is never read, only dims.
+``Add``/``Cast``/``Identity``/``Mul``, norms and rotary embeddings (same shape as their input), a
+``Reshape`` to a constant target with a positive last extent, and last-axis ``Split``. Weight data is never
+read, only dims (and small constant shape/split vectors).
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ from onnx import helper, numpy_helper
 from onnxgen.model.graph_ports import MS_DOMAIN, consumers
 
 _PASS_THROUGH = {"Add", "Cast", "Identity", "Mul"}
+# Ops whose output 0 has the shape of their input 0 (norms, rotary embeddings).
+_SAME_SHAPE = {
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "LayerNormalization",
+    "RMSNormalization",
+    "RotaryEmbedding",
+    "MRotaryEmbedding",
+}
 _MAX_DEPTH = 8
 
 
@@ -42,8 +53,15 @@ class _GraphIndex:
         self.consumers = consumers(model)
 
     def _const_ints(self, name: str) -> list[int] | None:
+        """Values of a small integer constant (initializer or Constant node), never external data."""
         t = self.inits.get(name)
-        if t is None or t.data_location == onnx.TensorProto.EXTERNAL:
+        node = self.producer.get(name)
+        if t is None and node is not None and node.op_type == "Constant":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if "value_ints" in attrs:
+                return [int(v) for v in attrs["value_ints"]]
+            t = attrs.get("value")
+        if not isinstance(t, onnx.TensorProto) or t.data_location == onnx.TensorProto.EXTERNAL:
             return None
         return [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
 
@@ -65,6 +83,11 @@ class _GraphIndex:
             return int(dims[0] if attrs.get("transB", 0) else dims[-1])
         if node.op_type == "Split":
             return self._split_width(node, attrs, name)
+        if node.op_type == "Reshape":
+            target = self._const_ints(node.input[1]) if len(node.input) > 1 else None
+            return target[-1] if target and target[-1] > 0 else None
+        if node.op_type in _SAME_SHAPE and node.domain in ("", MS_DOMAIN):
+            return self.width(node.input[0], depth + 1)
         if node.op_type in _PASS_THROUGH:
             for inp in node.input:
                 if inp and inp not in self.inits and (w := self.width(inp, depth + 1)):
