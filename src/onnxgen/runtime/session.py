@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -21,6 +22,9 @@ from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime.buffers import HostBuffer
 from onnxgen.runtime.state import DecodeState
+
+if TYPE_CHECKING:
+    from onnxgen.runtime.plans import DecodePlan
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +130,7 @@ class DecoderSession:
                 f"onnxruntime could not load {model_path}: {e}. Check that the installed onnxruntime "
                 "supports every op of the export (see `onnxgen inspect`)"
             ) from e
+        self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.plans)
         self.vocab_size = self._vocab_size()
         self._logits_dtype = self._output_dtype(io.logits)
         self._shared_kv = io.past_present_share_buffer
@@ -161,7 +166,8 @@ class DecoderSession:
         keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
-        binder = self._binder(state)
+        session = self.session if self.plan is None else self.plan.session_for(t)
+        binder = self._binder(state, session)
         self._bind_step_inputs(binder.binding, state.length, ids, keep)
         step = state.prepare(t)
         for name, value in step.inputs:
@@ -171,7 +177,7 @@ class DecoderSession:
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
-            self.session.run_with_iobinding(binder.binding)
+            session.run_with_iobinding(binder.binding)
         except Exception as e:
             state.discard(step)
             raise GenerationError(f"forward over {t} tokens at position {state.length} failed: {e}") from e
@@ -180,11 +186,11 @@ class DecoderSession:
         logits = logits_buf.array.copy() if logits_buf is not None else allocated[self.io.logits].numpy()
         return logits if logits.shape[1] == keep else logits[:, -keep:]
 
-    def _binder(self, state: DecodeState) -> _Binder:
-        key = (self, state.steps % 2)
+    def _binder(self, state: DecodeState, session: ort.InferenceSession) -> _Binder:
+        key = (session, state.steps % 2)
         binder = state.bindings.get(key)
         if binder is None:
-            binder = state.bindings[key] = _Binder(self.session.io_binding())
+            binder = state.bindings[key] = _Binder(session.io_binding())
         return binder  # type: ignore[return-value]
 
     def _logits_buffer(self, binder: _Binder, batch: int, rows: int) -> HostBuffer | None:
