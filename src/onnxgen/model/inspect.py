@@ -129,7 +129,7 @@ def _pair_lines(d: dict[str, Any]) -> list[str]:
     for (shape, dtype), layers in _grouped(kv, ("shape", "dtype")):
         example = next(p for p in kv if p["layer"] == layers[0])
         lines.append(
-            f"  layers {layer_list(sorted(layers))}: {example['past_key']} -> {example['present_key']} "
+            f"  layer{'s' if len(layers) > 1 else ''} {layer_list(sorted(layers))}: {example['past_key']} -> {example['present_key']} "
             f"{shape} {dtype} (kv_heads {example['kv_heads']}, head_dim {example['head_dim']})"
         )
     st = d["state_pairs"]
