@@ -1,0 +1,272 @@
+"""Batched decoding: many sequences, one forward per step, each row with its own length.
+
+A :class:`BatchState` holds rows ``[0, n)`` of ``[max_batch, ...]`` KV and recurrent-state buffers. A new
+sequence is prefilled alone (batch 1, no padding) in an ordinary :class:`DecodeState` and copied into row
+``n`` (:meth:`BatchState.admit`); a decode step (:meth:`BatchState.step`) then feeds exactly one real token
+per row, so no padded position ever enters a recurrent state, and a row's output does not depend on what
+else is in the batch. Retiring a row moves the last row into its slot, so live rows stay compacted and
+every forward binds contiguous views ``buffer[:n]``.
+
+Per-row lengths drive the attention mask and position ids:
+
+- *shared* KV (GroupQueryAttention): row ``r`` keeps its tokens at ``[0, len_r)`` of its row of the
+  max-length buffer; the mask is right-padded (ones in ``[0, len_r + 1)``), which is how GQA reads each
+  row's past length.
+- *growing* KV (present = concat(past, new)): rows share one past length ``P``; row ``r`` keeps its
+  tokens at ``[P - len_r, P)`` (left-padded, mask zeros before them), so new tokens append contiguously
+  and retiring the longest row trims the common prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxgen.errors import GenerationError
+from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
+from onnxgen.runtime.buffers import HostBuffer, dtype_of
+from onnxgen.runtime.session import DecoderSession, _Binder
+from onnxgen.runtime.state import DecodeState
+
+
+class RowBuffer:
+    """A ``[max_batch, ...]`` host buffer and OrtValues over its leading rows ``[:n]`` (made once per n)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.array = np.zeros(shape, dtype=dtype)
+        self._views: dict[int, HostBuffer] = {}
+
+    def rows(self, n: int) -> ort.OrtValue:
+        view = self._views.get(n)
+        if view is None:
+            view = self._views[n] = HostBuffer(self.array[:n], ort.OrtValue.ortvalue_from_numpy(self.array[:n]))
+        return view.value
+
+
+def _input_dtype(session: DecoderSession, name: str | None, default: type) -> type:
+    if name is None:
+        return default
+    kind = next(i.type for i in session.session.get_inputs() if i.name == name)
+    return np.int32 if kind == "tensor(int32)" else np.int64
+
+
+class BatchState:
+    """Up to ``max_batch`` sequences of up to ``capacity`` tokens each, decoded together."""
+
+    def __init__(self, session: DecoderSession, max_batch: int, capacity: int) -> None:
+        if max_batch < 1 or capacity < 2:
+            raise ValueError(f"max_batch must be >= 1 and capacity >= 2 (got {max_batch}, {capacity})")
+        self.session = session
+        self.io = io = session.io
+        self.max_batch = max_batch
+        self.capacity = capacity
+        self.shared_kv = io.past_present_share_buffer
+        self.n = 0
+        self.lengths = np.zeros(max_batch, dtype=np.int64)  # tokens in the KV/state of each row
+        self.steps = 0
+        self._kv_in = [name for pair in io.kv_pairs for name in pair.inputs]
+        self._kv_out = [name for pair in io.kv_pairs for name in pair.outputs]
+        kv_dtypes = [dtype_of(pair.dtype) for pair in io.kv_pairs for _ in range(2)]
+        kv_geometry = [(pair.kv_heads, pair.head_dim) for pair in io.kv_pairs for _ in range(2)]
+        self._kv_shared: list[RowBuffer] = []
+        if self.shared_kv:
+            self._kv_shared = [
+                RowBuffer((max_batch, heads, capacity, dim), dt)
+                for (heads, dim), dt in zip(kv_geometry, kv_dtypes, strict=True)
+            ]
+        self._kv_dtypes = kv_dtypes
+        self._kv_geometry = kv_geometry
+        self._past = 0  # growing mode: the common past length of every row
+        self._kv_grown: list[HostBuffer | ort.OrtValue] = []
+        self._state_in = [pair.input for pair in io.state_pairs]
+        self._state_out = [pair.output for pair in io.state_pairs]
+        self._states: list[RowBuffer] = []
+        self._spares: list[RowBuffer] = []
+        for pair in io.state_pairs:
+            shape = (max_batch, *(int(d) for d in pair.shape[1:]))  # type: ignore[arg-type]
+            self._states.append(RowBuffer(shape, dtype_of(pair.dtype)))
+            self._spares.append(RowBuffer(shape, dtype_of(pair.dtype)))
+        self._binders = (_Binder(session.session.io_binding()), _Binder(session.session.io_binding()))
+        self._token_dtype = _input_dtype(session, io.token_input, np.int64)
+        self._mask_dtype = _input_dtype(session, io.attention_mask, np.int64)
+        vocab = session.vocab_size
+        self._logits = RowBuffer((max_batch, 1, vocab), np.dtype(np.float32)) if vocab > 0 else None
+        logits_type = next(o.type for o in session.session.get_outputs() if o.name == io.logits)
+        if logits_type != "tensor(float)":
+            self._logits = None  # let onnxruntime allocate (float16 logits)
+
+    @property
+    def free_rows(self) -> int:
+        return self.max_batch - self.n
+
+    # -- admission and retirement -----------------------------------------------------------------------
+    def admit(self, prefilled: DecodeState) -> int:
+        """Copy a prefilled batch-1 state (its KV prefix and recurrent states) into row ``n``; return it."""
+        if prefilled.batch != 1:
+            raise ValueError(f"admit() takes a batch-1 decode state (got batch {prefilled.batch})")
+        if self.n >= self.max_batch:
+            raise GenerationError(f"the batch is full ({self.max_batch} rows); retire a row first")
+        length = prefilled.length
+        if not 0 < length < self.capacity:
+            raise GenerationError(
+                f"a prefilled sequence of {length} tokens does not fit a batch row of {self.capacity} "
+                "(it needs room for at least one more token); raise the batch capacity"
+            )
+        row = self.n
+        kv = prefilled.kv_arrays()
+        if self.shared_kv:
+            for name, buf in zip(self._kv_in, self._kv_shared, strict=True):
+                buf.array[row, :, :length] = kv[name][0]
+        else:
+            self._admit_grown([kv[name] for name in self._kv_in], length)
+        states = prefilled.state_arrays()
+        for name, buf in zip(self._state_in, self._states, strict=True):
+            buf.array[row] = states[name][0]
+        self.lengths[row] = length
+        self.n += 1
+        return row
+
+    def _grown_arrays(self) -> list[np.ndarray]:
+        return [v.array if isinstance(v, HostBuffer) else v.numpy() for v in self._kv_grown]
+
+    def _set_grown(self, arrays: list[np.ndarray]) -> None:
+        self._kv_grown = [HostBuffer.wrap(a) for a in arrays]
+
+    def _admit_grown(self, kv: list[np.ndarray], length: int) -> None:
+        """Growing KV: left-pad the new row (or every old row) so all rows end at the common past."""
+        if self.n == 0:
+            self._past = length
+            self._set_grown([np.ascontiguousarray(a) for a in kv])
+            return
+        past = max(self._past, length)
+        merged = []
+        for old, new in zip(self._grown_arrays(), kv, strict=True):
+            out = np.zeros((self.n + 1, old.shape[1], past, old.shape[3]), dtype=old.dtype)
+            out[: self.n, :, past - self._past :] = old[: self.n]
+            out[self.n, :, past - length :] = new[0]
+            merged.append(out)
+        self._past = past
+        self._set_grown(merged)
+
+    def retire(self, row: int) -> int | None:
+        """Free ``row``: the last row moves into it. Returns the moved row's old index (None: none moved)."""
+        if not 0 <= row < self.n:
+            raise ValueError(f"row must be in [0, {self.n}) (got {row})")
+        last = self.n - 1
+        if self.shared_kv:
+            length = int(self.lengths[last])
+            for buf in self._kv_shared:
+                if row != last:
+                    buf.array[row, :, :length] = buf.array[last, :, :length]
+        for buf in self._states:
+            if row != last:
+                buf.array[row] = buf.array[last]
+        self.lengths[row] = self.lengths[last]
+        self.lengths[last] = 0
+        self.n = last
+        if not self.shared_kv:
+            self._retire_grown(row, last)
+        return last if row != last else None
+
+    def _retire_grown(self, row: int, last: int) -> None:
+        if self.n == 0:
+            self._kv_grown, self._past = [], 0
+            return
+        order = list(range(self.n))
+        if row != last:
+            order[row] = last
+        past = int(self.lengths[: self.n].max())
+        trimmed = [np.ascontiguousarray(a[order, :, self._past - past :]) for a in self._grown_arrays()]
+        self._past = past
+        self._set_grown(trimmed)
+
+    # -- one batched forward ------------------------------------------------------------------------------
+    def step(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Feed one token per live row (``tokens[r]`` to row ``r``); return logits ``[n, vocab]`` (a copy)."""
+        n = self.n
+        tokens = np.asarray(tokens, dtype=self._token_dtype).reshape(-1)
+        if n == 0 or len(tokens) != n:
+            raise GenerationError(f"step() needs one token per live row ({n} rows, got {len(tokens)} tokens)")
+        if int(self.lengths[:n].max()) + 1 > self.capacity:
+            raise GenerationError(
+                f"a batch row would exceed its capacity of {self.capacity} tokens; retire it first"
+            )
+        binder = self._binders[self.steps % 2]
+        small = self._bind_small_inputs(binder.binding, tokens)
+        self._bind_caches(binder, n)
+        if self._logits is not None:
+            binder.output(self.io.logits, self._logits.rows(n))
+        else:
+            binder.output(self.io.logits, None)
+        try:
+            self.session.session.run_with_iobinding(binder.binding)
+        except Exception as e:
+            raise GenerationError(f"batched decode step over {n} rows failed: {e}") from e
+        del small  # the bound step inputs had to stay alive until the run
+        allocated = binder.allocated_outputs() if binder.allocates else {}
+        self._advance(n, allocated)
+        if self._logits is not None:
+            return self._logits.array[:n, 0].copy()
+        return allocated[self.io.logits].numpy()[:, -1].astype(np.float32)
+
+    def _bind_small_inputs(self, binding: ort.IOBinding, tokens: np.ndarray) -> list[np.ndarray]:
+        io, n = self.io, self.n
+        lengths = self.lengths[:n]
+        arrays = [np.ascontiguousarray(tokens.reshape(n, 1))]
+        binding.bind_cpu_input(io.token_input, arrays[-1])
+        if self.session.logits_to_keep:
+            arrays.append(np.array([1], dtype=np.int64))
+            binding.bind_cpu_input(LOGITS_TO_KEEP, arrays[-1])
+        if io.attention_mask is not None:
+            if self.shared_kv:  # right-padded: ones in [0, len + 1)
+                width = int(lengths.max()) + 1
+                mask = np.arange(width)[None, :] < (lengths + 1)[:, None]
+            else:  # left-padded: ones in [past - len, past + 1)
+                mask = np.arange(self._past + 1)[None, :] >= (self._past - lengths)[:, None]
+            arrays.append(np.ascontiguousarray(mask, dtype=self._mask_dtype))
+            binding.bind_cpu_input(io.attention_mask, arrays[-1])
+        if io.position_ids is not None:
+            pos = lengths.reshape(n, 1).astype(np.int64)
+            if io.position_ids_rank == 3:
+                pos = np.broadcast_to(pos, (3, n, 1))
+            arrays.append(np.ascontiguousarray(pos))
+            binding.bind_cpu_input(io.position_ids, arrays[-1])
+        return arrays
+
+    def _bind_caches(self, binder: _Binder, n: int) -> None:
+        if self.shared_kv:
+            for n_in, n_out, buf in zip(self._kv_in, self._kv_out, self._kv_shared, strict=True):
+                binder.input(n_in, buf.rows(n))
+                binder.output(n_out, buf.rows(n))
+        else:
+            for n_in, n_out, value in zip(self._kv_in, self._kv_out, self._kv_grown, strict=True):
+                binder.input(n_in, value.value if isinstance(value, HostBuffer) else value)
+                binder.output(n_out, None)
+        for n_in, n_out, cur, spare in zip(
+            self._state_in, self._state_out, self._states, self._spares, strict=True
+        ):
+            binder.input(n_in, cur.rows(n))
+            binder.output(n_out, spare.rows(n))
+
+    def _advance(self, n: int, allocated: dict[str, ort.OrtValue]) -> None:
+        self.lengths[:n] += 1
+        self.steps += 1
+        if not self.shared_kv:
+            self._past += 1
+            self._kv_grown = [allocated[name] for name in self._kv_out]
+        self._states, self._spares = self._spares, self._states
+
+    # -- inspection (tests, debugging) --------------------------------------------------------------------
+    def row_kv(self, row: int) -> dict[str, np.ndarray]:
+        """The live KV of ``row`` by past input name, ``[kv_heads, len, head_dim]`` (copies)."""
+        length = int(self.lengths[row])
+        if self.shared_kv:
+            return {n: b.array[row, :, :length].copy() for n, b in zip(self._kv_in, self._kv_shared, strict=True)}
+        arrays = self._grown_arrays()
+        return {n: a[row, :, self._past - length :].copy() for n, a in zip(self._kv_in, arrays, strict=True)}
+
+    def row_states(self, row: int) -> dict[str, np.ndarray]:
+        """The recurrent states of ``row`` by input name (copies)."""
+        return {n: b.array[row].copy() for n, b in zip(self._state_in, self._states, strict=True)}
