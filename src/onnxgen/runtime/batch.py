@@ -41,7 +41,9 @@ class RowBuffer:
     def rows(self, n: int) -> ort.OrtValue:
         view = self._views.get(n)
         if view is None:
-            view = self._views[n] = HostBuffer(self.array[:n], ort.OrtValue.ortvalue_from_numpy(self.array[:n]))
+            view = self._views[n] = HostBuffer(
+                self.array[:n], ort.OrtValue.ortvalue_from_numpy(self.array[:n])
+            )
         return view.value
 
 
@@ -88,7 +90,7 @@ class BatchState:
             shape = (max_batch, *(int(d) for d in pair.shape[1:]))  # type: ignore[arg-type]
             self._states.append(RowBuffer(shape, dtype_of(pair.dtype)))
             self._spares.append(RowBuffer(shape, dtype_of(pair.dtype)))
-        self._binders = (_Binder(session.session.io_binding()), _Binder(session.session.io_binding()))
+        self._binders: dict[tuple[ort.InferenceSession, int], _Binder] = {}
         self._token_dtype = _input_dtype(session, io.token_input, np.int64)
         self._mask_dtype = _input_dtype(session, io.attention_mask, np.int64)
         vocab = session.vocab_size
@@ -193,7 +195,10 @@ class BatchState:
             raise GenerationError(
                 f"a batch row would exceed its capacity of {self.capacity} tokens; retire it first"
             )
-        binder = self._binders[self.steps % 2]
+        run = self.session.session if self.session.plan is None else self.session.plan.session_for(1)
+        binder = self._binders.get((run, self.steps % 2))
+        if binder is None:  # two per session: the recurrent states ping-pong between two buffers
+            binder = self._binders[(run, self.steps % 2)] = _Binder(run.io_binding())
         small = self._bind_small_inputs(binder.binding, tokens)
         self._bind_caches(binder, n)
         if self._logits is not None:
@@ -201,7 +206,7 @@ class BatchState:
         else:
             binder.output(self.io.logits, None)
         try:
-            self.session.session.run_with_iobinding(binder.binding)
+            run.run_with_iobinding(binder.binding)
         except Exception as e:
             raise GenerationError(f"batched decode step over {n} rows failed: {e}") from e
         del small  # the bound step inputs had to stay alive until the run
@@ -263,7 +268,9 @@ class BatchState:
         """The live KV of ``row`` by past input name, ``[kv_heads, len, head_dim]`` (copies)."""
         length = int(self.lengths[row])
         if self.shared_kv:
-            return {n: b.array[row, :, :length].copy() for n, b in zip(self._kv_in, self._kv_shared, strict=True)}
+            return {
+                n: b.array[row, :, :length].copy() for n, b in zip(self._kv_in, self._kv_shared, strict=True)
+            }
         arrays = self._grown_arrays()
         return {n: a[row, :, self._past - length :].copy() for n, a in zip(self._kv_in, arrays, strict=True)}
 

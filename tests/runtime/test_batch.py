@@ -1,0 +1,192 @@
+"""BatchState: rows of different lengths and admission times decode exactly like each sequence alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from runtime_helpers import DENSE_FAMILIES, HYBRID_FAMILIES, ids, teacher_forced
+
+from onnxgen.errors import GenerationError
+from onnxgen.runtime.batch import BatchState
+from onnxgen.runtime.session import DecoderSession
+
+FAMILIES = DENSE_FAMILIES + HYBRID_FAMILIES
+ATOL = 1e-5
+CAPACITY = 64
+
+
+def sequence(seed: int, length: int) -> list[int]:
+    return [(37 * i + 11 + 7 * seed) % 300 + 3 for i in range(length)]
+
+
+# (prompt, continuation fed one token per step): different prompt and continuation lengths.
+ROWS = [
+    (sequence(k, plen), sequence(k + 50, steps))
+    for k, (plen, steps) in enumerate([(3, 9), (11, 6), (17, 8), (5, 4)])
+]
+
+
+def prefill(session: DecoderSession, prompt: list[int]) -> tuple[object, np.ndarray]:
+    state = session.new_state(CAPACITY)
+    return state, session.forward(state, ids(prompt), 1)[0, -1]
+
+
+class Driver:
+    """Feeds each admitted row its continuation, one token per batched step; collects logits per sequence."""
+
+    def __init__(self, session: DecoderSession, max_batch: int) -> None:
+        self.session = session
+        self.batch = BatchState(session, max_batch, CAPACITY)
+        self.rows: list[int] = []  # sequence index of each live row
+        self.fed = {k: 0 for k in range(len(ROWS))}
+        self.logits: dict[int, list[np.ndarray]] = {}
+
+    def admit(self, k: int) -> None:
+        state, first = prefill(self.session, ROWS[k][0])
+        assert self.batch.admit(state) == len(self.rows)  # type: ignore[arg-type]
+        self.rows.append(k)
+        self.logits[k] = [first]
+
+    def step(self) -> None:
+        tokens = [ROWS[k][1][self.fed[k]] for k in self.rows]
+        out = self.batch.step(tokens)
+        for r, k in enumerate(self.rows):
+            self.fed[k] += 1
+            self.logits[k].append(out[r])
+
+    def retire_finished(self) -> None:
+        for r in reversed(range(len(self.rows))):
+            k = self.rows[r]
+            if self.fed[k] == len(ROWS[k][1]):
+                self.retire(r)
+
+    def retire(self, r: int) -> None:
+        moved = self.batch.retire(r)
+        last = self.rows.pop()
+        if moved is not None:
+            self.rows[r] = last
+
+
+@pytest.fixture(scope="module")
+def alone(sessions: dict[str, DecoderSession]) -> dict[str, list[np.ndarray]]:
+    """Per family, per sequence: the prefill logits and every step's logits of the sequence run alone."""
+    return {
+        family: [teacher_forced(session, session.new_state(CAPACITY), p, c) for p, c in ROWS]
+        for family, session in sessions.items()
+    }
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rows_of_different_lengths_admitted_at_different_steps_give_the_logits_of_each_sequence_alone(
+    sessions: dict[str, DecoderSession], alone: dict[str, list[np.ndarray]], family: str
+) -> None:
+    driver = Driver(sessions[family], max_batch=3)
+    pending = list(range(len(ROWS)))
+    step = 0
+    while pending or driver.rows:
+        if pending and driver.batch.free_rows and step % 2 == 0:  # admit between steps, mid-decode
+            driver.admit(pending.pop(0))
+        if driver.rows:
+            driver.step()
+            driver.retire_finished()
+        step += 1
+    assert driver.batch.n == 0
+    for k in range(len(ROWS)):
+        np.testing.assert_allclose(np.stack(driver.logits[k]), alone[family][k], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_admitted_mid_decode_leaves_the_running_row_unchanged(
+    sessions: dict[str, DecoderSession], alone: dict[str, list[np.ndarray]], family: str
+) -> None:
+    driver = Driver(sessions[family], max_batch=2)
+    driver.admit(0)
+    for _ in range(4):
+        driver.step()
+    driver.admit(2)  # the longest prompt joins a row that is already 4 tokens into its decode
+    while driver.fed[0] < len(ROWS[0][1]):
+        driver.step()
+    np.testing.assert_allclose(np.stack(driver.logits[0]), alone[family][0], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        np.stack(driver.logits[2]), alone[family][2][: len(driver.logits[2])], atol=ATOL, rtol=0
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_retiring_a_middle_row_moves_the_last_row_into_its_slot_and_keeps_every_output(
+    sessions: dict[str, DecoderSession], alone: dict[str, list[np.ndarray]], family: str
+) -> None:
+    driver = Driver(sessions[family], max_batch=4)
+    for k in (0, 1, 2):
+        driver.admit(k)
+    driver.step()
+    driver.step()
+    kv_before = driver.batch.row_kv(2)
+    states_before = driver.batch.row_states(2)
+    driver.retire(1)  # sequence 1 leaves early; sequence 2 moves from row 2 to row 1
+    assert driver.rows == [0, 2] and driver.batch.n == 2
+    for name, value in driver.batch.row_kv(1).items():
+        np.testing.assert_array_equal(value, kv_before[name], err_msg=name)
+    for name, value in driver.batch.row_states(1).items():
+        np.testing.assert_array_equal(value, states_before[name], err_msg=name)
+    while driver.rows:
+        driver.step()
+        driver.retire_finished()
+    for k in (0, 2):
+        np.testing.assert_allclose(np.stack(driver.logits[k]), alone[family][k], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_rows_recurrent_state_after_batched_steps_is_the_state_of_the_sequence_run_alone(
+    sessions: dict[str, DecoderSession], family: str
+) -> None:
+    session = sessions[family]
+    batch = BatchState(session, 3, CAPACITY)
+    (p0, c0), (p1, c1) = ROWS[0], ROWS[2]
+    for prompt in (p0, p1):
+        batch.admit(prefill(session, prompt)[0])  # type: ignore[arg-type]
+    for t0, t1 in zip(c0[:4], c1[:4], strict=True):
+        batch.step([t0, t1])
+    ref = session.new_state(CAPACITY)
+    teacher_forced(session, ref, p1, c1[:4])
+    assert batch.lengths[1] == ref.length == len(p1) + 4
+    for name, value in batch.row_states(1).items():
+        np.testing.assert_allclose(value, ref.state_arrays()[name][0], atol=ATOL, rtol=0, err_msg=name)
+    for name, value in batch.row_kv(1).items():
+        np.testing.assert_allclose(value, ref.kv_arrays()[name][0], atol=ATOL, rtol=0, err_msg=name)
+
+
+def test_a_full_batch_refuses_another_row_and_a_step_needs_one_token_per_row(
+    sessions: dict[str, DecoderSession],
+) -> None:
+    session = sessions["genai-dense"]
+    batch = BatchState(session, 1, CAPACITY)
+    batch.admit(prefill(session, ROWS[0][0])[0])  # type: ignore[arg-type]
+    with pytest.raises(GenerationError, match=r"batch is full \(1 rows\)"):
+        batch.admit(prefill(session, ROWS[1][0])[0])  # type: ignore[arg-type]
+    with pytest.raises(GenerationError, match=r"one token per live row \(1 rows, got 2"):
+        batch.step([1, 2])
+
+
+def test_a_step_past_a_rows_capacity_is_refused_and_changes_nothing(
+    sessions: dict[str, DecoderSession],
+) -> None:
+    session = sessions["hybrid-genai"]
+    batch = BatchState(session, 2, 8)
+    batch.admit(prefill(session, sequence(0, 6))[0])  # type: ignore[arg-type]
+    batch.step([4])
+    batch.step([4])  # the row now holds 8 tokens, its whole capacity
+    states = batch.row_states(0)
+    with pytest.raises(GenerationError, match="capacity of 8 tokens"):
+        batch.step([4])
+    assert batch.lengths[0] == 8
+    for name, value in batch.row_states(0).items():
+        np.testing.assert_array_equal(value, states[name])
+
+
+def test_a_prefilled_sequence_longer_than_a_row_is_refused(sessions: dict[str, DecoderSession]) -> None:
+    session = sessions["genai-dense"]
+    batch = BatchState(session, 2, 8)
+    with pytest.raises(GenerationError, match="9 tokens does not fit a batch row of 8"):
+        batch.admit(prefill(session, sequence(1, 9))[0])  # type: ignore[arg-type]
+    assert batch.n == 0
