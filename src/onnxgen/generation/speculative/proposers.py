@@ -84,7 +84,7 @@ class DraftModelProposer:
     def _sync(self, ids: np.ndarray) -> np.ndarray:
         """Bring the draft state to ``ids[:-1]`` fed; return the logits after the last of ``ids``."""
         common = 0
-        limit = min(len(self.fed), len(ids))
+        limit = min(len(self.fed), len(ids) - 1)  # the last id is always fed: its logits are the answer
         while common < limit and self.fed[common] == ids[common]:
             common += 1
         if common < len(self.fed):
