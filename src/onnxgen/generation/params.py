@@ -7,9 +7,11 @@ follows one template: the parameter, the constraint, the value given, a hint.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from onnxgen.errors import GenerationError
 
@@ -51,6 +53,27 @@ def _normalize_stop(stop: object) -> tuple[str, ...]:
     return tuple(items)
 
 
+CONSTRAINT_FIELDS = ("json_schema", "regex", "grammar")
+
+
+def _normalize_schema(schema: object) -> str:
+    """A JSON schema given as a mapping or as JSON text, returned as JSON text."""
+    hint = "pass a JSON object such as {'type': 'object', 'properties': {...}} (a dict or its JSON text)"
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise _invalid(
+                "json_schema", "a JSON object", schema, f"the text is not JSON ({e}); {hint}"
+            ) from e
+    if not isinstance(schema, Mapping):
+        raise _invalid("json_schema", "a JSON object", schema, hint)
+    try:
+        return json.dumps(schema, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise _invalid("json_schema", "JSON-serializable", schema, f"{e}; {hint}") from e
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples and when it stops.
@@ -68,6 +91,12 @@ class SamplingParams:
         stop: stop strings; a single string is accepted and stored as a one-element tuple.
         ignore_eos: keep generating past end-of-sequence tokens.
         min_new_tokens: end-of-sequence tokens are masked until this many tokens were generated.
+        json_schema: constrain the output to JSON valid under this schema (a dict or JSON text; stored as
+            JSON text). At most one of ``json_schema``, ``regex``, ``grammar`` may be given.
+        regex: constrain the output to match this regular expression in full (Rust ``regex`` syntax).
+        grammar: constrain the output to this Lark grammar (llguidance's Lark dialect, rule ``start``).
+            A constrained request ends with finish reason ``"stop"`` as soon as the constraint is complete;
+            see :mod:`onnxgen.generation.constraints`.
     """
 
     max_new_tokens: int = 64
@@ -82,7 +111,9 @@ class SamplingParams:
     stop: tuple[str, ...] | list[str] | str = field(default_factory=tuple)
     ignore_eos: bool = False
     min_new_tokens: int = 0
-    # Constrained decoding (json_schema / regex / grammar) will add its fields here.
+    json_schema: str | Mapping[str, Any] | None = None
+    regex: str | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
@@ -93,6 +124,7 @@ class SamplingParams:
             _check_int("seed", self.seed, 0, "use a non-negative integer, or None for a random seed")
         if not isinstance(self.ignore_eos, bool):
             raise _invalid("ignore_eos", "a bool", self.ignore_eos, "use True or False")
+        self._check_constraint()
 
     def _check_lengths(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 1, "ask for at least one new token")
@@ -130,6 +162,27 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             hint = "use 0.0 for no penalty; positive values discourage repeats"
             _check_float(name, getattr(self, name), -2.0, 2.0, "in [-2, 2]", hint)
+
+    def _check_constraint(self) -> None:
+        given = [name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise _invalid(
+                " / ".join(CONSTRAINT_FIELDS),
+                "given one at a time",
+                {name: getattr(self, name) for name in given},
+                f"pass only one of {', '.join(given)}",
+            )
+        if self.json_schema is not None:
+            object.__setattr__(self, "json_schema", _normalize_schema(self.json_schema))
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise _invalid(name, "a non-empty string", value, f"pass the {name} as text, or None")
+
+    @property
+    def constraint(self) -> str | None:
+        """The name of the constraint field that is set (``"json_schema"``, ``"regex"``, ``"grammar"``), or None."""
+        return next((name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None), None)
 
     @property
     def is_greedy(self) -> bool:
