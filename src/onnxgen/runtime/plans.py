@@ -1,0 +1,325 @@
+"""Decode plans: single-token steps of a Scan-based hybrid on a copy of the graph with its Scans inlined.
+
+- ``"scan"``: every forward runs the export as it is (its Scans iterate over the sequence axis).
+- ``"inline"``: single-token steps run in a sibling onnxruntime session whose graph has every eligible Scan
+  spliced in as one iteration (:mod:`onnxgen.graph.scan_inline`), built at the first single-token step.
+  Prefill and multi-token steps (speculative verify) stay on the main session, so the collapsed graph never
+  sees more than one token. Both sessions bind the same KV and state buffers by port name.
+- ``"auto"``: ``"inline"`` where the Scans' fixed cost is a real share of a decode step, else ``"scan"``
+  (:func:`choose_decode_plan`).
+- ``"main"``: what a graph without an eligible Scan runs, whatever was asked.
+
+Weights are held once. Each onnxruntime session prepacks MatMul weights into its own heap copy, so two plain
+sessions hold them twice. The inline plan instead runs both sessions from one optimized copy of the model
+(:func:`optimized_copy`) whose prepacked weights onnxruntime saved to a data file: both sessions map that file,
+so the pages are shared and nothing is repacked. The sibling is checked bit for bit against the main session
+on a first step before it is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from onnxgen.errors import UnsupportedModelError
+from onnxgen.graph.logits_to_keep import keep_last_logits
+from onnxgen.graph.scan_inline import find_inlinable_scans, inline_scans_in_proto
+
+if TYPE_CHECKING:
+    from onnxgen.model.package import ModelPackage
+    from onnxgen.runtime.session import DecoderSession
+
+log = logging.getLogger(__name__)
+
+DECODE_PLANS = ("auto", "scan", "inline")
+FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+# The auto rule; docs/decode-plan.md has the measurements behind the figures. A Scan costs about
+# SCAN_STEP_COST_S per decode step on top of its body's math; an fp32 decode step reads its weights at about
+# DECODE_BYTES_PER_S. The inline plan is picked when the Scans are at least AUTO_MIN_SHARE of a step.
+SCAN_STEP_COST_S = 10e-6
+DECODE_BYTES_PER_S = 10e9
+AUTO_MIN_SHARE = 0.03
+
+
+@dataclass(frozen=True)
+class ScanSummary:
+    """The Scans of a graph: those the inline pass splices, those it leaves (with why), the weight bytes."""
+
+    inlinable: tuple[str, ...] = ()
+    skipped: dict[str, str] = field(default_factory=dict)
+    weight_bytes: int = 0
+
+    @property
+    def scan_share(self) -> float:
+        """Estimated share of a decode step taken by the inlinable Scans' fixed cost."""
+        scans = len(self.inlinable) * SCAN_STEP_COST_S
+        return scans / (scans + self.weight_bytes / DECODE_BYTES_PER_S) if scans else 0.0
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """The plan single-token steps run on, what was asked for, and why."""
+
+    requested: str
+    plan: str  # "main" | "scan" | "inline"
+    reason: str
+
+
+def summarize_scans(graph: onnx.ModelProto) -> ScanSummary:
+    """Which Scans of ``graph`` (weights not needed) the inline pass would splice, and the weight bytes."""
+    if not any(n.op_type == "Scan" for n in graph.graph.node):
+        return ScanSummary(weight_bytes=_weight_bytes(graph))
+    with_shapes = _with_inferred_shapes(graph)
+    inlinable, skipped = find_inlinable_scans(ir.serde.deserialize_model(with_shapes))
+    return ScanSummary(tuple(inlinable), skipped, _weight_bytes(graph))
+
+
+def _with_inferred_shapes(graph: onnx.ModelProto) -> onnx.ModelProto:
+    """``graph`` with inferred value shapes (so a static scan extent > 1 is seen); as given if inference fails."""
+    try:
+        return onnx.shape_inference.infer_shapes(graph, strict_mode=False)
+    except Exception as e:  # inference is an aid only: the pass falls back on declared shapes
+        log.debug("shape inference failed (%s); using declared shapes", e)
+        return graph
+
+
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            total += next((int(e.value) for e in t.external_data if e.key == "length"), 0)
+        else:
+            total += len(t.raw_data) or int(np.prod(t.dims)) * 4
+    return total
+
+
+def choose_decode_plan(requested: str, summary: ScanSummary) -> PlanChoice:
+    """The plan for ``requested`` (``auto``, ``scan`` or ``inline``) on a graph summarised by ``summary``."""
+    if requested not in DECODE_PLANS:
+        raise ValueError(f"decode_plan={requested!r} is not a plan; choose one of {', '.join(DECODE_PLANS)}")
+    if not summary.inlinable:
+        why = "; ".join(f"{k}: {v}" for k, v in summary.skipped.items()) or "the graph has no Scan"
+        return PlanChoice(requested, "main", f"no eligible Scan ({why})")
+    if requested != "auto":
+        return PlanChoice(requested, requested, f"decode_plan={requested!r} was requested")
+    share = summary.scan_share
+    detail = (
+        f"{len(summary.inlinable)} Scans at ~{SCAN_STEP_COST_S * 1e6:.0f} us/step against "
+        f"{summary.weight_bytes / 1e6:.1f} MB of weights: the Scans are ~{share:.1%} of a decode step"
+    )
+    if share >= AUTO_MIN_SHARE:
+        return PlanChoice(requested, "inline", f"{detail} (>= {AUTO_MIN_SHARE:.0%})")
+    return PlanChoice(requested, "scan", f"{detail} (< {AUTO_MIN_SHARE:.0%}: not worth a second session)")
+
+
+# -- the shared optimized copy ---------------------------------------------------------------------------
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir``, else ``$ONNXGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxgen``, else ``~/.cache/onnxgen``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    if os.environ.get("ONNXGEN_CACHE_DIR"):
+        return Path(os.environ["ONNXGEN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxgen"
+
+
+def _cache_key(model_path: Path, graph: onnx.ModelProto) -> str:
+    """Changes with the model file, its data files, onnxruntime and the CPU (prepacked layouts depend on it)."""
+    h = hashlib.sha256(model_path.read_bytes())
+    files = {e.value for t in graph.graph.initializer for e in t.external_data if e.key == "location"}
+    for name in sorted(files):
+        path = model_path.parent / name
+        st = path.stat()  # small files by content (rebuilt fixtures share one entry), large by size and time
+        h.update(name.encode() + (path.read_bytes() if st.st_size <= 2**26 else f"{st.st_mtime_ns}".encode()))
+        h.update(f":{st.st_size}".encode())
+    cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0] if Path("/proc/cpuinfo").is_file() else ""
+    h.update(f"{ort.__version__}|{platform.machine()}|{cpu}".encode())
+    return h.hexdigest()[:24]
+
+
+def optimized_copy(model_path: Path, graph: onnx.ModelProto, cache_dir: str | Path | None = None) -> Path:
+    """An onnxruntime-optimized copy of the model whose prepacked weights live in its data file (made once,
+    kept under :func:`cache_root`); returns the copy's ``model.onnx``."""
+    root = cache_root(cache_dir) / "plans"
+    final = root / _cache_key(model_path, graph)
+    if (final / "model.onnx").is_file():
+        return final / "model.onnx"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.optimized_model_filepath = str(tmp / "model.onnx")
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "weights.bin"
+        )
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+        )
+        opts.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+        ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        try:
+            tmp.rename(final)
+        except OSError:  # another process made it first
+            if not (final / "model.onnx").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / "model.onnx"
+
+
+# -- routing ----------------------------------------------------------------------------------------------
+
+
+class DecodePlan:
+    """Routes each forward to the main session or, for single-token steps, to the inline sibling."""
+
+    def __init__(
+        self, choice: PlanChoice, graph: onnx.ModelProto | None = None, model_dir: Path | None = None
+    ):
+        self.choice = choice
+        self._graph = graph  # what the main session loads (before logits-to-keep), when the plan is "inline"
+        self._model_dir = model_dir
+        self._main: DecoderSession | None = None
+        self.sibling: ort.InferenceSession | None = None
+        self.failed: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The plan single-token steps run on: ``"inline"``, ``"scan"`` or ``"main"``."""
+        if self.choice.plan == "inline" and self.failed is not None:
+            return "scan"
+        return self.choice.plan
+
+    def attach(self, session: DecoderSession) -> None:
+        """Route ``session``'s forwards through this plan."""
+        self._main = session
+        session.plan = self
+
+    def session_for(self, tokens: int) -> ort.InferenceSession:
+        """The onnxruntime session that runs a forward over ``tokens`` new tokens."""
+        main = self._main
+        if main is None:
+            raise RuntimeError("DecodePlan.attach() the plan to its DecoderSession first")
+        if tokens != 1 or self._graph is None or self.failed is not None:
+            return main.session
+        if self.sibling is None:
+            try:
+                self.sibling = build_sibling(main, self._graph, self._model_dir)
+            except Exception as e:
+                self.failed = str(e)
+                log.warning("the inline decode plan is unavailable, decoding on the Scan plan: %s", e)
+                return main.session
+        return self.sibling
+
+
+def build_sibling(
+    main: DecoderSession, graph: onnx.ModelProto, model_dir: Path | None
+) -> ort.InferenceSession:
+    """A session over ``graph`` with its Scans inlined and ``main``'s options, providers and logits-to-keep
+    input; raises when it cannot be made or does not reproduce ``main`` bit for bit on a first step."""
+    inlined, result = inline_scans_in_proto(graph)
+    if not result.inlined:  # type: ignore[attr-defined]
+        raise UnsupportedModelError("the graph the main session runs has no Scan the pass can inline")
+    if main.logits_to_keep:
+        inlined, done, reason = keep_last_logits(inlined, main.io.logits)
+        if not done:
+            raise UnsupportedModelError(f"the inlined graph takes no logits-to-keep input: {reason}")
+    opts = main.session.get_session_options()
+    if model_dir is not None and not _has_config(opts, FOLDER_KEY):
+        opts.add_session_config_entry(FOLDER_KEY, str(model_dir))
+    providers = main.session.get_providers()
+    sibling = ort.InferenceSession(inlined.SerializeToString(), sess_options=opts, providers=providers)
+    ref, got = _probe(main, main.session), _probe(main, sibling)
+    for name, value in ref.items():
+        if value.shape != got[name].shape or not np.array_equal(value, got[name]):
+            raise UnsupportedModelError(
+                f"the inlined graph's {name!r} differs from the Scan graph's on a first step; "
+                "run this model with decode_plan='scan'"
+            )
+    return sibling
+
+
+def _has_config(opts: ort.SessionOptions, key: str) -> bool:
+    try:
+        opts.get_session_config_entry(key)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _probe(main: DecoderSession, session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    """Every output of ``session`` for token 0 on an empty decode state."""
+    state = main.new_state(1)
+    binding = session.io_binding()
+    main._bind_step_inputs(binding, 0, np.zeros((1, 1), dtype=np.int64), 1)
+    step = state.prepare(1)
+    names = [n for n, _ in step.outputs] + [main.io.logits]
+    for n, v in step.inputs:
+        binding.bind_ortvalue_input(n, v)
+    for n in names:
+        binding.bind_output(n, "cpu")
+    session.run_with_iobinding(binding)
+    return {n: v.numpy() for n, v in zip(names, binding.get_outputs(), strict=True)}
+
+
+@dataclass
+class PreparedPlan:
+    """What :func:`prepare_decode_plan` decided and the model the main session loads."""
+
+    plan: DecodePlan
+    summary: ScanSummary
+    model_path: Path  # what the main session loads: the package's model, or its optimized copy
+    graph: onnx.ModelProto  # that model's graph, weights not loaded
+
+    @property
+    def choice(self) -> PlanChoice:
+        return self.plan.choice
+
+
+def prepare_decode_plan(
+    package: ModelPackage,
+    requested: str = "auto",
+    *,
+    providers: Sequence[str] | None = None,
+    cache_dir: str | Path | None = None,
+) -> PreparedPlan:
+    """Choose the plan for ``package``; for the inline plan, make the optimized copy both sessions load
+    (one warning and the Scan plan when it cannot be made)."""
+    summary = summarize_scans(package.graph)
+    choice = choose_decode_plan(requested, summary)
+    if choice.plan == "inline" and any(p != "CPUExecutionProvider" for p in providers or ()):
+        choice = PlanChoice(
+            requested, "scan", "the inline plan shares prepacked CPU weights; CPU provider only"
+        )
+        if requested == "inline":
+            log.warning(
+                "decode_plan='inline' is not available with providers %s; decoding on the Scan plan",
+                providers,
+            )
+    if choice.plan != "inline":
+        return PreparedPlan(DecodePlan(choice), summary, package.model_path, package.graph)
+    try:
+        path = optimized_copy(package.model_path, package.graph, cache_dir)
+        graph = onnx.load(str(path), load_external_data=False)
+    except Exception as e:
+        log.warning("the inline decode plan is unavailable, decoding on the Scan plan: %s", e)
+        scan = PlanChoice(requested, "scan", f"inline plan unavailable: {e}")
+        return PreparedPlan(DecodePlan(scan), summary, package.model_path, package.graph)
+    return PreparedPlan(DecodePlan(choice, graph, path.parent), summary, path, graph)
