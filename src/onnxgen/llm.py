@@ -12,6 +12,7 @@ from onnxgen.generation.generator import GenerationResult, Generator, StreamEven
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import DraftModel, Speculative
 from onnxgen.model import ModelPackage
+from onnxgen.runtime.plans import prepare_decode_plan
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.tokenizer import Tokenizer
 
@@ -32,13 +33,24 @@ class LLM:
     """A loaded decoder export, ready to generate."""
 
     def __init__(
-        self, package: ModelPackage, *, threads: int | None = None, providers: Sequence[str] | None = None
+        self,
+        package: ModelPackage,
+        *,
+        threads: int | None = None,
+        providers: Sequence[str] | None = None,
+        decode_plan: str = "auto",
     ) -> None:
         self.package = package
         self.io = package.io
+        self.decode_plan = prepare_decode_plan(package, decode_plan, providers=providers)
         self.session = DecoderSession(
-            package.model_path, self.io, threads=threads, providers=providers, graph=package.graph
+            self.decode_plan.model_path,
+            self.io,
+            threads=threads,
+            providers=providers,
+            graph=self.decode_plan.graph,
         )
+        self.decode_plan.plan.attach(self.session)
         self.tokenizer: Tokenizer | None = None
         if package.tokenizer_path is not None:
             self.tokenizer = Tokenizer.from_dir(package.root)
@@ -104,34 +116,57 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
     ) -> GenerationResult:
         draft = self._draft_session(speculative)
-        return self.generator.generate(self.encode(prompt), params or SamplingParams(), speculative, draft)
+        res = self.generator.generate(self.encode(prompt), params or SamplingParams(), speculative, draft)
+        return self._tag(res)
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
     ) -> Iterator[StreamEvent]:
         draft = self._draft_session(speculative)
-        return self.generator.stream(self.encode(prompt), params or SamplingParams(), speculative, draft)
+        return self._tag_events(
+            self.generator.stream(self.encode(prompt), params or SamplingParams(), speculative, draft)
+        )
 
     def chat(
         self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
     ) -> GenerationResult:
         draft = self._draft_session(speculative)
-        return self.generator.generate(
-            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+        return self._tag(
+            self.generator.generate(
+                self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+            )
         )
 
     def stream_chat(
         self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
     ) -> Iterator[StreamEvent]:
         draft = self._draft_session(speculative)
-        return self.generator.stream(
-            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+        return self._tag_events(
+            self.generator.stream(self.chat_prompt(messages), params or SamplingParams(), speculative, draft)
         )
+
+    def _tag(self, res: GenerationResult) -> GenerationResult:
+        res.stats["decode_plan"] = self.decode_plan.plan.name  # which plan ran the decode steps
+        return res
+
+    def _tag_events(self, events: Iterator[StreamEvent]) -> Iterator[StreamEvent]:
+        for event in events:
+            if event.stats is not None:
+                event.stats["decode_plan"] = self.decode_plan.plan.name
+            yield event
 
 
 def load(
-    model: str | Path | None = None, *, threads: int | None = None, providers: Sequence[str] | None = None
+    model: str | Path | None = None,
+    *,
+    threads: int | None = None,
+    providers: Sequence[str] | None = None,
+    decode_plan: str = "auto",
 ) -> LLM:
-    """Open a model directory (or the bundled default model when ``model`` is None) and get it ready."""
+    """Open a model directory (or the bundled default model when ``model`` is None) and get it ready.
+
+    ``decode_plan`` (``"auto"``, ``"scan"`` or ``"inline"``) picks how single-token steps of a Scan-based
+    hybrid run; see :mod:`onnxgen.runtime.plans`.
+    """
     package = ModelPackage.open(model if model is not None else default_model_dir())
-    return LLM(package, threads=threads, providers=providers)
+    return LLM(package, threads=threads, providers=providers, decode_plan=decode_plan)
