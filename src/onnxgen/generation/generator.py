@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from onnxgen.errors import GenerationError
+from onnxgen.generation.constraints import Constraint, ConstraintCompiler
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
 from onnxgen.generation.sampling import Sampler
@@ -54,15 +55,17 @@ class TokenLoop:
         prompt: Sequence[int],
         params: SamplingParams,
         eos_ids: Sequence[int],
+        constraint: Constraint | None = None,
     ) -> None:
         self.session = session
         self.state = state
         self.params = params
+        self.constraint = constraint
         self.prompt_len = len(prompt)
         self.ids = np.zeros(len(prompt) + params.max_new_tokens, dtype=np.int64)
         self.ids[: len(prompt)] = prompt
         self.n = len(prompt)
-        self.chain = build_chain(params, eos_ids)
+        self.chain = build_chain(params, eos_ids, constraint)
         self.sampler = None if params.is_greedy else Sampler(params.seed)
         self.checker = StopChecker(params, eos_ids)
         self.forward_passes = 0
@@ -80,6 +83,12 @@ class TokenLoop:
         self.forward_passes += 1
         return logits
 
+    def _check(self, token: int) -> str | None:
+        """The finish reason after ``token`` (already in ``ids``): the constraint complete, eos, or length."""
+        if self.constraint is not None and self.constraint.complete(self.ids[self.prompt_len : self.n]):
+            return "stop"
+        return self.checker.check(token, self.n - self.prompt_len)
+
     def _select(self, logits: np.ndarray) -> int:
         if self.chain:
             view = SequenceView(self.ids[: self.n], self.prompt_len)
@@ -95,7 +104,7 @@ class TokenLoop:
             token = self._select(logits)
             self.ids[self.n] = token
             self.n += 1
-            reason = self.checker.check(token, self.n - self.prompt_len)
+            reason = self._check(token)
             yield token, reason
             if reason is not None:
                 return
@@ -117,6 +126,7 @@ class Generator:
         self.tokenizer = tokenizer
         self.eos_ids = tuple(eos_ids)
         self.context_length = context_length
+        self.constraints = ConstraintCompiler(tokenizer, session.vocab_size, self.eos_ids)
         self._state: DecodeState | None = None
         self._state_lock = threading.Lock()  # requests on other threads each check out their own state
 
@@ -167,10 +177,11 @@ class Generator:
         params: SamplingParams,
         speculative: Speculative | None,
         draft: DecoderSession | None,
+        constraint: Constraint | None = None,
     ) -> TokenLoop:
         state = self.state_for(len(prompt_ids) + params.max_new_tokens)
         if speculative is None:
-            return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids)
+            return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint)
         from onnxgen.generation.speculative.loop import SpeculativeLoop
         from onnxgen.generation.speculative.proposers import DraftModelProposer, NgramProposer
 
@@ -190,6 +201,7 @@ class Generator:
             proposer,
             speculative.num_draft_tokens,
             speculative.adaptive,
+            constraint,
         )
 
     def stream(
@@ -206,7 +218,8 @@ class Generator:
                 f"stop strings {list(params.stop)!r} are matched on decoded text, but this model has no "
                 "tokenizer; put its tokenizer.json beside model.onnx, or stop on token ids (eos) instead"
             )
-        return self._events(prompt_ids, self._budget(len(prompt_ids), params), speculative, draft)
+        constraint = self.constraints.compile(params)  # an invalid schema/regex/grammar raises here
+        return self._events(prompt_ids, self._budget(len(prompt_ids), params), speculative, draft, constraint)
 
     def _events(
         self,
@@ -214,9 +227,10 @@ class Generator:
         params: SamplingParams,
         speculative: Speculative | None,
         draft: DecoderSession | None,
+        constraint: Constraint | None = None,
     ) -> Iterator[StreamEvent]:
         start = time.perf_counter()
-        loop = self._loop(prompt_ids, params, speculative, draft)
+        loop = self._loop(prompt_ids, params, speculative, draft, constraint)
         try:
             yield from self._loop_events(loop, prompt_ids, params, start)
         finally:
@@ -253,6 +267,8 @@ class Generator:
             stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
             stats["prefill_s"] = loop.prefill_s
             stats.update(loop.stats())
+            if loop.constraint is not None:
+                stats.update(loop.constraint.stats())
             yield StreamEvent([token], text, reason, stats)
             return
 

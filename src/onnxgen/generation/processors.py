@@ -12,8 +12,10 @@ Protocol: ``processor(seq, logits) -> logits``.
   step and every speculative position (each with its own prefix).
 
 :func:`build_chain` builds the chain in a fixed order: repetition, presence, frequency penalties ->
-min-new-tokens eos mask -> temperature -> top-k -> top-p -> min-p. Greedy chains stop after the eos mask:
-the warpers after it cannot change the argmax.
+min-new-tokens eos mask -> constraint mask -> temperature -> top-k -> top-p -> min-p. Greedy chains stop
+after the constraint mask: the warpers after it cannot change the argmax. The constraint mask (a
+:class:`~onnxgen.generation.constraints.Constraint`, one per request) is the one stateful processor: it
+follows the sequence it is given.
 """
 
 from __future__ import annotations
@@ -209,8 +211,11 @@ class MinP:
         return np.where(logits < threshold, NEG_INF, logits).astype(logits.dtype, copy=False)
 
 
-def build_chain(params: SamplingParams, eos_ids: Iterable[int]) -> list[LogitsProcessor]:
-    """The processors ``params`` asks for, in the fixed order of this module's docstring."""
+def build_chain(
+    params: SamplingParams, eos_ids: Iterable[int], constraint: LogitsProcessor | None = None
+) -> list[LogitsProcessor]:
+    """The processors ``params`` asks for (plus the request's ``constraint`` mask), in the fixed order of
+    this module's docstring."""
     chain: list[LogitsProcessor] = []
     if params.repetition_penalty != 1.0:
         chain.append(RepetitionPenalty(params.repetition_penalty))
@@ -221,6 +226,8 @@ def build_chain(params: SamplingParams, eos_ids: Iterable[int]) -> list[LogitsPr
     eos = list(eos_ids)
     if params.min_new_tokens > 0 and eos and not params.ignore_eos:
         chain.append(MinNewTokens(params.min_new_tokens, eos))
+    if constraint is not None:
+        chain.append(constraint)
     if params.is_greedy:
         return chain
     if params.temperature != 1.0:

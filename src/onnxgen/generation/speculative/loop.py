@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.generator import TokenLoop
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, apply_chain
@@ -31,7 +32,11 @@ class Proposer(Protocol):
 
 
 class SpeculativeLoop(TokenLoop):
-    """A :class:`TokenLoop` that emits several tokens per target forward when drafts are accepted."""
+    """A :class:`TokenLoop` that emits several tokens per target forward when drafts are accepted.
+
+    A constrained request keeps speculating: its :class:`Constraint`, in the chain, masks each verify
+    position with that position's prefix, so drafts the constraint rejects are never accepted.
+    """
 
     def __init__(
         self,
@@ -43,8 +48,9 @@ class SpeculativeLoop(TokenLoop):
         proposer: Proposer,
         num_draft_tokens: int,
         adaptive: bool = True,
+        constraint: Constraint | None = None,
     ) -> None:
-        super().__init__(session, state, prompt, params, eos_ids)
+        super().__init__(session, state, prompt, params, eos_ids, constraint)
         self.proposer = proposer
         proposer.reset(self.prompt_len)  # penalties and min_new_tokens need the prompt/generated split
         self.k = num_draft_tokens
@@ -70,7 +76,7 @@ class SpeculativeLoop(TokenLoop):
     def _emit(self, token: int) -> str | None:
         self.ids[self.n] = token
         self.n += 1
-        return self.checker.check(token, self.n - self.prompt_len)
+        return self._check(token)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
         token = self._select(self._prefill())

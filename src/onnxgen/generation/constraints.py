@@ -1,0 +1,217 @@
+"""Constrained decoding: JSON schema, regex and Lark grammar via llguidance.
+
+A :class:`Constraint` is one request's grammar state. It is a logits processor (``build_chain`` puts it
+after the penalties and the eos mask, before temperature and top-k/p), so greedy and sampled decoding
+both choose only tokens the grammar allows, eos included only where the output may end. It *follows*
+the sequence it is given: each call brings the grammar to ``seq.generated`` (consuming new tokens,
+rolling back ones that changed), so the same object masks every speculative verify position with that
+position's prefix, and drafts the grammar rejects are never accepted.
+
+The loop asks :meth:`Constraint.complete` after each emitted token; a complete constraint (nothing but
+eos may follow) ends the request with finish reason ``"stop"``, even with ``ignore_eos``. Running out of
+``max_new_tokens`` first gives ``"length"`` and a truncated output.
+
+JSON is generated compactly with ``", "`` and ``": "`` separators and no other whitespace (a schema's
+``"x-guidance"`` options override this).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from copy import copy
+from typing import Any
+
+import llguidance as llg
+import llguidance.numpy as llg_np
+import numpy as np
+
+from onnxgen.errors import GenerationError
+from onnxgen.generation.params import SamplingParams, SamplingParamsError
+from onnxgen.generation.processors import Seqs, SequenceView
+from onnxgen.tokenizer import Tokenizer
+
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_HINTS = {
+    "json_schema": "fix the schema (JSON Schema draft 2020-12; unsupported keywords are errors)",
+    "regex": "fix the regular expression (Rust regex syntax: no lookaround, no backreferences)",
+    "grammar": "fix the grammar (Lark syntax with a `start` rule)",
+}
+
+
+class ConstraintError(SamplingParamsError):
+    """A json_schema, regex or grammar that does not compile."""
+
+
+def grammar_source(params: SamplingParams) -> tuple[str, str] | None:
+    """``(field name, llguidance grammar text)`` for the constraint ``params`` sets, or None."""
+    kind = params.constraint
+    if kind == "json_schema":
+        return kind, llg.LLMatcher.grammar_from_json_schema(str(params.json_schema), defaults=JSON_OPTIONS)
+    if kind == "regex":
+        return kind, llg.LLMatcher.grammar_from_regex(str(params.regex))
+    if kind == "grammar":
+        return kind, llg.LLMatcher.grammar_from_lark(str(params.grammar))
+    return None
+
+
+def _compile_error(kind: str, message: str) -> ConstraintError:
+    return ConstraintError(f"{kind} does not compile: {' '.join(message.split())}; {_HINTS[kind]}")
+
+
+def check_constraint(params: SamplingParams) -> None:
+    """Compile the constraint without a tokenizer (cheap); raise :class:`ConstraintError` if it is invalid."""
+    source = grammar_source(params)
+    if source is not None:
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(source[1])
+        if is_error:
+            raise _compile_error(source[0], messages[0])
+
+
+def constraint_from_response_format(response_format: Mapping[str, Any] | None) -> dict[str, Any]:
+    """SamplingParams keyword arguments for an OpenAI ``response_format`` (``{}`` for plain text).
+
+    ``{"type": "json_object"}`` -> any JSON object; ``{"type": "json_schema", "json_schema": {"name": ...,
+    "schema": {...}}}`` -> that schema (no ``schema`` means any JSON value); ``{"type": "text"}`` -> nothing.
+    """
+    if response_format is None:
+        return {}
+    if not isinstance(response_format, Mapping):
+        raise SamplingParamsError(
+            f"response_format must be an object such as {{'type': 'json_object'}} (got {response_format!r})"
+        )
+    kind = response_format.get("type")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_schema": {"type": "object"}}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, Mapping):
+            raise SamplingParamsError(
+                "response_format.json_schema must be an object such as {'name': 'answer', 'schema': {...}} "
+                f"(got {spec!r})"
+            )
+        return {"json_schema": spec.get("schema", {})}
+    raise SamplingParamsError(
+        f"response_format.type must be one of 'text', 'json_object', 'json_schema' (got {kind!r}); "
+        "use 'json_schema' with a schema to constrain the output"
+    )
+
+
+class Constraint:
+    """One request's grammar state; a logits processor for a single sequence (see the module docstring)."""
+
+    def __init__(self, matcher: llg.LLMatcher, kind: str, n_vocab: int) -> None:
+        self.kind = kind
+        self._matcher = matcher
+        self._bitmask = llg_np.allocate_token_bitmask(1, n_vocab)
+        self._consumed = np.empty(0, dtype=np.int64)
+        self._version = 0  # bumped whenever the grammar state changes
+        self._mask_version = -1
+        self._allowed = np.empty(0, dtype=bool)
+        self.mask_s = 0.0  # time spent computing and applying masks
+        self.masks = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {"constraint": self.kind, "constraint_masks": self.masks, "constraint_mask_s": self.mask_s}
+
+    def __call__(self, seq: Seqs, logits: np.ndarray) -> np.ndarray:
+        views = (seq,) if isinstance(seq, SequenceView) else seq
+        if len(views) != 1 or logits.size != logits.shape[-1]:
+            raise ValueError(
+                f"a Constraint masks one sequence, got {len(views)} views for logits of shape {logits.shape}; "
+                "give each row of a batch its own Constraint"
+            )
+        start = time.perf_counter()
+        if not self._follow(views[0].generated):
+            return logits  # the prefix left the language: no position after it is ever used
+        out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
+        np.copyto(out, logits, where=self._allowed_row(logits.shape[-1]).reshape(logits.shape))
+        self.mask_s += time.perf_counter() - start
+        self.masks += 1
+        return out
+
+    def complete(self, generated: np.ndarray) -> bool:
+        """Follow ``generated`` (the ids generated so far); True when nothing but eos may follow."""
+        if not self._follow(generated):
+            token = int(generated[len(self._consumed)])
+            raise GenerationError(
+                f"token {token} (position {len(self._consumed)}) is outside the {self.kind} constraint; "
+                "tokens of a constrained request must be chosen through its logits processor chain"
+            )
+        return self._matcher.is_stopped()
+
+    def _follow(self, generated: np.ndarray) -> bool:
+        """Bring the grammar state to ``generated``; False when some token of it is not allowed."""
+        done = self._consumed
+        if len(done) == len(generated) and np.array_equal(done, generated):
+            return True
+        shared = min(len(done), len(generated))
+        differ = np.flatnonzero(done[:shared] != generated[:shared])
+        common = int(differ[0]) if len(differ) else shared
+        if common < len(done) and not self._matcher.rollback(len(done) - common):
+            raise GenerationError(f"the {self.kind} constraint could not roll back: {self._error()}")
+        new = generated[common:]
+        taken = self._matcher.try_consume_tokens(new.tolist()) if len(new) else 0
+        self._consumed = np.array(generated[: common + taken], dtype=np.int64)
+        self._version += 1
+        return taken == len(new)
+
+    def _allowed_row(self, width: int) -> np.ndarray:
+        """Which of ``width`` token ids the grammar allows next (bool); cached until the state changes."""
+        if self._mask_version != self._version:
+            llg_np.fill_next_token_bitmask(self._matcher, self._bitmask)
+            if self._matcher.is_error():
+                raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
+            allowed = np.unpackbits(self._bitmask.view(np.uint8)[0], bitorder="little").view(bool)
+            if len(allowed) < width:  # logits wider than the token table: ids past it are never allowed
+                allowed = np.concatenate([allowed, np.zeros(width - len(allowed), dtype=bool)])
+            self._allowed = allowed
+            self._mask_version = self._version
+        return self._allowed[:width]
+
+    def _error(self) -> str:
+        return " ".join(self._matcher.get_error().split()) or "no message"
+
+
+class ConstraintCompiler:
+    """Compiles a request's constraint against one model's tokenizer (the token table is built once)."""
+
+    def __init__(self, tokenizer: Tokenizer | None, vocab_size: int, eos_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_ids = [int(i) for i in eos_ids]
+        self._ll_tokenizer: llg.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    def compile(self, params: SamplingParams) -> Constraint | None:
+        """The request's :class:`Constraint` (None when it sets none); raises before any decoding when the
+        schema/regex/grammar is invalid or the model has no tokenizer."""
+        source = grammar_source(params)
+        if source is None:
+            return None
+        kind, grammar = source
+        ll_tokenizer = self._token_table(kind)
+        matcher = llg.LLMatcher(ll_tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise _compile_error(kind, matcher.get_error())
+        return Constraint(matcher, kind, ll_tokenizer.vocab_size)
+
+    def _token_table(self, kind: str) -> llg.LLTokenizer:
+        if self.tokenizer is None:
+            raise GenerationError(
+                f"{kind} constrains text, but this model has no tokenizer to map it to token ids; "
+                "put its tokenizer.json beside model.onnx"
+            )
+        with self._lock:
+            if self._ll_tokenizer is None:
+                backend = copy(self.tokenizer.backend)
+                backend.no_padding()
+                backend.no_truncation()
+                n_vocab = max(self.vocab_size, self.tokenizer.vocab_size)
+                self._ll_tokenizer = llg.LLTokenizer(
+                    backend.to_str(), n_vocab=n_vocab, eos_token=self.eos_ids or None
+                )
+            return self._ll_tokenizer
