@@ -24,7 +24,6 @@ from copy import copy
 from typing import Any
 
 import llguidance as llg
-import llguidance.numpy as llg_np
 import numpy as np
 
 from onnxgen.errors import GenerationError
@@ -106,16 +105,17 @@ class Constraint:
     def __init__(self, matcher: llg.LLMatcher, kind: str, n_vocab: int) -> None:
         self.kind = kind
         self._matcher = matcher
-        self._bitmask = llg_np.allocate_token_bitmask(1, n_vocab)
-        self._consumed = np.empty(0, dtype=np.int64)
+        self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)  # llguidance's bitmask, 1 bit a token
+        self._consumed = np.zeros(64, dtype=np.int64)  # the tokens the grammar state has taken: [:_done]
+        self._done = 0
         self._version = 0  # bumped whenever the grammar state changes
         self._mask_version = -1
-        self._allowed = np.empty(0, dtype=bool)
-        self.mask_s = 0.0  # time spent computing and applying masks
+        self._allowed: np.ndarray = np.zeros(0, dtype=np.int64)  # token ids, or a bool row when dense
+        self.seconds = 0.0  # time spent in this constraint: following the sequence, computing/applying masks
         self.masks = 0
 
     def stats(self) -> dict[str, Any]:
-        return {"constraint": self.kind, "constraint_masks": self.masks, "constraint_mask_s": self.mask_s}
+        return {"constraint": self.kind, "constraint_masks": self.masks, "constraint_s": self.seconds}
 
     def __call__(self, seq: Seqs, logits: np.ndarray) -> np.ndarray:
         views = (seq,) if isinstance(seq, SequenceView) else seq
@@ -127,50 +127,70 @@ class Constraint:
         start = time.perf_counter()
         if not self._follow(views[0].generated):
             return logits  # the prefix left the language: no position after it is ever used
+        allowed = self._allowed_now(logits.shape[-1])
         out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
-        np.copyto(out, logits, where=self._allowed_row(logits.shape[-1]).reshape(logits.shape))
-        self.mask_s += time.perf_counter() - start
+        if allowed.dtype == np.bool_:
+            np.copyto(out, logits, where=allowed.reshape(logits.shape))
+        else:
+            out[..., allowed] = logits[..., allowed]
+        self.seconds += time.perf_counter() - start
         self.masks += 1
         return out
 
     def complete(self, generated: np.ndarray) -> bool:
         """Follow ``generated`` (the ids generated so far); True when nothing but eos may follow."""
-        if not self._follow(generated):
-            token = int(generated[len(self._consumed)])
+        start = time.perf_counter()
+        followed = self._follow(generated)
+        self.seconds += time.perf_counter() - start
+        if not followed:
             raise GenerationError(
-                f"token {token} (position {len(self._consumed)}) is outside the {self.kind} constraint; "
-                "tokens of a constrained request must be chosen through its logits processor chain"
+                f"token {int(generated[self._done])} (position {self._done}) is outside the {self.kind} "
+                "constraint; tokens of a constrained request must be chosen through its processor chain"
             )
         return self._matcher.is_stopped()
 
     def _follow(self, generated: np.ndarray) -> bool:
         """Bring the grammar state to ``generated``; False when some token of it is not allowed."""
-        done = self._consumed
-        if len(done) == len(generated) and np.array_equal(done, generated):
+        done, n = self._done, len(generated)
+        common = done
+        if n < done or generated[:done].tobytes() != self._consumed[:done].tobytes():
+            shared = min(done, n)
+            differ = np.flatnonzero(self._consumed[:shared] != generated[:shared])
+            common = int(differ[0]) if len(differ) else shared
+            if not self._matcher.rollback(done - common):
+                raise GenerationError(f"the {self.kind} constraint could not roll back: {self._error()}")
+            self._done = common
+            self._version += 1
+        if n == common:
             return True
-        shared = min(len(done), len(generated))
-        differ = np.flatnonzero(done[:shared] != generated[:shared])
-        common = int(differ[0]) if len(differ) else shared
-        if common < len(done) and not self._matcher.rollback(len(done) - common):
-            raise GenerationError(f"the {self.kind} constraint could not roll back: {self._error()}")
         new = generated[common:]
-        taken = self._matcher.try_consume_tokens(new.tolist()) if len(new) else 0
-        self._consumed = np.array(generated[: common + taken], dtype=np.int64)
+        taken = self._matcher.try_consume_tokens(new.tolist())
+        if common + taken > len(self._consumed):
+            self._consumed = np.concatenate([self._consumed, np.zeros_like(self._consumed, shape=n)])
+        self._consumed[common : common + taken] = new[:taken]
+        self._done = common + taken
         self._version += 1
         return taken == len(new)
 
-    def _allowed_row(self, width: int) -> np.ndarray:
-        """Which of ``width`` token ids the grammar allows next (bool); cached until the state changes."""
+    def _allowed_now(self, width: int) -> np.ndarray:
+        """The token ids below ``width`` the grammar allows next: an id array when few are (the usual case
+        between JSON values), else a bool row. Cached until the grammar state changes."""
         if self._mask_version != self._version:
-            llg_np.fill_next_token_bitmask(self._matcher, self._bitmask)
+            self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
             if self._matcher.is_error():
                 raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
-            allowed = np.unpackbits(self._bitmask.view(np.uint8)[0], bitorder="little").view(bool)
-            if len(allowed) < width:  # logits wider than the token table: ids past it are never allowed
-                allowed = np.concatenate([allowed, np.zeros(width - len(allowed), dtype=bool)])
-            self._allowed = allowed
+            words = np.flatnonzero(self._words)
+            if len(words) * 32 <= width // 16:
+                bits = np.flatnonzero(np.unpackbits(self._words[words].view(np.uint8), bitorder="little"))
+                ids = words[bits // 32] * 32 + bits % 32
+                self._allowed = ids[ids < width]
+            else:
+                allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little").view(bool)
+                if len(allowed) < width:  # logits wider than the token table: ids past it never allowed
+                    allowed = np.concatenate([allowed, np.zeros(width - len(allowed), dtype=bool)])
+                self._allowed = allowed[:width]
             self._mask_version = self._version
-        return self._allowed[:width]
+        return self._allowed
 
     def _error(self) -> str:
         return " ".join(self._matcher.get_error().split()) or "no message"

@@ -1,0 +1,273 @@
+"""Constraint parameters, response_format mapping, and the Constraint processor on synthetic logits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from onnxgen.errors import GenerationError
+from onnxgen.generation.constraints import (
+    ConstraintCompiler,
+    ConstraintError,
+    check_constraint,
+    constraint_from_response_format,
+)
+from onnxgen.generation.params import SamplingParams, SamplingParamsError
+from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
+from onnxgen.testing import tiny_tokenizer
+from onnxgen.tokenizer import Tokenizer
+
+VOCAB = 320
+EOS = 0
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer(tiny_tokenizer(VOCAB))
+
+
+@pytest.fixture(scope="module")
+def compiler(tok: Tokenizer) -> ConstraintCompiler:
+    return ConstraintCompiler(tok, VOCAB, [EOS])
+
+
+def gen(ids: list[int]) -> SequenceView:
+    """A view with a two-token prompt and ``ids`` generated."""
+    return SequenceView(np.array([5, 6, *ids], dtype=np.int64), 2)
+
+
+def live(row: np.ndarray) -> set[int]:
+    return {int(i) for i in np.flatnonzero(row != -np.inf)}
+
+
+def prefix_tokens(tok: Tokenizer, text: str, done: str = "") -> set[int]:
+    """Ids whose text extends ``done`` to a longer prefix of ``text`` (an oracle independent of llguidance)."""
+    out = set()
+    for i in range(VOCAB):
+        piece = tok.decode([i], skip_special_tokens=False)
+        if piece and text.startswith(done + piece) and not piece.startswith("<|"):
+            out.add(i)
+    return out
+
+
+# -- SamplingParams ---------------------------------------------------------------------------------
+def test_a_json_schema_dict_is_stored_as_json_text_that_parses_back_to_it() -> None:
+    schema = {"type": "object", "properties": {"a": {"enum": [1, "x", None]}}}
+    params = SamplingParams(json_schema=schema)
+    assert isinstance(params.json_schema, str)
+    assert json.loads(params.json_schema) == schema
+    assert params.constraint == "json_schema"
+    assert SamplingParams(json_schema=json.dumps(schema)).json_schema == params.json_schema
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[1, 2]", 3, ["type"], {"x": {1, 2}}])
+def test_a_json_schema_that_is_not_a_json_object_is_refused_by_name(bad: object) -> None:
+    with pytest.raises(SamplingParamsError, match="json_schema must be"):
+        SamplingParams(json_schema=bad)  # type: ignore[arg-type]
+
+
+def test_two_constraints_at_once_are_refused_naming_both() -> None:
+    with pytest.raises(SamplingParamsError, match="one at a time") as info:
+        SamplingParams(regex="a+", grammar="start: 'a'")
+    assert "regex, grammar" in str(info.value)
+    with pytest.raises(ValueError, match="json_schema, regex"):
+        SamplingParams(json_schema={"type": "object"}, regex="a")
+
+
+@pytest.mark.parametrize("name", ["regex", "grammar"])
+@pytest.mark.parametrize("bad", ["", 7])
+def test_an_empty_or_non_text_regex_or_grammar_is_refused(name: str, bad: object) -> None:
+    with pytest.raises(SamplingParamsError, match=f"{name} must be a non-empty string"):
+        SamplingParams(**{name: bad})  # type: ignore[arg-type]
+
+
+def test_params_without_a_constraint_report_none() -> None:
+    assert SamplingParams().constraint is None
+    assert SamplingParams(regex="[0-9]+").constraint == "regex"
+
+
+# -- response_format --------------------------------------------------------------------------------
+def test_response_format_text_or_none_maps_to_no_constraint() -> None:
+    assert constraint_from_response_format(None) == {}
+    assert constraint_from_response_format({"type": "text"}) == {}
+
+
+def test_response_format_json_object_maps_to_any_json_object() -> None:
+    params = SamplingParams(**constraint_from_response_format({"type": "json_object"}))
+    assert json.loads(str(params.json_schema)) == {"type": "object"}
+
+
+def test_response_format_json_schema_maps_to_its_schema() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    kw = constraint_from_response_format(
+        {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    )
+    assert kw == {"json_schema": schema}
+    assert constraint_from_response_format({"type": "json_schema", "json_schema": {"name": "x"}}) == {
+        "json_schema": {}
+    }
+
+
+@pytest.mark.parametrize(
+    ("response_format", "needle"),
+    [
+        ({"type": "xml"}, "response_format.type"),
+        ({}, "response_format.type"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        ({"type": "json_schema", "json_schema": "nope"}, "response_format.json_schema"),
+        ("json_object", "response_format must be an object"),
+    ],
+)
+def test_a_malformed_response_format_is_refused_by_name(response_format: object, needle: str) -> None:
+    with pytest.raises(SamplingParamsError, match=needle):
+        constraint_from_response_format(response_format)  # type: ignore[arg-type]
+
+
+# -- compiling --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"regex": "[a-"}, "unclosed character class"),
+        ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 3}}, "minimum"),
+        ({"json_schema": {"$ref": "#/defs/missing"}}, "does not exist"),
+        ({"grammar": 'start: "a" missing_rule'}, "missing_rule"),
+    ],
+)
+def test_an_invalid_constraint_is_refused_with_the_compilers_message(
+    compiler: ConstraintCompiler, kw: dict[str, object], needle: str
+) -> None:
+    params = SamplingParams(**kw)  # type: ignore[arg-type]
+    name = next(iter(kw))
+    for compile_it in (check_constraint, compiler.compile):
+        with pytest.raises(ConstraintError, match=f"{name} does not compile") as info:
+            compile_it(params)
+        assert needle in str(info.value)
+        assert "\n" not in str(info.value)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, GenerationError)
+
+
+def test_a_valid_constraint_passes_the_check_and_params_without_one_compile_to_none(
+    compiler: ConstraintCompiler,
+) -> None:
+    check_constraint(SamplingParams(regex="[0-9]{2}"))
+    check_constraint(SamplingParams())
+    assert compiler.compile(SamplingParams()) is None
+
+
+def test_a_constraint_needs_a_tokenizer() -> None:
+    with pytest.raises(GenerationError, match=r"tokenizer\.json"):
+        ConstraintCompiler(None, VOCAB, [EOS]).compile(SamplingParams(regex="a"))
+
+
+# -- masking ----------------------------------------------------------------------------------------
+def test_the_mask_keeps_exactly_the_tokens_that_continue_the_language(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    constraint = compiler.compile(SamplingParams(regex="the cat"))
+    assert constraint is not None
+    logits = np.linspace(-3.0, 3.0, VOCAB, dtype=np.float32)
+    logits[EOS] = 100.0
+    canonical = tok.encode("the cat")  # t|he|Ġc|at
+    out = constraint(gen([]), logits)
+    assert live(out) == prefix_tokens(tok, "the cat")
+    assert np.array_equal(out[sorted(live(out))], logits[sorted(live(out))])  # kept logits are untouched
+    assert logits[EOS] == 100.0  # out of place
+    out = constraint(gen(canonical[:2]), logits)
+    # Where the next bytes are forced, llguidance may drop tokenizations the tokenizer never makes (Ġ|c).
+    assert canonical[2] in live(out)
+    assert live(out) <= prefix_tokens(tok, "the cat", "the")
+
+
+def test_eos_is_masked_until_the_constraint_may_end_and_then_it_may_end(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    constraint = compiler.compile(SamplingParams(regex="[0-9]{1,3}"))
+    assert constraint is not None
+    logits = np.zeros(VOCAB, dtype=np.float32)
+    assert EOS not in live(constraint(gen([]), logits))
+    seven = tok.encode("7")
+    assert not constraint.complete(np.array(seven))
+    after = live(constraint(gen(seven), logits))
+    assert EOS in after and tok.token_to_id("8") in after
+    assert constraint.complete(np.array([*seven, EOS]))
+
+
+def test_a_constraint_is_complete_when_nothing_but_eos_may_follow(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    constraint = compiler.compile(SamplingParams(regex="ab"))
+    assert constraint is not None
+    ids = [tok.token_to_id("a"), tok.token_to_id("b")]
+    assert not constraint.complete(np.array(ids[:1]))
+    assert constraint.complete(np.array(ids))
+    assert live(constraint(gen(ids), np.zeros(VOCAB, dtype=np.float32))) == {EOS}
+
+
+def test_the_constraint_follows_a_sequence_that_goes_back_and_changes(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    constraint = compiler.compile(SamplingParams(regex="(ab|ac)d"))
+    assert constraint is not None
+    a, b, c, d = (tok.token_to_id(x) for x in "abcd")
+    logits = np.zeros(VOCAB, dtype=np.float32)
+    first = live(constraint(gen([]), logits))
+    assert live(constraint(gen([a, b]), logits)) == {d}
+    assert live(constraint(gen([]), logits)) == first  # rolled back to the start
+    assert live(constraint(gen([a]), logits)) == {b, c}
+    assert live(constraint(gen([a, c]), logits)) == {d}  # b replaced by c
+
+
+def test_a_prefix_outside_the_language_is_passed_through_and_refused_when_emitted(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    constraint = compiler.compile(SamplingParams(regex="ab"))
+    assert constraint is not None
+    z = tok.token_to_id("z")
+    logits = np.arange(VOCAB, dtype=np.float32)
+    assert np.array_equal(constraint(gen([z]), logits), logits)
+    with pytest.raises(GenerationError, match=f"token {z} .*outside the regex constraint"):
+        constraint.complete(np.array([z]))
+    assert live(constraint(gen([]), logits)) == prefix_tokens(tok, "ab")  # still usable
+
+
+def test_logits_wider_than_the_token_table_never_allow_the_extra_ids(compiler: ConstraintCompiler) -> None:
+    constraint = compiler.compile(SamplingParams(json_schema={"type": "string"}))
+    assert constraint is not None
+    out = constraint(gen([]), np.zeros(VOCAB + 40, dtype=np.float32))
+    assert out.shape == (VOCAB + 40,)
+    assert live(out) and max(live(out)) < VOCAB
+
+
+def test_a_dense_mask_keeps_every_allowed_token(compiler: ConstraintCompiler, tok: Tokenizer) -> None:
+    constraint = compiler.compile(SamplingParams(json_schema={"type": "string"}))
+    assert constraint is not None
+    quote = tok.token_to_id('"')
+    out = constraint(gen([quote]), np.zeros(VOCAB, dtype=np.float32))
+    assert len(live(out)) > VOCAB // 2  # inside a string almost anything goes
+    assert tok.token_to_id("x") in live(out) and EOS not in live(out)
+
+
+def test_a_constraint_masks_one_sequence_only(compiler: ConstraintCompiler) -> None:
+    constraint = compiler.compile(SamplingParams(regex="a"))
+    assert constraint is not None
+    with pytest.raises(ValueError, match="its own Constraint"):
+        constraint([gen([]), gen([])], np.zeros((2, VOCAB), dtype=np.float32))
+
+
+def test_the_constraint_masks_before_top_k_so_top_k_keeps_the_best_allowed_token(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    constraint = compiler.compile(SamplingParams(regex="[xy]"))
+    assert constraint is not None
+    x, y = tok.token_to_id("x"), tok.token_to_id("y")
+    logits = np.zeros(VOCAB, dtype=np.float32)
+    logits[tok.token_to_id("q")] = 9.0  # the model's favourite is not allowed
+    logits[y] = 2.0
+    logits[x] = 1.0
+    params = SamplingParams(temperature=0.7, top_k=1)
+    out = apply_chain(build_chain(params, [EOS], constraint), gen([]), logits)
+    assert live(out) == {y}
+    greedy = apply_chain(build_chain(SamplingParams(), [EOS], constraint), gen([]), logits)
+    assert int(np.argmax(greedy)) == y
