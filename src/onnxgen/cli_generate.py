@@ -64,9 +64,43 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-new-tokens", type=int, help="mask end-of-sequence until this many tokens")
 
 
+def add_constraint_flags(p: argparse.ArgumentParser) -> None:
+    """``--json-schema FILE | --regex RE | --grammar FILE`` (one at a time)."""
+    g = p.add_argument_group("constrained output (one of)").add_mutually_exclusive_group()
+    g.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="output JSON valid under this JSON schema file (or inline {...})",
+    )
+    g.add_argument("--regex", metavar="RE", help="output text that matches this regular expression in full")
+    g.add_argument("--grammar", metavar="FILE", help="output text in this Lark grammar file (rule `start`)")
+
+
+def _read_flag_file(flag: str, value: str) -> str:
+    try:
+        return Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"{flag} {value!r} cannot be read ({e}); give the path of a readable text file"
+        ) from e
+
+
+def constraint_kwargs(args: argparse.Namespace) -> dict[str, str]:
+    """The SamplingParams constraint the flags ask for (files read here; their contents are checked later)."""
+    schema, regex, grammar = (getattr(args, name, None) for name in ("json_schema", "regex", "grammar"))
+    if schema is not None:
+        inline = schema.lstrip().startswith("{")
+        return {"json_schema": schema if inline else _read_flag_file("--json-schema", schema)}
+    if regex is not None:
+        return {"regex": regex}
+    if grammar is not None:
+        return {"grammar": _read_flag_file("--grammar", grammar)}
+    return {}
+
+
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     given = {name: getattr(args, name) for name in _SAMPLING_FIELDS if getattr(args, name, None) is not None}
-    return SamplingParams(**given)
+    return SamplingParams(**given, **constraint_kwargs(args))
 
 
 def resolve_threads(value: int | None) -> int | None:
@@ -146,6 +180,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("prompt", help="prompt text, or - to read stdin")
     add_runtime_flags(p)
     add_sampling_flags(p)
+    add_constraint_flags(p)
     p.add_argument(
         "--stream", action=argparse.BooleanOptionalAction, default=True, help="print text as it is produced"
     )
