@@ -204,7 +204,7 @@ def test_the_optimized_copy_is_made_once_and_reused(scan_dir: Path, cache_dir: P
     entries = sorted((cache_dir / "plans").iterdir())
     onnxgen.load(scan_dir, threads=1, decode_plan="inline")
     assert sorted((cache_dir / "plans").iterdir()) == entries
-    assert all((e / "weights.bin").is_file() for e in entries)
+    assert all((e / "weights.bin").is_file() and (e / "inline.onnx").is_file() for e in entries)
 
 
 def test_an_unknown_decode_plan_is_refused_with_the_choices(scan_dir: Path) -> None:

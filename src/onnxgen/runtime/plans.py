@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 DECODE_PLANS = ("auto", "scan", "inline")
 FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+INLINE_FILE = "inline.onnx"
 
 # The auto rule; docs/decode-plan.md has the measurements behind the figures. A Scan costs about
 # SCAN_STEP_COST_S per decode step on top of its body's math; an fp32 decode step reads its weights at about
@@ -153,12 +154,13 @@ def _cache_key(model_path: Path, graph: onnx.ModelProto) -> str:
 
 
 def optimized_copy(model_path: Path, graph: onnx.ModelProto, cache_dir: str | Path | None = None) -> Path:
-    """An onnxruntime-optimized copy of the model whose prepacked weights live in its data file (made once,
-    kept under :func:`cache_root`); returns the copy's ``model.onnx``."""
+    """An onnxruntime-optimized copy of the model whose prepacked weights live in its data file, beside the
+    same graph with its Scans inlined (``inline.onnx``, same data file); made once, kept under
+    :func:`cache_root`. Returns the directory holding both."""
     root = cache_root(cache_dir) / "plans"
     final = root / _cache_key(model_path, graph)
-    if (final / "model.onnx").is_file():
-        return final / "model.onnx"
+    if (final / INLINE_FILE).is_file():
+        return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
@@ -174,14 +176,20 @@ def optimized_copy(model_path: Path, graph: onnx.ModelProto, cache_dir: str | Pa
         )
         opts.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
         ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        inlined, result = inline_scans_in_proto(onnx.load(str(tmp / "model.onnx"), load_external_data=False))
+        if not result.inlined:  # type: ignore[attr-defined]
+            raise UnsupportedModelError(
+                f"onnxruntime's optimized graph of {model_path} has no inlinable Scan"
+            )
+        onnx.save(inlined, str(tmp / INLINE_FILE))
         try:
             tmp.rename(final)
         except OSError:  # another process made it first
-            if not (final / "model.onnx").is_file():
+            if not (final / INLINE_FILE).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final / "model.onnx"
+    return final
 
 
 # -- routing ----------------------------------------------------------------------------------------------
@@ -190,12 +198,9 @@ def optimized_copy(model_path: Path, graph: onnx.ModelProto, cache_dir: str | Pa
 class DecodePlan:
     """Routes each forward to the main session or, for single-token steps, to the inline sibling."""
 
-    def __init__(
-        self, choice: PlanChoice, graph: onnx.ModelProto | None = None, model_dir: Path | None = None
-    ):
+    def __init__(self, choice: PlanChoice, inline_path: Path | None = None) -> None:
         self.choice = choice
-        self._graph = graph  # what the main session loads (before logits-to-keep), when the plan is "inline"
-        self._model_dir = model_dir
+        self._inline_path = inline_path  # the sibling's graph, when the plan is "inline"
         self._main: DecoderSession | None = None
         self.sibling: ort.InferenceSession | None = None
         self.failed: str | None = None
@@ -217,11 +222,11 @@ class DecodePlan:
         main = self._main
         if main is None:
             raise RuntimeError("DecodePlan.attach() the plan to its DecoderSession first")
-        if tokens != 1 or self._graph is None or self.failed is not None:
+        if tokens != 1 or self._inline_path is None or self.failed is not None:
             return main.session
         if self.sibling is None:
             try:
-                self.sibling = build_sibling(main, self._graph, self._model_dir)
+                self.sibling = build_sibling(main, self._inline_path)
             except Exception as e:
                 self.failed = str(e)
                 log.warning("the inline decode plan is unavailable, decoding on the Scan plan: %s", e)
@@ -229,21 +234,17 @@ class DecodePlan:
         return self.sibling
 
 
-def build_sibling(
-    main: DecoderSession, graph: onnx.ModelProto, model_dir: Path | None
-) -> ort.InferenceSession:
-    """A session over ``graph`` with its Scans inlined and ``main``'s options, providers and logits-to-keep
-    input; raises when it cannot be made or does not reproduce ``main`` bit for bit on a first step."""
-    inlined, result = inline_scans_in_proto(graph)
-    if not result.inlined:  # type: ignore[attr-defined]
-        raise UnsupportedModelError("the graph the main session runs has no Scan the pass can inline")
+def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSession:
+    """A session over the inlined graph at ``inline_path`` with ``main``'s options, providers and
+    logits-to-keep input; raises when it cannot be made or does not match ``main`` bit for bit on a step."""
+    inlined = onnx.load(str(inline_path), load_external_data=False)
     if main.logits_to_keep:
         inlined, done, reason = keep_last_logits(inlined, main.io.logits)
         if not done:
             raise UnsupportedModelError(f"the inlined graph takes no logits-to-keep input: {reason}")
     opts = main.session.get_session_options()
-    if model_dir is not None and not _has_config(opts, FOLDER_KEY):
-        opts.add_session_config_entry(FOLDER_KEY, str(model_dir))
+    if not _has_config(opts, FOLDER_KEY):
+        opts.add_session_config_entry(FOLDER_KEY, str(inline_path.parent))
     providers = main.session.get_providers()
     sibling = ort.InferenceSession(inlined.SerializeToString(), sess_options=opts, providers=providers)
     ref, got = _probe(main, main.session), _probe(main, sibling)
@@ -316,10 +317,11 @@ def prepare_decode_plan(
     if choice.plan != "inline":
         return PreparedPlan(DecodePlan(choice), summary, package.model_path, package.graph)
     try:
-        path = optimized_copy(package.model_path, package.graph, cache_dir)
+        folder = optimized_copy(package.model_path, package.graph, cache_dir)
+        path = folder / "model.onnx"
         graph = onnx.load(str(path), load_external_data=False)
     except Exception as e:
         log.warning("the inline decode plan is unavailable, decoding on the Scan plan: %s", e)
         scan = PlanChoice(requested, "scan", f"inline plan unavailable: {e}")
         return PreparedPlan(DecodePlan(scan), summary, package.model_path, package.graph)
-    return PreparedPlan(DecodePlan(choice, graph, path.parent), summary, path, graph)
+    return PreparedPlan(DecodePlan(choice, folder / INLINE_FILE), summary, path, graph)
