@@ -1,0 +1,123 @@
+"""Turning a request's deltas into an OpenAI response: collected (one body) or streamed (SSE chunks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from onnxgen.server.protocol import ResponseShape, error_body, usage
+from onnxgen.server.sequence import Delta, Handle
+
+DISCONNECTED = "disconnected"
+
+
+class RequestStream:
+    """The deltas of one request as the asyncio side sees them, and its cancellation."""
+
+    def __init__(self, choices: int, prompt_tokens: int, wake: Callable[[], None]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[list[Delta] | str] = asyncio.Queue()
+        self.handle = Handle(self._push)
+        self.choices = choices
+        self.prompt_tokens = prompt_tokens
+        self._wake = wake
+
+    def _push(self, deltas: list[Delta]) -> None:  # called from the scheduler thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, deltas)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self.handle.cancelled = True
+
+    def cancel(self) -> None:
+        self.handle.cancelled = True
+        self._wake()
+
+
+@dataclass
+class Collected:
+    texts: list[list[str]]
+    reasons: list[str | None]
+    token_ids: list[list[int]]
+    error: str | None = None
+    disconnected: bool = False
+
+
+async def _watch_disconnect(request: Request, queue: asyncio.Queue[Any]) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            queue.put_nowait(DISCONNECTED)
+            return
+
+
+async def collect(stream: RequestStream, request: Request) -> Collected:
+    """Wait for every choice to finish; a client disconnect cancels the request."""
+    k = stream.choices
+    out = Collected([[] for _ in range(k)], [None] * k, [[] for _ in range(k)])
+    remaining = stream.choices
+    watcher = asyncio.create_task(_watch_disconnect(request, stream.queue))
+    try:
+        while remaining:
+            item = await stream.queue.get()
+            if item == DISCONNECTED:
+                stream.cancel()
+                out.disconnected = True
+                return out
+            for delta in item:
+                if delta.error is not None:
+                    out.error = delta.error
+                else:
+                    out.texts[delta.index].append(delta.text)
+                    out.token_ids[delta.index].append(delta.token_id)
+                if delta.finish_reason is not None:
+                    out.reasons[delta.index] = delta.finish_reason
+                    remaining -= 1
+        return out
+    finally:
+        watcher.cancel()
+        if remaining:
+            stream.cancel()
+
+
+def _sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def sse_events(
+    stream: RequestStream, shape: ResponseShape, include_usage: bool, token_ids: bool = False
+) -> AsyncIterator[str]:
+    """OpenAI chunks as tokens arrive; ``usage`` rides on the last choice chunk (and, with
+    ``stream_options.include_usage``, also on a final chunk with no choices, as OpenAI sends it).
+    With ``token_ids`` every token gets a chunk carrying its id, even one whose text is held back."""
+    remaining = stream.choices
+    tokens = 0
+    try:
+        if shape.chat:
+            for index in range(stream.choices):
+                yield _sse(shape.chunk(index, "", None, first=True))
+        while remaining:
+            item = await stream.queue.get()
+            for delta in item:  # type: ignore[union-attr]
+                if delta.error is not None:
+                    remaining = 0
+                    yield _sse(error_body(delta.error, "server_error"))
+                    return
+                tokens += 1
+                if delta.finish_reason is not None:
+                    remaining -= 1
+                elif not delta.text and not token_ids:
+                    continue  # text held back (an incomplete character or a possible stop string)
+                use = usage(stream.prompt_tokens, tokens) if remaining == 0 else None
+                ids = [delta.token_id] if token_ids else None
+                yield _sse(shape.chunk(delta.index, delta.text, delta.finish_reason, use=use, token_ids=ids))
+        if include_usage:
+            yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens)))
+        yield "data: [DONE]\n\n"
+    finally:
+        if remaining:  # the client went away (the response task was cancelled) or the server stops
+            stream.cancel()
