@@ -110,7 +110,7 @@ class Constraint:
         self._done = 0
         self._version = 0  # bumped whenever the grammar state changes
         self._mask_version = -1
-        self._allowed: np.ndarray = np.zeros(0, dtype=np.int64)  # token ids, or a bool row when dense
+        self._allowed = np.zeros(0, dtype=bool)
         self.seconds = 0.0  # time spent in this constraint: following the sequence, computing/applying masks
         self.masks = 0
 
@@ -127,12 +127,8 @@ class Constraint:
         start = time.perf_counter()
         if not self._follow(views[0].generated):
             return logits  # the prefix left the language: no position after it is ever used
-        allowed = self._allowed_now(logits.shape[-1])
         out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
-        if allowed.dtype == np.bool_:
-            np.copyto(out, logits, where=allowed.reshape(logits.shape))
-        else:
-            out[..., allowed] = logits[..., allowed]
+        np.copyto(out, logits, where=self._allowed_now(logits.shape[-1]).reshape(logits.shape))
         self.seconds += time.perf_counter() - start
         self.masks += 1
         return out
@@ -173,22 +169,16 @@ class Constraint:
         return taken == len(new)
 
     def _allowed_now(self, width: int) -> np.ndarray:
-        """The token ids below ``width`` the grammar allows next: an id array when few are (the usual case
-        between JSON values), else a bool row. Cached until the grammar state changes."""
+        """Which token ids below ``width`` the grammar allows next (a bool row); cached until the grammar
+        state changes. A dense row beats an id list even when one token is allowed (fewer numpy calls)."""
         if self._mask_version != self._version:
             self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
             if self._matcher.is_error():
                 raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
-            words = np.flatnonzero(self._words)
-            if len(words) * 32 <= width // 16:
-                bits = np.flatnonzero(np.unpackbits(self._words[words].view(np.uint8), bitorder="little"))
-                ids = words[bits // 32] * 32 + bits % 32
-                self._allowed = ids[ids < width]
-            else:
-                allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little").view(bool)
-                if len(allowed) < width:  # logits wider than the token table: ids past it never allowed
-                    allowed = np.concatenate([allowed, np.zeros(width - len(allowed), dtype=bool)])
-                self._allowed = allowed[:width]
+            allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little").view(bool)
+            if len(allowed) < width:  # logits wider than the token table: ids past it are never allowed
+                allowed = np.concatenate([allowed, np.zeros(width - len(allowed), dtype=bool)])
+            self._allowed = allowed[:width]
             self._mask_version = self._version
         return self._allowed
 
