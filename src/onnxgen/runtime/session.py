@@ -22,6 +22,7 @@ from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime.buffers import HostBuffer
 from onnxgen.runtime.state import DecodeState
+from onnxgen.runtime.verify_plan import VerifyPlan, plan_graph
 
 if TYPE_CHECKING:
     from onnxgen.runtime.plans import DecodePlan
@@ -103,6 +104,7 @@ class DecoderSession:
         options: ort.SessionOptions | None = None,
         graph: onnx.ModelProto | None = None,
         last_logits: bool = True,
+        verify: bool = True,
     ) -> None:
         self.io = io
         self.threads = threads or default_threads()
@@ -121,16 +123,30 @@ class DecoderSession:
                 )
             else:
                 log.info("logits are computed for every position: %s", reason)
+        providers = list(providers or ["CPUExecutionProvider"])
+        self.verify_plan: VerifyPlan | None = None  # speculative commits without replay (runtime.verify_plan)
+        if verify and io.state_pairs:
+            if graph is None:
+                graph = onnx.load(str(model_path), load_external_data=False)
+            graph, self.verify_plan, why = plan_graph(graph, io, providers)
+            if self.verify_plan is None:
+                log.info("speculative verify will commit recurrent states by replay: %s", why)
+            else:
+                source = graph.SerializeToString()
+                if not self.logits_to_keep:
+                    opts.add_session_config_entry(
+                        "session.model_external_initializers_file_folder_path", str(model_path.parent)
+                    )
         try:
-            self.session = ort.InferenceSession(
-                source, sess_options=opts, providers=list(providers or ["CPUExecutionProvider"])
-            )
+            self.session = ort.InferenceSession(source, sess_options=opts, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types
             raise UnsupportedModelError(
                 f"onnxruntime could not load {model_path}: {e}. Check that the installed onnxruntime "
                 "supports every op of the export (see `onnxgen inspect`)"
             ) from e
         self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.plans)
+        if self.verify_plan is not None:
+            self.verify_plan.attach(self.session, opts, providers)
         self.vocab_size = self._vocab_size()
         self._logits_dtype = self._output_dtype(io.logits)
         self._shared_kv = io.past_present_share_buffer
@@ -156,24 +172,36 @@ class DecoderSession:
         """An empty decode state holding up to ``capacity`` tokens per row."""
         return DecodeState(self.io, batch=batch, capacity=capacity, shared_kv=self._shared_kv)
 
-    def forward(self, state: DecodeState, ids: np.ndarray, num_logits: int | None = None) -> np.ndarray:
+    def forward(
+        self,
+        state: DecodeState,
+        ids: np.ndarray,
+        num_logits: int | None = None,
+        *,
+        fetch: Sequence[str] = (),
+        fetched: dict[str, ort.OrtValue] | None = None,
+    ) -> np.ndarray:
         """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, N, vocab] for the last
         N = ``num_logits`` positions (all T when None).
 
-        The returned array is owned by the caller (it is not reused by later forwards).
+        The returned array is owned by the caller (it is not reused by later forwards). ``fetch`` names
+        extra graph outputs (a verify plan's); they are put into ``fetched`` as onnxruntime allocated them,
+        and such forwards run on the main session with bindings of their own.
         """
         batch, t = ids.shape
         keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
-        session = self.session if self.plan is None else self.plan.session_for(t)
-        binder = self._binder(state, session)
+        session = self.session if self.plan is None or fetch else self.plan.session_for(t)
+        binder = self._binder(state, session, 2 if fetch else 0)
         self._bind_step_inputs(binder.binding, state.length, ids, keep)
         step = state.prepare(t)
         for name, value in step.inputs:
             binder.input(name, value)
         for name, out in step.outputs:
             binder.output(name, out)
+        for name in fetch:
+            binder.output(name, None)
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
@@ -184,10 +212,12 @@ class DecoderSession:
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
         logits = logits_buf.array.copy() if logits_buf is not None else allocated[self.io.logits].numpy()
+        if fetched is not None:
+            fetched.update((name, allocated[name]) for name in fetch)
         return logits if logits.shape[1] == keep else logits[:, -keep:]
 
-    def _binder(self, state: DecodeState, session: ort.InferenceSession) -> _Binder:
-        key = (session, state.steps % 2)
+    def _binder(self, state: DecodeState, session: ort.InferenceSession, kind: int = 0) -> _Binder:
+        key = (session, state.steps % 2 + kind)
         binder = state.bindings.get(key)
         if binder is None:
             binder = state.bindings[key] = _Binder(session.io_binding())

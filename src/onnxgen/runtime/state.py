@@ -199,12 +199,34 @@ class DecodeState:
                 "a hybrid model's recurrent state cannot be rewound by truncation; "
                 "restore a snapshot and re-run the kept tokens instead"
             )
+        self._truncate_kv(length)
+
+    def _truncate_kv(self, length: int) -> None:
         self.length = length
         if not self.shared_kv:
             self._kv = [
                 ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, :length]))
                 for v in self._kv
             ]
+
+    def spare_states(self) -> list[HostBuffer]:
+        """A free buffer per recurrent state (``io.state_pairs`` order), to fill and pass to :meth:`commit`."""
+        return [slot.take_spare() for slot in self._slots]
+
+    def commit(self, length: int, states: list[HostBuffer]) -> None:
+        """Keep the first ``length`` tokens of the KV caches and make ``states`` (from :meth:`spare_states`,
+        filled with the states after those tokens) the recurrent states: a rewind for hybrid models."""
+        if length > self.length or length < 0 or len(states) != len(self._slots):
+            raise ValueError(
+                f"commit needs a length in [0, {self.length}] and {len(self._slots)} states "
+                f"(got {length} and {len(states)})"
+            )
+        if length != self.length:
+            self._truncate_kv(length)
+        for slot, buf in zip(self._slots, states, strict=True):
+            if id(slot.current) not in self._pinned:
+                slot.free.append(slot.current)
+            slot.current = buf
 
     # -- inspection (tests, debugging) ----------------------------------------------------------------
     def kv_arrays(self) -> dict[str, np.ndarray]:

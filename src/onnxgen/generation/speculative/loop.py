@@ -4,9 +4,12 @@ Commit after accepting j of k drafts (REFERENCE.md section 4): the verify forwar
 token and all k drafts, so the model must be brought back to "pending + j drafts" fed.
 - Full accept (j = k): nothing to do, the state is exact.
 - KV-only models: rewind the KV cursor (shared buffers) or slice the caches (growing).
-- Models with recurrent state: restore the snapshot taken before the verify (free: the states are
-  double-buffered, so a snapshot is a set of pinned references) and re-run only the j + 1 kept tokens
-  (strategy (a): universal, costs a short replay).
+- Models with recurrent state: when the session has a verify plan (:mod:`onnxgen.runtime.verify_plan`),
+  the verify forward also fetches per-position states (b) or the state ops' inputs (c), and the plan
+  commits the states after the j + 1 kept tokens without a replay. Otherwise (or when the plan cannot),
+  restore the snapshot taken before the verify (free: the states are double-buffered, so a snapshot is
+  a set of pinned references) and re-run only the j + 1 kept tokens (strategy (a): universal, costs a
+  short replay).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
+from onnxruntime import OrtValue
 
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.generator import TokenLoop
@@ -107,7 +111,11 @@ class SpeculativeLoop(TokenLoop):
         start = self.state.length
         snap = self.state.snapshot() if self.hybrid else None
         self.ids[n : n + k] = drafts
-        logits = self.session.forward(self.state, self.ids[None, n - 1 : n + k], k + 1)[0]
+        plan = self.session.verify_plan if snap is not None else None
+        fetched: dict[str, OrtValue] = {}
+        fetch = plan.outputs if plan is not None else ()
+        ids = self.ids[None, n - 1 : n + k]
+        logits = self.session.forward(self.state, ids, k + 1, fetch=fetch, fetched=fetched)[0]
         self.forward_passes += 1
         rows = [self._process(logits[i], n + i) for i in range(k + 1)]
         if self.sampler is None:
@@ -115,13 +123,13 @@ class SpeculativeLoop(TokenLoop):
         else:
             j, token = accept_sampled(rows, drafts, q, self.sampler)
         if j < k:
-            if snap is not None:
+            if snap is None:
+                self.state.rewind(start + j + 1)
+            elif plan is None or not plan.commit(self.state, snap, fetched, k + 1, j + 1):
                 self.state.restore(snap)
                 self.session.forward(self.state, self.ids[None, n - 1 : n + j], 1)
                 self.forward_passes += 1
                 self.replays += 1
-            else:
-                self.state.rewind(start + j + 1)
         if snap is not None:
             self.state.release(snap)
         self.proposed += k

@@ -1,0 +1,201 @@
+"""Speculative commits through a verify plan: per-position states (Scan) and captured state-op inputs (fused).
+
+"Fresh run" here is the replay of strategy (a): restore the state saved before the verify and run
+``[pending] + drafts[:j]`` in one forward, on a session without a plan. The plan's states must equal it bit for
+bit, except on the Scan export for j = 0: that replay is a one-token forward, whose one-row (GEMV) kernels
+round differently from the multi-row verify that produced the per-position state (float32 rounding, 1e-5).
+KV caches are the verify's rows either way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from speculative_helpers import (
+    DENSE_FAMILIES,
+    HYBRID_FAMILIES,
+    PROMPT,
+    ModelZoo,
+    assert_same_as_plain,
+    greedy,
+    ids,
+    mismatches,
+)
+
+from onnxgen import SamplingParams
+from onnxgen.generation.speculative.loop import SpeculativeLoop
+from onnxgen.model import ModelPackage
+from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.state import DecodeState
+from onnxgen.runtime.verify_plan import CapturePlan, PerPositionPlan
+
+K = 4
+N = 24
+CAPACITY = 96
+PLAN_OF = {"hybrid-scan": PerPositionPlan, "hybrid-genai": CapturePlan, "hybrid-mobius": CapturePlan}
+
+
+class NoisyOracle:
+    """Drafts plain greedy's own next tokens, replacing each with a wrong one with probability ``p``
+    (seeded), so that verifies accept every prefix length from none to all."""
+
+    def __init__(self, reference: list[int], p: float, vocab: int, seed: int = 0) -> None:
+        self.reference, self.p, self.vocab = reference, p, vocab
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], None]:
+        n = len(ids)
+        drafts = self.reference[n : n + k]
+        return [t if self.rng.random() >= self.p else (t + 1) % self.vocab for t in drafts], None
+
+    def observe(self, context_len: int, accepted: int) -> None:
+        pass
+
+    def reset(self, prompt_len: int) -> None:
+        pass
+
+
+class Scripted(NoisyOracle):
+    """Proposes ``drafts`` once, then nothing."""
+
+    def __init__(self, drafts: list[int]) -> None:
+        super().__init__([], 0.0, 1)
+        self.drafts = drafts
+
+    def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], None]:
+        drafts, self.drafts = self.drafts[:k], []
+        return drafts, None
+
+
+def replay_session(zoo: ModelZoo, family: str) -> DecoderSession:
+    model_dir = zoo.dir(family)
+    return DecoderSession(model_dir / "model.onnx", ModelPackage.open(model_dir).io, threads=1, verify=False)
+
+
+def run_loop(
+    session: DecoderSession, proposer: NoisyOracle, prompt: list[int], **params: object
+) -> tuple[list[int], dict[str, int]]:
+    """The tokens and statistics of one speculative run of N tokens."""
+    state = session.new_state(len(prompt) + N + 1)
+    sampling = SamplingParams(max_new_tokens=N, **params)  # type: ignore[arg-type]
+    loop = SpeculativeLoop(session, state, prompt, sampling, (), proposer, K)
+    return [token for token, _ in loop.tokens()], loop.stats()
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_hybrid_sessions_get_the_plan_of_their_export_family(zoo: ModelZoo, family: str) -> None:
+    plan = zoo.llm(family).session.verify_plan
+    assert isinstance(plan, PLAN_OF[family])
+    assert replay_session(zoo, family).verify_plan is None
+
+
+@pytest.mark.parametrize("family", DENSE_FAMILIES)
+def test_dense_models_have_no_verify_plan_and_their_graph_is_not_rewritten(
+    zoo: ModelZoo, family: str
+) -> None:
+    session = zoo.llm(family).session
+    assert session.verify_plan is None
+    assert not any(
+        ".capture." in o.name or o.name.endswith(".per_position") for o in session.session.get_outputs()
+    )
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_speculative_greedy_through_the_plan_emits_plain_greedy_tokens_without_a_replay(
+    zoo: ModelZoo, family: str
+) -> None:
+    llm = zoo.llm(family)
+    plain = greedy(llm, PROMPT, N).token_ids
+    oracle = NoisyOracle([*PROMPT, *plain], p=0.3, vocab=llm.session.vocab_size)
+    tokens, stats = run_loop(llm.session, oracle, PROMPT)
+    assert_same_as_plain(llm.session, PROMPT, plain, tokens)
+    assert 0 < stats["accepted_draft_tokens"] < stats["proposed_draft_tokens"], "partial accepts were meant"
+    assert stats["state_replays"] == 0
+    oracle = NoisyOracle([*PROMPT, *plain], p=0.3, vocab=llm.session.vocab_size)
+    _, replayed = run_loop(replay_session(zoo, family), oracle, PROMPT)
+    assert replayed["state_replays"] > 0, "the same run without the plan must replay"
+    assert stats["target_forward_passes"] == replayed["target_forward_passes"] - replayed["state_replays"]
+
+
+def commit_with(session: DecoderSession, drafts: list[int], pending: int) -> DecodeState:
+    """Prefill PROMPT, emit ``pending``, verify the scripted drafts, commit; the state after the commit."""
+    state = session.new_state(CAPACITY)
+    loop = SpeculativeLoop(
+        session, state, PROMPT, SamplingParams(max_new_tokens=20), (), Scripted(drafts), K, False
+    )
+    tokens = loop.tokens()
+    assert next(tokens)[0] == pending
+    next(tokens)
+    return state
+
+
+@pytest.mark.parametrize("j", [0, 1, 3])
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_plan_commit_of_j_drafts_leaves_the_states_and_kv_of_the_replay(
+    zoo: ModelZoo, family: str, j: int
+) -> None:
+    llm = zoo.llm(family)
+    plain = greedy(llm, PROMPT, K + 2).token_ids
+    drafts = list(plain[1 : 1 + K])
+    drafts[j] = (drafts[j] + 1) % llm.session.vocab_size
+    committed = commit_with(llm.session, drafts, plain[0])
+    replayed = commit_with(replay_session(zoo, family), drafts, plain[0])
+    assert committed.length == replayed.length == len(PROMPT) + 1 + j
+    atol = 1e-5 if (family, j) == ("hybrid-scan", 0) else 0.0
+    assert list(mismatches(committed.state_arrays(), replayed.state_arrays(), atol)) == []
+    assert list(mismatches(committed.kv_arrays(), replayed.kv_arrays(), 1e-5)) == []
+    # and the committed state decodes on as the replayed one does
+    a = llm.session.forward(committed, ids([plain[1 + j]]), 1)
+    b = llm.session.forward(replayed, ids([plain[1 + j]]), 1)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_the_state_comparison_fails_when_the_plan_commits_the_wrong_position(
+    zoo: ModelZoo, monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    # Negative control: committing the state after all verified tokens instead of after the kept ones.
+    llm = zoo.llm(family)
+    plan = llm.session.verify_plan
+    assert plan is not None
+    commit = plan.commit
+    monkeypatch.setattr(
+        plan,
+        "commit",
+        lambda state, snap, fetched, tokens, kept: commit(state, snap, fetched, tokens, tokens),
+    )
+    plain = greedy(llm, PROMPT, K + 2).token_ids
+    drafts = [*plain[1:2], (plain[2] + 1) % llm.session.vocab_size, *plain[3 : 1 + K]]
+    committed = commit_with(llm.session, drafts, plain[0])
+    replayed = commit_with(replay_session(zoo, family), drafts, plain[0])
+    assert list(mismatches(committed.state_arrays(), replayed.state_arrays(), 1e-5)) != []
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_plan_that_cannot_commit_falls_back_to_a_replay(
+    zoo: ModelZoo, monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    llm = zoo.llm(family)
+    plan = llm.session.verify_plan
+    monkeypatch.setattr(plan, "commit", lambda *args: False)
+    plain = greedy(llm, PROMPT, N).token_ids
+    tokens, stats = run_loop(llm.session, NoisyOracle([*PROMPT, *plain], 0.3, llm.session.vocab_size), PROMPT)
+    assert_same_as_plain(llm.session, PROMPT, plain, tokens)
+    assert stats["state_replays"] > 0
+
+
+@pytest.mark.parametrize("family", ["hybrid-genai", "hybrid-mobius"])
+def test_speculative_sampling_through_the_plan_draws_what_the_replay_draws(
+    zoo: ModelZoo, family: str
+) -> None:
+    # The fused commit is bit-exact, so the same seed must give the same tokens with and without the plan.
+    llm = zoo.llm(family)
+    plain = greedy(llm, PROMPT, N).token_ids
+    (a, a_stats), (b, b_stats) = (
+        run_loop(
+            s, NoisyOracle([*PROMPT, *plain], 0.3, llm.session.vocab_size), PROMPT, temperature=0.8, seed=7
+        )
+        for s in (llm.session, replay_session(zoo, family))
+    )
+    assert a == b
+    assert a_stats["state_replays"] == 0 < b_stats["state_replays"]
