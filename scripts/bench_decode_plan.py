@@ -8,6 +8,8 @@ plan and slow spells of a busy machine hit every plan alike. Per process: load, 
 (on the inline plan this builds the sibling), then ``--steps`` timed single-token steps. Reported per plan:
 the median over rounds of each process's median step time (with the min-max of those medians), prefill,
 the first decode step, peak RSS (VmHWM) and proportional set size (PSS: pages both sessions map count once).
+Then a paired run (``--paired-rounds``): one process, one decode state, the two plans alternating in pairs
+of steps, which is the robust speed comparison when other work shares the machine.
 """
 
 from __future__ import annotations
@@ -73,6 +75,40 @@ def worker(model: str, plan: str, steps: int, prompt_len: int, threads: int | No
     }
 
 
+def paired(model: str, steps: int, rounds: int, threads: int | None) -> dict[str, object]:
+    """Scan plan against inline plan on one decode state in one process, alternating in pairs of steps.
+
+    Both plans run the same positions under the same machine load, so their ratio is the robust figure
+    on a busy machine (separate processes differ by whatever else ran meanwhile)."""
+    import numpy as np
+
+    import onnxgen
+
+    llm = onnxgen.load(model, threads=threads, decode_plan="inline")
+    session, plan = llm.session, llm.session.plan
+    vocab = session.vocab_size if session.vocab_size > 0 else 256
+    times: dict[str, list[float]] = {"scan": [], "inline": []}
+    for _ in range(rounds):
+        state = session.new_state(32 + steps + 2)
+        session.plan = plan
+        logits = session.forward(state, (np.arange(32, dtype=np.int64)[None] * 7 + 3) % vocab)
+        for i in range(steps):
+            which = "scan" if (i // 2) % 2 == 0 else "inline"  # pairs keep both ping-pong bindings warm
+            session.plan = None if which == "scan" else plan
+            token = np.array([[int(np.argmax(logits[0, -1]))]], dtype=np.int64)
+            t0 = time.perf_counter()
+            logits = session.forward(state, token)
+            if i >= 4:  # the first steps build the sibling and the bindings
+                times[which].append(time.perf_counter() - t0)
+        session.plan = plan
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    return {
+        "scan_ms": med["scan"],
+        "inline_ms": med["inline"],
+        "scans": len(llm.decode_plan.summary.inlinable),
+    }
+
+
 def run_one(model: str, plan: str, args: argparse.Namespace) -> dict[str, object]:
     cmd = [sys.executable, __file__, "--worker", model, plan, str(args.steps), str(args.prompt_len)]
     cmd.append(str(args.threads or 0))
@@ -100,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--paired-rounds", type=int, default=3, help="rounds of the paired A/B run (0: skip it)")
     args = p.parse_args(argv)
     plans = args.plans.split(",")
     print(
@@ -116,10 +153,30 @@ def main(argv: list[str] | None = None) -> int:
             print(summarize(model, plan, runs[plan]), flush=True)
         for plan in plans:
             print(f"<!-- {Path(model).name} {plan}: {runs[plan][0]['reason']} -->", flush=True)
+    if args.paired_rounds:
+        print(
+            "\n| model | paired: Scan plan ms/token | inline plan ms/token | saving per Scan us | inline/scan |"
+        )
+        print("|---|---|---|---|---|")
+        for model in args.models:
+            cmd = [sys.executable, __file__, "--paired", model, str(args.steps), str(args.paired_rounds)]
+            cmd.append(str(args.threads or 0))
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ.copy())
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            saving = (r["scan_ms"] - r["inline_ms"]) / r["scans"] * 1e3
+            print(
+                f"| {Path(model).name} | {r['scan_ms']:.3f} | {r['inline_ms']:.3f} | {saving:.1f} | "
+                f"{r['inline_ms'] / r['scan_ms']:.3f} |",
+                flush=True,
+            )
     return 0
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--paired":
+        model, steps, rounds, threads = sys.argv[2:6]
+        print(json.dumps(paired(model, int(steps), int(rounds), int(threads) or None)))
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         model, plan, steps, prompt_len, threads = sys.argv[2:7]
         result = worker(model, plan, int(steps), int(prompt_len), int(threads) or None)

@@ -24,6 +24,7 @@ import os
 import platform
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,12 @@ log = logging.getLogger(__name__)
 DECODE_PLANS = ("auto", "scan", "inline")
 FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 INLINE_FILE = "inline.onnx"
+# How the optimized copy is saved: weights (and onnxruntime's prepacked forms of them) in one data file.
+_SAVE_PREPACKED = {
+    "session.optimized_model_external_initializers_file_name": "weights.bin",
+    "session.optimized_model_external_initializers_min_size_in_bytes": "1024",
+    "session.save_external_prepacked_constant_initializers": "1",
+}
 
 # The auto rule; docs/decode-plan.md has the measurements behind the figures. A Scan costs about
 # SCAN_STEP_COST_S per decode step on top of its body's math; an fp32 decode step reads its weights at about
@@ -148,9 +155,18 @@ def _cache_key(model_path: Path, graph: onnx.ModelProto) -> str:
         st = path.stat()  # small files by content (rebuilt fixtures share one entry), large by size and time
         h.update(name.encode() + (path.read_bytes() if st.st_size <= 2**26 else f"{st.st_mtime_ns}".encode()))
         h.update(f":{st.st_size}".encode())
-    cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0] if Path("/proc/cpuinfo").is_file() else ""
-    h.update(f"{ort.__version__}|{platform.machine()}|{cpu}".encode())
+    h.update(f"{ort.__version__}|{platform.machine()}|{_cpu_identity()}".encode())
     return h.hexdigest()[:24]
+
+
+def _cpu_identity() -> str:
+    """The CPU model and feature flags (not its clock, which /proc/cpuinfo reports as it changes)."""
+    info = Path("/proc/cpuinfo")
+    if not info.is_file():
+        return platform.processor()
+    keep = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags", "Features", "CPU part")
+    first = info.read_text().split("\n\n")[0].splitlines()
+    return "|".join(line for line in first if line.split(":")[0].strip() in keep)
 
 
 def optimized_copy(model_path: Path, graph: onnx.ModelProto, cache_dir: str | Path | None = None) -> Path:
@@ -168,13 +184,8 @@ def optimized_copy(model_path: Path, graph: onnx.ModelProto, cache_dir: str | Pa
         opts.log_severity_level = 3
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.optimized_model_filepath = str(tmp / "model.onnx")
-        opts.add_session_config_entry(
-            "session.optimized_model_external_initializers_file_name", "weights.bin"
-        )
-        opts.add_session_config_entry(
-            "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
-        )
-        opts.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+        for key, value in _SAVE_PREPACKED.items():
+            opts.add_session_config_entry(key, value)
         ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
         inlined, result = inline_scans_in_proto(onnx.load(str(tmp / "model.onnx"), load_external_data=False))
         if not result.inlined:  # type: ignore[attr-defined]
@@ -201,6 +212,7 @@ class DecodePlan:
     def __init__(self, choice: PlanChoice, inline_path: Path | None = None) -> None:
         self.choice = choice
         self._inline_path = inline_path  # the sibling's graph, when the plan is "inline"
+        self._lock = threading.Lock()  # one build when forwards of several states start at once
         self._main: DecoderSession | None = None
         self.sibling: ort.InferenceSession | None = None
         self.failed: str | None = None
@@ -225,13 +237,14 @@ class DecodePlan:
         if tokens != 1 or self._inline_path is None or self.failed is not None:
             return main.session
         if self.sibling is None:
-            try:
-                self.sibling = build_sibling(main, self._inline_path)
-            except Exception as e:
-                self.failed = str(e)
-                log.warning("the inline decode plan is unavailable, decoding on the Scan plan: %s", e)
-                return main.session
-        return self.sibling
+            with self._lock:
+                if self.sibling is None and self.failed is None:
+                    try:
+                        self.sibling = build_sibling(main, self._inline_path)
+                    except Exception as e:
+                        self.failed = str(e)
+                        log.warning("the inline decode plan is unavailable, decoding on the Scan plan: %s", e)
+        return self.sibling if self.sibling is not None else main.session
 
 
 def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSession:
