@@ -271,3 +271,16 @@ def test_the_constraint_masks_before_top_k_so_top_k_keeps_the_best_allowed_token
     assert live(out) == {y}
     greedy = apply_chain(build_chain(SamplingParams(), [EOS], constraint), gen([]), logits)
     assert int(np.argmax(greedy)) == y
+
+
+def test_two_requests_with_the_same_constraint_keep_separate_states(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    params = SamplingParams(regex="(ab|ac)d")
+    first, second = compiler.compile(params), compiler.compile(params)
+    assert first is not None and second is not None
+    a, b = tok.token_to_id("a"), tok.token_to_id("b")
+    logits = np.zeros(VOCAB, dtype=np.float32)
+    assert not first.complete(np.array([a, b]))
+    assert live(second(gen([]), logits)) == {a}  # the second one has not moved
+    assert live(first(gen([a, b]), logits)) == {tok.token_to_id("d")}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from copy import copy
 from typing import Any
@@ -106,6 +107,7 @@ class Constraint:
         self.kind = kind
         self._matcher = matcher
         self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)  # llguidance's bitmask, 1 bit a token
+        self._words_ptr = self._words.ctypes.data
         self._consumed = np.zeros(64, dtype=np.int64)  # the tokens the grammar state has taken: [:_done]
         self._done = 0
         self._version = 0  # bumped whenever the grammar state changes
@@ -172,7 +174,7 @@ class Constraint:
         """Which token ids below ``width`` the grammar allows next (a bool row); cached until the grammar
         state changes. A dense row beats an id list even when one token is allowed (fewer numpy calls)."""
         if self._mask_version != self._version:
-            self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+            self._matcher.unsafe_compute_mask_ptr(self._words_ptr, self._words.nbytes)
             if self._matcher.is_error():
                 raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
             allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little").view(bool)
@@ -187,13 +189,21 @@ class Constraint:
 
 
 class ConstraintCompiler:
-    """Compiles a request's constraint against one model's tokenizer (the token table is built once)."""
+    """Compiles a request's constraint against one model's tokenizer.
 
-    def __init__(self, tokenizer: Tokenizer | None, vocab_size: int, eos_ids: Sequence[int]) -> None:
+    The token table is built once. Compiled grammars are kept (the last ``cache_size``) and each request
+    gets a copy, so a repeated schema skips compiling and reuses the lexer states earlier requests built.
+    """
+
+    def __init__(
+        self, tokenizer: Tokenizer | None, vocab_size: int, eos_ids: Sequence[int], cache_size: int = 32
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_ids = [int(i) for i in eos_ids]
+        self.cache_size = cache_size
         self._ll_tokenizer: llg.LLTokenizer | None = None
+        self._compiled: OrderedDict[tuple[str, str], llg.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
     def compile(self, params: SamplingParams) -> Constraint | None:
@@ -204,10 +214,19 @@ class ConstraintCompiler:
             return None
         kind, grammar = source
         ll_tokenizer = self._token_table(kind)
-        matcher = llg.LLMatcher(ll_tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise _compile_error(kind, matcher.get_error())
-        return Constraint(matcher, kind, ll_tokenizer.vocab_size)
+        with self._lock:
+            template = self._compiled.get(source)
+            if template is not None:
+                self._compiled.move_to_end(source)
+                return Constraint(template.deep_copy(), kind, ll_tokenizer.vocab_size)
+        template = llg.LLMatcher(ll_tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise _compile_error(kind, template.get_error())
+        with self._lock:
+            self._compiled[source] = template
+            while len(self._compiled) > self.cache_size:
+                self._compiled.popitem(last=False)
+            return Constraint(template.deep_copy(), kind, ll_tokenizer.vocab_size)
 
     def _token_table(self, kind: str) -> llg.LLTokenizer:
         if self.tokenizer is None:
