@@ -69,3 +69,18 @@ def test_prompt_lookup_needs_no_draft_model_and_a_draft_model_needs_its_session(
 def test_speculative_configs_reject_bad_values_with_the_parameter_named(config: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         config()  # type: ignore[operator]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=GenerationError,
+    reason="the draft's state is sized by the target's context and the draft is never told its own: a draft "
+    "with a shorter context fails mid-generation (Generator._loop / LLM._draft_session should cap it)",
+)
+def test_a_draft_model_with_a_shorter_context_stops_drafting_instead_of_failing(zoo: ModelZoo) -> None:
+    llm = zoo.llm(FAMILY)
+    draft = zoo.llm(FAMILY, spec=TinySpec(max_position=32))
+    assert draft.package.context_length == 32
+    plain = greedy(llm, PROMPT, 48)
+    result = llm.generate(PROMPT, SamplingParams(max_new_tokens=48), speculative=DraftModel(draft))
+    assert result.token_ids == plain.token_ids

@@ -124,3 +124,14 @@ def test_a_self_draft_sees_the_same_prompt_and_generated_split_as_the_target(
     assert_same_as_plain(llm.session, PROMPT, reference.token_ids, result.token_ids)
     assert result.finish_reason == "stop"
     assert result.stats["accepted_draft_tokens"] == result.stats["proposed_draft_tokens"] > 0
+
+
+def test_the_plain_comparison_fails_on_a_differing_token_that_is_not_a_near_tie(zoo: ModelZoo) -> None:
+    # Negative control of assert_same_as_plain: a flip is excused only by a tiny top-2 margin.
+    llm = zoo.llm("genai-dense")
+    plain = greedy(llm, PROMPT, 8).token_ids
+    flipped = [*plain[:3], (plain[3] + 1) % 320, *plain[4:]]
+    with pytest.raises(AssertionError, match=r"top-2 logit margin there is .* not a near-tie"):
+        assert_same_as_plain(llm.session, PROMPT, plain, flipped)
+    with pytest.raises(AssertionError, match="different lengths"):
+        assert_same_as_plain(llm.session, PROMPT, plain, plain[:-1])
