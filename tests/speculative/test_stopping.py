@@ -4,7 +4,7 @@ exactly the token (and text) where plain decoding ends it."""
 from __future__ import annotations
 
 import pytest
-from speculative_helpers import PROMPT, ModelZoo, greedy
+from speculative_helpers import PROMPT, ModelZoo, assert_stats_consistent, greedy
 
 from onnxgen import DraftModel, SamplingParams
 from onnxgen.llm import LLM
@@ -51,6 +51,7 @@ def test_an_eos_token_inside_an_accepted_run_ends_generation_there_with_reason_s
     assert reference.finish_reason == result.finish_reason == "stop"
     assert result.text == reference.text
     assert result.stats["accepted_draft_tokens"] == result.stats["proposed_draft_tokens"] == K
+    assert_stats_consistent(result, hybrid=family.startswith("hybrid"))
 
 
 def stop_string_inside_first_run(llm: LLM, plain_pieces: list[str]) -> tuple[str, int]:
