@@ -84,7 +84,7 @@ class LLM:
         return tok.encode(text, add_special_tokens=False)
 
     # -- speculative decoding -----------------------------------------------------------------------
-    def _draft_session(self, speculative: Speculative | None) -> DecoderSession | None:
+    def _draft_session(self, speculative: Speculative | None) -> Generator | None:
         if not isinstance(speculative, DraftModel):
             return None
         draft = speculative.model
@@ -94,7 +94,7 @@ class LLM:
                 self._drafts[key] = load(key, threads=self.session.threads)
             draft = self._drafts[key]
         self._check_same_tokenizer(draft)
-        return draft.session
+        return draft.generator
 
     def _check_same_tokenizer(self, draft: LLM) -> None:
         where = f"draft model {draft.package.root}"

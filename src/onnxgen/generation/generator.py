@@ -176,7 +176,7 @@ class Generator:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         speculative: Speculative | None,
-        draft: DecoderSession | None,
+        draft: Generator | None,
         constraint: Constraint | None = None,
     ) -> TokenLoop:
         state = self.state_for(len(prompt_ids) + params.max_new_tokens)
@@ -190,8 +190,11 @@ class Generator:
             proposer = NgramProposer(speculative.max_ngram, speculative.min_ngram)
         else:
             if draft is None:
-                raise GenerationError("a DraftModel needs its loaded draft session")
-            proposer = DraftModelProposer(draft, params, self.eos_ids, state.capacity)
+                raise GenerationError("a DraftModel needs its loaded draft model")
+            capacity = state.capacity
+            if draft.context_length is not None:  # the draft stops drafting where its context ends
+                capacity = min(capacity, draft.context_length)
+            proposer = DraftModelProposer(draft.session, params, self.eos_ids, capacity)
         return SpeculativeLoop(
             self.session,
             state,
@@ -209,7 +212,7 @@ class Generator:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         speculative: Speculative | None = None,
-        draft: DecoderSession | None = None,
+        draft: Generator | None = None,
     ) -> Iterator[StreamEvent]:
         """Events of one request; a bad prompt raises here, before the first event is asked for."""
         self.check_prompt(prompt_ids)
@@ -226,7 +229,7 @@ class Generator:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         speculative: Speculative | None,
-        draft: DecoderSession | None,
+        draft: Generator | None,
         constraint: Constraint | None = None,
     ) -> Iterator[StreamEvent]:
         start = time.perf_counter()
@@ -291,7 +294,7 @@ class Generator:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         speculative: Speculative | None = None,
-        draft: DecoderSession | None = None,
+        draft: Generator | None = None,
     ) -> GenerationResult:
         ids: list[int] = []
         parts: list[str] = []
