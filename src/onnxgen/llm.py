@@ -57,6 +57,7 @@ class LLM:
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
         self.generator = Generator(self.session, self.tokenizer, eos, package.context_length)
         self._drafts: dict[str, LLM] = {}
+        self._checked_drafts: set[LLM] = set()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -97,6 +98,8 @@ class LLM:
         return draft.generator
 
     def _check_same_tokenizer(self, draft: LLM) -> None:
+        if draft in self._checked_drafts:
+            return
         where = f"draft model {draft.package.root}"
         if draft.session.vocab_size != self.session.vocab_size:
             raise GenerationError(
@@ -110,6 +113,7 @@ class LLM:
                     f"{where} tokenizes text differently from the target; a draft model must share the "
                     "target's tokenizer (export both from checkpoints with the same tokenizer.json)"
                 )
+        self._checked_drafts.add(draft)
 
     # -- generation -------------------------------------------------------------------------------
     def generate(
