@@ -1,22 +1,17 @@
-"""The fused exports' verify variants: captured state-op inputs + commit graph (CPU), state_window (CUDA)."""
+"""The state_window verify variant of fused exports (CUDA-only in onnxruntime 1.32)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
-from test_scan_state_window import DRAFT, PROMPT, Runner
+from onnx import helper
 
-from onnxgen.graph.fused_state_capture import capture_fused_inputs, commit_graph, conv_state_after
 from onnxgen.graph.fused_state_window import emit_fused_state_window
 from onnxgen.model import ModelPackage
 from onnxgen.testing import TinySpec, build_model
-
-ELEM = {"tensor(float)": TensorProto.FLOAT}
 
 
 @pytest.fixture(scope="module", params=["hybrid-genai", "hybrid-mobius"])
@@ -30,64 +25,6 @@ def _pairs(model_dir: Path) -> list[tuple[str, str]]:
 
 def _load(model_dir: Path) -> onnx.ModelProto:
     return onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
-
-
-def test_replaying_the_captured_inputs_gives_the_states_of_fresh_runs_over_each_prefix_bit_for_bit(
-    fused_dir: Path,
-) -> None:
-    model = _load(fused_dir)
-    out, result = capture_fused_inputs(model, _pairs(fused_dir))
-    assert not result.skipped and len(result.captured) == 6
-    run = Runner(fused_dir, out)
-    ports = {
-        p.name: (ELEM[p.type], p.shape)
-        for p in (*run.sess.get_inputs(), *run.sess.get_outputs())
-        if p.type in ELEM
-    }
-    commit = ort.InferenceSession(
-        commit_graph(result.captured, ports, 21).SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    before = run.pasts_after(run.run(run.empty(), PROMPT))
-    verify = run.run(before, DRAFT)
-    recurrent = next(op.state_output for op in result.captured if op.op_type == "LinearAttention")
-    by_prefix = []
-    for kept in range(1, len(DRAFT) + 1):
-        fresh = run.run(before, DRAFT[:kept])
-        feeds = {}
-        for op in result.captured:
-            if op.op_type == "LinearAttention":
-                feeds[op.state_input] = before[op.state_input]
-                feeds.update({n: verify[n][:, :kept] for n in op.captures.values()})
-        got = dict(zip([o.name for o in commit.get_outputs()], commit.run(None, feeds), strict=True))
-        for op in result.captured:
-            if op.op_type == "CausalConvWithState":
-                got[op.state_output] = np.empty_like(before[op.state_input])
-                conv_state_after(
-                    before[op.state_input], verify[op.captures[0]], kept, 2, got[op.state_output]
-                )
-            assert np.array_equal(got[op.state_output], fresh[op.state_output]), f"{op.state_output} @ {kept}"
-        by_prefix.append(got[recurrent])
-    assert not np.array_equal(by_prefix[0], by_prefix[-1]), "the states after different prefixes must differ"
-
-
-def test_the_capture_graph_answers_ordinary_forwards_bit_identically(fused_dir: Path) -> None:
-    model = _load(fused_dir)
-    out, _ = capture_fused_inputs(model, _pairs(fused_dir))
-    plain, rewritten = Runner(fused_dir, model), Runner(fused_dir, out)
-    a, b = plain.run(plain.empty(), PROMPT), rewritten.run(rewritten.empty(), PROMPT)
-    assert set(a) < set(b)
-    for name, value in a.items():
-        assert np.array_equal(value, b[name]), name
-
-
-@pytest.mark.parametrize("kept", [1, 2, 3, 4, 6])
-def test_the_conv_state_after_a_prefix_is_the_last_columns_of_past_and_kept_inputs(kept: int) -> None:
-    past = np.arange(2 * 4 * 3, dtype=np.float32).reshape(2, 4, 3)
-    x = 100 + np.arange(2 * 4 * 6, dtype=np.float32).reshape(2, 4, 6)
-    out = np.full_like(past, -1)
-    conv_state_after(past, x, kept, 2, out)
-    joined = [*past.transpose(2, 0, 1), *x[:, :, :kept].transpose(2, 0, 1)]  # columns in time order
-    assert np.array_equal(out, np.stack(joined[-3:], axis=2))
 
 
 def test_the_state_window_variant_keeps_the_graph_ports_and_adds_w_row_outputs(fused_dir: Path) -> None:

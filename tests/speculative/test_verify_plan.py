@@ -1,9 +1,10 @@
-"""Speculative commits through a verify plan: per-position states (Scan) and captured state-op inputs (fused).
+"""Speculative commits through a verify plan: captured state-node inputs (c, the default) and per-position
+states (b, on request for Scan exports).
 
 "Fresh run" here is the replay of strategy (a): restore the state saved before the verify and run
 ``[pending] + drafts[:j]`` in one forward, on a session without a plan. The plan's states must equal it bit for
-bit, except on the Scan export for j = 0: that replay is a one-token forward, whose one-row (GEMV) kernels
-round differently from the multi-row verify that produced the per-position state (float32 rounding, 1e-5).
+bit, except on the Scan export for j = 0: that replay is a one-token forward, whose one-row Conv and MatMul
+kernels round differently from the multi-row verify whose values the plan commits (float32 rounding, 1e-5).
 KV caches are the verify's rows either way.
 """
 
@@ -32,7 +33,6 @@ from onnxgen.runtime.verify_plan import CapturePlan, PerPositionPlan
 K = 4
 N = 24
 CAPACITY = 96
-PLAN_OF = {"hybrid-scan": PerPositionPlan, "hybrid-genai": CapturePlan, "hybrid-mobius": CapturePlan}
 
 
 class NoisyOracle:
@@ -67,9 +67,13 @@ class Scripted(NoisyOracle):
         return drafts, None
 
 
-def replay_session(zoo: ModelZoo, family: str) -> DecoderSession:
+def session_with(zoo: ModelZoo, family: str, verify: bool | str) -> DecoderSession:
     model_dir = zoo.dir(family)
-    return DecoderSession(model_dir / "model.onnx", ModelPackage.open(model_dir).io, threads=1, verify=False)
+    return DecoderSession(model_dir / "model.onnx", ModelPackage.open(model_dir).io, threads=1, verify=verify)
+
+
+def replay_session(zoo: ModelZoo, family: str) -> DecoderSession:
+    return session_with(zoo, family, False)
 
 
 def run_loop(
@@ -83,10 +87,20 @@ def run_loop(
 
 
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)
-def test_hybrid_sessions_get_the_plan_of_their_export_family(zoo: ModelZoo, family: str) -> None:
-    plan = zoo.llm(family).session.verify_plan
-    assert isinstance(plan, PLAN_OF[family])
+def test_hybrid_sessions_get_the_capture_plan_by_default_and_none_when_replay_is_asked(
+    zoo: ModelZoo, family: str
+) -> None:
+    assert isinstance(zoo.llm(family).session.verify_plan, CapturePlan)
     assert replay_session(zoo, family).verify_plan is None
+    assert session_with(zoo, family, "replay").verify_plan is None
+
+
+def test_per_position_states_are_given_on_request_where_the_export_allows_them(zoo: ModelZoo) -> None:
+    assert isinstance(session_with(zoo, "hybrid-scan", "per-position").verify_plan, PerPositionPlan)
+    # fused ops can emit per-position states only through the CUDA-only state_window
+    assert session_with(zoo, "hybrid-genai", "per-position").verify_plan is None
+    with pytest.raises(ValueError, match="verify strategy"):
+        session_with(zoo, "hybrid-genai", "sometimes")
 
 
 @pytest.mark.parametrize("family", DENSE_FAMILIES)
@@ -100,14 +114,17 @@ def test_dense_models_have_no_verify_plan_and_their_graph_is_not_rewritten(
     )
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize(
+    "family,verify", [*((f, True) for f in HYBRID_FAMILIES), ("hybrid-scan", "per-position")]
+)
 def test_speculative_greedy_through_the_plan_emits_plain_greedy_tokens_without_a_replay(
-    zoo: ModelZoo, family: str
+    zoo: ModelZoo, family: str, verify: bool | str
 ) -> None:
     llm = zoo.llm(family)
+    session = llm.session if verify is True else session_with(zoo, family, verify)
     plain = greedy(llm, PROMPT, N).token_ids
     oracle = NoisyOracle([*PROMPT, *plain], p=0.3, vocab=llm.session.vocab_size)
-    tokens, stats = run_loop(llm.session, oracle, PROMPT)
+    tokens, stats = run_loop(session, oracle, PROMPT)
     assert_same_as_plain(llm.session, PROMPT, plain, tokens)
     assert 0 < stats["accepted_draft_tokens"] < stats["proposed_draft_tokens"], "partial accepts were meant"
     assert stats["state_replays"] == 0
@@ -130,23 +147,27 @@ def commit_with(session: DecoderSession, drafts: list[int], pending: int) -> Dec
 
 
 @pytest.mark.parametrize("j", [0, 1, 3])
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize(
+    "family,verify", [*((f, True) for f in HYBRID_FAMILIES), ("hybrid-scan", "per-position")]
+)
 def test_a_plan_commit_of_j_drafts_leaves_the_states_and_kv_of_the_replay(
-    zoo: ModelZoo, family: str, j: int
+    zoo: ModelZoo, family: str, verify: bool | str, j: int
 ) -> None:
     llm = zoo.llm(family)
+    session = llm.session if verify is True else session_with(zoo, family, verify)
+    assert session.verify_plan is not None
     plain = greedy(llm, PROMPT, K + 2).token_ids
     drafts = list(plain[1 : 1 + K])
     drafts[j] = (drafts[j] + 1) % llm.session.vocab_size
-    committed = commit_with(llm.session, drafts, plain[0])
+    committed = commit_with(session, drafts, plain[0])
     replayed = commit_with(replay_session(zoo, family), drafts, plain[0])
     assert committed.length == replayed.length == len(PROMPT) + 1 + j
     atol = 1e-5 if (family, j) == ("hybrid-scan", 0) else 0.0
     assert list(mismatches(committed.state_arrays(), replayed.state_arrays(), atol)) == []
     assert list(mismatches(committed.kv_arrays(), replayed.kv_arrays(), 1e-5)) == []
     # and the committed state decodes on as the replayed one does
-    a = llm.session.forward(committed, ids([plain[1 + j]]), 1)
-    b = llm.session.forward(replayed, ids([plain[1 + j]]), 1)
+    a = session.forward(committed, ids([plain[1 + j]]), 1)
+    b = session.forward(replayed, ids([plain[1 + j]]), 1)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
 
 
@@ -199,3 +220,19 @@ def test_speculative_sampling_through_the_plan_draws_what_the_replay_draws(
     )
     assert a == b
     assert a_stats["state_replays"] == 0 < b_stats["state_replays"]
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_the_default_plan_returns_far_less_than_a_state_per_token(zoo: ModelZoo, family: str) -> None:
+    # Per-position states would return T copies of every state on every T-token forward (prefill too);
+    # the captured inputs are activations the forward computes anyway, a fraction of that.
+    session = zoo.llm(family).session
+    plan = session.verify_plan
+    assert plan is not None
+    state = session.new_state(64)
+    fetched: dict = {}
+    session.forward(state, ids(list(range(3, 35))), 1, fetch=plan.outputs, fetched=fetched)
+    returned = sum(v.numpy().nbytes for v in fetched.values())
+    per_token_states = 32 * sum(a.nbytes for a in state.state_arrays().values())
+    assert set(fetched) == set(plan.outputs)
+    assert returned < per_token_states / 2

@@ -7,7 +7,7 @@ present; only slot W - 1 of the past is read. Its CPU kernels refuse W > 0 ("CUD
 uses this pass for CUDA sessions only and :mod:`onnxgen.graph.fused_state_capture` on CPU.
 
 Rewrite rules, for each state pair (past, present) whose present is, through Identity nodes, output 1 of a
-fused state op with ``past`` as its input 3 (the ops :func:`fused_state_capture.state_op` accepts):
+``com.microsoft`` ``LinearAttention`` or ``CausalConvWithState`` (``ndim`` 1) with ``past`` as its input 3:
 
 1. The op gets ``state_window = W``.
 2. Its input 3 becomes ``Expand(Unsqueeze(past, [0]), [W, 1, ..., 1])``: the graph input keeps its shape
@@ -27,7 +27,6 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-from onnxgen.graph.fused_state_capture import state_op
 from onnxgen.graph.state_window import (
     Names,
     PerPosition,
@@ -38,8 +37,10 @@ from onnxgen.graph.state_window import (
     output_info,
     per_position_name,
     producers,
+    source_of,
 )
 
+MS = "com.microsoft"
 MAX_STATE_WINDOW = 8  # the ops' documented range is [0, 8]
 
 
@@ -98,3 +99,21 @@ def _rewrite(
     g.node.insert(index, helper.make_node("Unsqueeze", [past, zero], [lifted], name=lifted))
     g.node.insert(index + 3, helper.make_node("Gather", [rows, last], [old], axis=0, name=names.fresh(old)))
     add_output(g, rows, output_info(g, present), window)
+
+
+def state_op(
+    g: onnx.GraphProto, past: str, present: str, prods: dict[str, onnx.NodeProto]
+) -> tuple[onnx.NodeProto | None, str]:
+    """The fused op whose output 1 is ``present`` (through Identity nodes) and whose input 3 is ``past``."""
+    src, why = source_of(g, present, prods)
+    node = prods.get(src)
+    if why or node is None:
+        return None, why or f"{present!r} is not made by a node"
+    if node.domain != MS or node.op_type not in ("LinearAttention", "CausalConvWithState"):
+        return None, f"{present!r} comes from {node.op_type} node {node.name!r}, not a fused state op"
+    if list(node.output).index(src) != 1 or len(node.input) < 4 or node.input[3] != past:
+        return None, f"{node.op_type} node {node.name!r} does not write {present!r} from input 3 ({past!r})"
+    ndim = next((a.i for a in node.attribute if a.name == "ndim"), 1)
+    if ndim != 1:
+        return None, f"{node.op_type} node {node.name!r} has ndim={ndim}; only 1-D causal convs are supported"
+    return node, ""

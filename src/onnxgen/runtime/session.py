@@ -104,7 +104,7 @@ class DecoderSession:
         options: ort.SessionOptions | None = None,
         graph: onnx.ModelProto | None = None,
         last_logits: bool = True,
-        verify: bool = True,
+        verify: bool | str = True,
     ) -> None:
         self.io = io
         self.threads = threads or default_threads()
@@ -124,11 +124,13 @@ class DecoderSession:
             else:
                 log.info("logits are computed for every position: %s", reason)
         providers = list(providers or ["CPUExecutionProvider"])
-        self.verify_plan: VerifyPlan | None = None  # speculative commits without replay (runtime.verify_plan)
-        if verify and io.state_pairs:
+        # Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
+        self.verify_plan: VerifyPlan | None = None
+        if verify and verify != "replay" and io.state_pairs:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
-            graph, self.verify_plan, why = plan_graph(graph, io, providers)
+            strategy = "auto" if verify is True else str(verify)
+            graph, self.verify_plan, why = plan_graph(graph, io, providers, strategy)
             if self.verify_plan is None:
                 log.info("speculative verify will commit recurrent states by replay: %s", why)
             else:

@@ -5,16 +5,20 @@ drafts, the model must hold exactly the first ``kept`` tokens. KV caches are rew
 states cannot be (REFERENCE.md section 4). The universal answer, strategy (a), restores the states saved
 before the verify and replays the kept tokens: a second forward. A verify plan avoids that forward:
 
-- :class:`PerPositionPlan`, strategy (b): the graph emits each state after every position (Scan exports:
+- :class:`CapturePlan`, strategy (c), every export family: the graph also returns the per-token inputs of
+  the nodes that update the states (:mod:`onnxgen.graph.state_capture`); commit re-runs only those nodes
+  over the kept tokens from the states saved before the verify (a small weightless graph, host copies for
+  conv windows).
+- :class:`PerPositionPlan`, strategy (b): the graph returns each state after every position (Scan exports:
   :mod:`onnxgen.graph.scan_state_window`; fused exports on CUDA: :mod:`onnxgen.graph.fused_state_window`);
-  commit copies the kept position's state into a fresh state buffer, one copy per state.
-- :class:`CapturePlan`, strategy (c): the graph exports the fused state ops' per-token inputs
-  (:mod:`onnxgen.graph.fused_state_capture`); commit runs a small weightless graph that re-applies only the
-  state ops to the kept tokens, starting from the states saved before the verify.
+  commit copies the kept position's state, one copy per state. Its outputs hold T copies of every state
+  for *every* forward of T tokens, prefill included (a 512-token prefill of a 6-layer, 128 KB-state model
+  holds 384 MB more), so "auto" picks it only for the CUDA state window, which is bounded by W <= 8.
 
 The rewritten graph only gains outputs, so one session serves every forward: ordinary forwards do not
-fetch the extra outputs, verify forwards do (:meth:`DecoderSession.forward_capture`). Plans bind the same
-state buffers by the same port names as every other forward, so state continuity is by name as always.
+fetch the extra outputs, verify forwards do (``DecoderSession.forward(..., fetch=, fetched=)``). Plans bind
+the same state buffers by the same port names as every other forward: state continuity is by name.
+docs/speculative-commit.md has the measurements behind the choice.
 """
 
 from __future__ import annotations
@@ -27,15 +31,16 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import UnsupportedModelError
-from onnxgen.graph.fused_state_capture import (
-    CapturedOp,
-    capture_fused_inputs,
-    commit_graph,
-    conv_state_after,
-)
 from onnxgen.graph.fused_state_window import emit_fused_state_window
 from onnxgen.graph.scan_state_window import emit_scan_states
-from onnxgen.graph.state_window import PerPosition, default_opset
+from onnxgen.graph.state_capture import (
+    CaptureResult,
+    capture_state_inputs,
+    commit_graph,
+    conv_state_after,
+    cut_tokens,
+)
+from onnxgen.graph.state_window import PerPosition
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime.state import DecodeState, Snapshot
 
@@ -87,27 +92,35 @@ class PerPositionPlan(VerifyPlan):
 
 
 class CapturePlan(VerifyPlan):
-    """Strategy (c): the verify exports the fused state ops' inputs; commit replays only those ops."""
+    """Strategy (c): the verify returns the state nodes' per-token inputs; commit re-runs only those nodes."""
 
     strategy = "capture"
 
-    def __init__(self, captured: Sequence[CapturedOp], io: DecoderIO, opset: int) -> None:
-        by_output = {c.state_output: c for c in captured}
-        self.captured = [by_output[p.output] for p in io.state_pairs]
-        self.outputs = tuple(name for c in self.captured for name in c.captures.values())
-        self.opset = opset
+    def __init__(self, captured: CaptureResult, io: DecoderIO, model: onnx.ModelProto) -> None:
+        self.captured = captured
+        self.model = model  # the opsets the commit graph imports
+        index = {p.input: i for i, p in enumerate(io.state_pairs)}
+        self.windows = [(index[w.past], w) for w in captured.windows]
+        self.replayed = [
+            (index[past], past, present) for r in captured.replays for _, past, present in r.states.values()
+        ]
+        self.cuts = [
+            (name, r.token_axes[slot]) for r in captured.replays for slot, name in r.captures.items()
+        ]
+        self.outputs = (*(w.capture for w in captured.windows), *(name for name, _ in self.cuts))
         self._session: ort.InferenceSession | None = None
 
     def attach(
         self, session: ort.InferenceSession, options: ort.SessionOptions, providers: list[str]
     ) -> None:
-        if not any(c.op_type == "LinearAttention" for c in self.captured):
+        if not self.captured.replays:
             return
-        ports = {}
-        for p in (*session.get_inputs(), *session.get_outputs()):
-            if p.type in _ELEM_TYPES:
-                ports[p.name] = (_ELEM_TYPES[p.type], p.shape)
-        model = commit_graph(self.captured, ports, self.opset)
+        ports = {
+            p.name: (_ELEM_TYPES[p.type], p.shape)
+            for p in (*session.get_inputs(), *session.get_outputs())
+            if p.type in _ELEM_TYPES
+        }
+        model = commit_graph(self.captured.replays, ports, self.model)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = options.intra_op_num_threads
         opts.inter_op_num_threads = 1
@@ -116,56 +129,67 @@ class CapturePlan(VerifyPlan):
             self._session = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types
             raise UnsupportedModelError(
-                f"onnxruntime could not load the state-commit graph of the fused linear layers: {e}"
+                f"onnxruntime could not load the state-commit graph of the linear layers: {e}"
             ) from e
 
     def commit(
         self, state: DecodeState, snap: Snapshot, fetched: Mapping[str, ort.OrtValue], tokens: int, kept: int
     ) -> bool:
         buffers = state.spare_states()
-        binding = self._session.io_binding() if self._session is not None else None
-        keep_alive: list[np.ndarray] = []  # the captures bound by pointer, until the run is over
-        for op, past, out in zip(self.captured, snap.states, buffers, strict=True):
-            if op.op_type == "CausalConvWithState":
-                x = fetched[op.captures[0]].numpy()
-                conv_state_after(past.array, x, kept, op.seq_axis, out.array)
-                continue
-            assert binding is not None  # attach() made the commit session: there is a LinearAttention
-            binding.bind_ortvalue_input(op.state_input, past.value)
-            for name in op.captures.values():
-                cut = np.ascontiguousarray(fetched[name].numpy()[:, :kept])  # a view when batch is 1
-                keep_alive.append(cut)
+        if self._session is not None:
+            binding = self._session.io_binding()
+            cuts = []  # bound by pointer: kept alive until the run is over
+            for name, axis in self.cuts:
+                cut = np.ascontiguousarray(cut_tokens(fetched[name].numpy(), axis, kept))  # a view at batch 1
+                cuts.append(cut)
                 binding.bind_input(name, "cpu", 0, cut.dtype, cut.shape, cut.ctypes.data)
-            binding.bind_ortvalue_output(op.state_output, out.value)
-        if binding is not None:
+            for i, past, present in self.replayed:
+                binding.bind_ortvalue_input(past, snap.states[i].value)
+                binding.bind_ortvalue_output(present, buffers[i].value)
             try:
-                self._session.run_with_iobinding(binding)  # type: ignore[union-attr]
+                self._session.run_with_iobinding(binding)
             except Exception as e:  # the state is untouched: the caller replays instead
                 log.warning("the state-commit graph failed (%s); replaying the kept tokens instead", e)
                 return False
+        for i, w in self.windows:
+            conv_state_after(snap.states[i].array, fetched[w.capture].numpy(), kept, w.axis, buffers[i].array)
         state.commit(state.length - tokens + kept, buffers)
         return True
 
 
+VERIFY_STRATEGIES = ("auto", "capture", "per-position", "replay")
+
+
 def plan_graph(
-    model: onnx.ModelProto, io: DecoderIO, providers: Sequence[str]
+    model: onnx.ModelProto, io: DecoderIO, providers: Sequence[str], strategy: str = "auto"
 ) -> tuple[onnx.ModelProto, VerifyPlan | None, str]:
-    """The graph rewritten for the verify plan that fits ``model``, and that plan; or ``model``, None and
-    why no plan fits (dense models, state ops the passes do not know)."""
+    """The graph rewritten for the verify plan of ``strategy`` and that plan; or ``model``, None and why
+    not (dense models, ``"replay"``, state nodes the passes do not know).
+
+    ``"auto"``: the CUDA state window where the session runs on CUDA and it covers every state, else
+    capture. ``"per-position"``: per-position outputs (Scan exports; fused exports on CUDA) or nothing.
+    """
+    if strategy not in VERIFY_STRATEGIES:
+        raise ValueError(f"verify strategy {strategy!r} is not one of {', '.join(VERIFY_STRATEGIES)}")
     if not io.state_pairs:
         return model, None, "the model has no recurrent state"
+    if strategy == "replay":
+        return model, None, "the replay strategy was asked for"
     pairs = [(p.input, p.output) for p in io.state_pairs]
     outputs = [p.output for p in io.state_pairs]
-    rewritten, per = emit_scan_states(model, pairs)
-    if per.covers(outputs):
-        return rewritten, PerPositionPlan(per.per_position, io), ""
-    if "CUDAExecutionProvider" in providers:
-        rewritten, per = emit_fused_state_window(model, pairs)
-        if per.covers(outputs):
-            return rewritten, PerPositionPlan(per.per_position, io), ""
-    rewritten, cap = capture_fused_inputs(model, pairs)
-    if cap.covers(outputs):
-        return rewritten, CapturePlan(cap.captured, io, default_opset(model)), ""
-    reasons = {**per.skipped, **cap.skipped}
+    reasons: dict[str, str] = {}
+    cuda = "CUDAExecutionProvider" in providers
+    if strategy == "per-position" or (strategy == "auto" and cuda):
+        passes = [emit_fused_state_window] if cuda else []
+        for rewrite in [*passes, emit_scan_states] if strategy == "per-position" else passes:
+            rewritten, per = rewrite(model, pairs)
+            if per.covers(outputs):
+                return rewritten, PerPositionPlan(per.per_position, io), ""
+            reasons.update(per.skipped)
+    if strategy in ("auto", "capture"):
+        rewritten, cap = capture_state_inputs(model, pairs)
+        if cap.covers(outputs):
+            return rewritten, CapturePlan(cap, io, model), ""
+        reasons.update(cap.skipped)
     why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
-    return model, None, f"no per-position state output fits every state ({why})"
+    return model, None, f"no {strategy} verify plan covers every state ({why})"
