@@ -34,7 +34,8 @@ from onnxgen.tokenizer import Tokenizer
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _HINTS = {
-    "json_schema": "fix the schema (JSON Schema draft 2020-12; unsupported keywords are errors)",
+    "json_schema": "fix the schema (keywords llguidance does not implement, such as not, if/then/else, "
+    "uniqueItems, contains, are errors; 'x-guidance': {'lenient': true} in the schema ignores them)",
     "regex": "fix the regular expression (Rust regex syntax: no lookaround, no backreferences)",
     "grammar": "fix the grammar (Lark syntax with a `start` rule)",
 }
