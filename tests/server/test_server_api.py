@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from server_helpers import ServerProcess
 
@@ -243,3 +245,41 @@ def test_n_choices_are_all_returned_and_choice_i_samples_with_seed_plus_i(server
     )
     assert len(greedy_n.choices) == 2
     assert greedy_n.choices[0].message.content == greedy_n.choices[1].message.content
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["n", "ok"],
+}
+
+
+def test_a_json_schema_response_format_constrains_the_output_like_llm_chat_does(
+    server: ServerProcess, llm: LLM
+) -> None:
+    alone = llm.chat(MESSAGES, greedy(max_new_tokens=60, json_schema=SCHEMA))
+    r = server.client.chat.completions.create(
+        model="genai-dense",
+        messages=MESSAGES,
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+    )
+    content = r.choices[0].message.content
+    assert content == alone.text
+    assert r.choices[0].finish_reason == "stop"  # the object closed: nothing but eos may follow
+    value = json.loads(content)
+    assert isinstance(value["n"], int) and isinstance(value["ok"], bool)
+
+
+def test_a_schema_that_does_not_compile_is_a_400_naming_it(server: ServerProcess) -> None:
+    with pytest.raises(openai.BadRequestError, match="json_schema"):
+        server.client.chat.completions.create(
+            model="genai-dense",
+            messages=MESSAGES,
+            max_tokens=5,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            },
+        )

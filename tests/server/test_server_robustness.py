@@ -88,7 +88,7 @@ BAD_REQUESTS = [
         "content",
     ),
     ("chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, "tool calling"),
-    ("chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format"),
     (
         "chat/completions",
         {**CHAT, "messages": [{"role": "user", "content": "x " * 2100}]},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from onnxgen.errors import GenerationError
+from onnxgen.generation.constraints import constraint_from_response_format
 from onnxgen.generation.params import SamplingParams
 from onnxgen.llm import LLM
 from onnxgen.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -52,7 +53,9 @@ def sampling_params(
 ) -> SamplingParams:
     """The SamplingParams of one choice; ``max_tokens`` is clipped to the ``room`` left in the context."""
     max_new = min(max_tokens if max_tokens is not None else room, room)
+    response_format = fields.response_format.model_dump() if fields.response_format else None
     return SamplingParams(
+        **constraint_from_response_format(response_format),
         max_new_tokens=max_new,
         temperature=fields.temperature,
         top_k=max(fields.top_k, 0),
@@ -87,6 +90,7 @@ def make_jobs(
         for i in range(fields.n):
             index = p * fields.n + i
             params = sampling_params(fields, max_tokens, max_model_len - len(prompt), index)
-            runs.append(SequenceRun(index, prompt, params, llm.eos_token_ids, tokenizer))
+            constraint = llm.generator.constraints.compile(params)  # a bad schema raises here: a 400
+            runs.append(SequenceRun(index, prompt, params, llm.eos_token_ids, tokenizer, constraint))
         jobs.append(Job(handle, prompt, runs))
     return jobs

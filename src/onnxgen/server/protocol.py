@@ -1,8 +1,8 @@
 """The OpenAI wire format: validated request models (pydantic) and the response / chunk bodies.
 
 Requests are validated strictly (no string-to-number coercion); unknown fields are ignored, and fields
-onnxgen does not implement (``logprobs``, ``echo``, ``best_of`` > 1, ``tools``, ``logit_bias``,
-non-text ``response_format``) are refused by name rather than silently dropped. Extensions beyond the
+onnxgen does not implement (``logprobs``, ``echo``, ``best_of`` > 1, ``tools``, ``logit_bias``) are refused
+by name rather than silently dropped. Extensions beyond the
 OpenAI API: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens`` and
 ``return_token_ids``.
 """
@@ -21,6 +21,12 @@ MAX_STOP_STRINGS = 16
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     include_usage: bool = False
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class SamplingFields(BaseModel):
@@ -47,6 +53,7 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
     return_token_ids: bool = False  # each choice (or chunk) also carries the generated token ids
+    response_format: ResponseFormat | None = None  # json_object / json_schema constrain the output
     # refused when used (see _refuse_unsupported)
     logprobs: Any = None
     logit_bias: dict[str, float] | None = None
@@ -134,25 +141,17 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    type: str
-
-
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     top_logprobs: int | None = None
     tools: list[Any] | None = None
-    response_format: ResponseFormat | None = None
 
     def refuse_unsupported(self) -> tuple[str, str] | None:
         if self.top_logprobs:
             return "top_logprobs", "logprobs are not supported by this server; omit the parameter"
         if self.tools:
             return "tools", "tool calling is not supported by this server; omit tools"
-        if self.response_format is not None and self.response_format.type != "text":
-            return "response_format", "only response_format type 'text' is supported by this server"
         return super().refuse_unsupported()
 
     @property

@@ -1,8 +1,8 @@
 """One choice of one request while it decodes, and the request groups the scheduler queues.
 
 Every sequence owns its whole selection and stopping chain: processors built from its own
-:class:`SamplingParams`, its own seeded :class:`Sampler`, token stop checks, incremental detokenizer and
-stop-string matcher. Rows of a batch share nothing but the forward.
+:class:`SamplingParams` (with its own constraint state under a ``response_format``), its own seeded
+:class:`Sampler`, token stop checks, incremental detokenizer and stop-string matcher. Rows of a batch share nothing but the forward.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
 from onnxgen.generation.sampling import Sampler
@@ -52,6 +53,7 @@ class SequenceRun:
         params: SamplingParams,
         eos_ids: Sequence[int],
         tokenizer: Tokenizer,
+        constraint: Constraint | None = None,
     ) -> None:
         self.index = index
         self.params = params
@@ -59,7 +61,8 @@ class SequenceRun:
         self.ids = np.zeros(len(prompt) + params.max_new_tokens, dtype=np.int64)
         self.ids[: len(prompt)] = prompt
         self.n = len(prompt)
-        self.chain = build_chain(params, eos_ids)
+        self.constraint = constraint  # response_format: a grammar state of this choice alone
+        self.chain = build_chain(params, eos_ids, constraint)
         self.sampler = None if params.is_greedy else Sampler(params.seed)
         self.checker = StopChecker(params, eos_ids)
         self.detok = IncrementalDetokenizer(tokenizer, prompt)
@@ -89,6 +92,8 @@ class SequenceRun:
         self.n += 1
         self.last_token_at = time.perf_counter()
         reason = self.checker.check(token, self.generated)
+        if self.constraint is not None and self.constraint.complete(self.ids[self.prompt_len : self.n]):
+            reason = "stop"  # the output is complete under the schema: nothing but eos may follow
         piece = self.detok.feed(token)
         if reason is not None:
             piece += self.detok.flush()

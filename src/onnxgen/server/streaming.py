@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,8 @@ from starlette.requests import Request
 
 from onnxgen.server.protocol import ResponseShape, error_body, usage
 from onnxgen.server.sequence import Delta, Handle
+
+log = logging.getLogger(__name__)
 
 DISCONNECTED = "disconnected"
 
@@ -69,11 +72,11 @@ async def collect(stream: RequestStream, request: Request) -> Collected:
                 out.disconnected = True
                 return out
             for delta in item:
-                if delta.error is not None:
+                if delta.error is not None:  # finally cancels the request's other choices
                     out.error = delta.error
-                else:
-                    out.texts[delta.index].append(delta.text)
-                    out.token_ids[delta.index].append(delta.token_id)
+                    return out
+                out.texts[delta.index].append(delta.text)
+                out.token_ids[delta.index].append(delta.token_id)
                 if delta.finish_reason is not None:
                     out.reasons[delta.index] = delta.finish_reason
                     remaining -= 1
@@ -103,8 +106,7 @@ async def sse_events(
         while remaining:
             item = await stream.queue.get()
             for delta in item:  # type: ignore[union-attr]
-                if delta.error is not None:
-                    remaining = 0
+                if delta.error is not None:  # the request ends here; finally cancels its other choices
                     yield _sse(error_body(delta.error, "server_error"))
                     return
                 tokens += 1
@@ -118,6 +120,9 @@ async def sse_events(
         if include_usage:
             yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens)))
         yield "data: [DONE]\n\n"
+    except Exception as e:  # a bug here must not end the stream without a word
+        log.exception("streaming a response failed")
+        yield _sse(error_body(f"internal error while streaming: {e}", "server_error"))
     finally:
         if remaining:  # the client went away (the response task was cancelled) or the server stops
             stream.cancel()

@@ -1,0 +1,297 @@
+"""Load test of ``onnxgen serve``: throughput and latency percentiles at several concurrency levels.
+
+Starts ``python -m onnxgen.cli_serve MODEL`` on 127.0.0.1 (loopback only), then for each level C runs C
+closed-loop clients that send streaming greedy completions back to back (fixed prompt lengths, exactly
+``--max-tokens`` new tokens each) until ``--requests`` requests are done or ``--level-timeout`` seconds
+pass, and reports total generated tokens/s and per-request latency, time to first token and inter-token
+latency percentiles. Level 1 is the sequential baseline (one request at a time through the same server).
+
+With ``--genai`` the same load runs on onnxruntime-genai (scripts/load_genai.py: its Engine in process, no
+HTTP, and padded static batches) over the same model and prompts, for comparison. With ``--step-scaling``
+the batched decode step is also timed alone per batch size. Every count and wait is bounded.
+
+    python scripts/load_test.py /work/bench-models/qwen3_5-int4 --threads 2 --out load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+PROMPT_LENGTHS = (16, 32, 64, 128)
+
+
+@dataclass
+class RequestTiming:
+    latency_s: float
+    ttft_s: float
+    tokens: int
+
+    @property
+    def itl_s(self) -> float:
+        return (self.latency_s - self.ttft_s) / max(self.tokens - 1, 1)
+
+
+@dataclass
+class LevelResult:
+    engine: str
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    timings: list[RequestTiming] = field(repr=False, default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def percentiles(self, what: str) -> tuple[float, float, float]:
+        values = np.array([getattr(t, what) for t in self.timings]) * 1000.0
+        p50, p90, p99 = np.percentile(values, [50, 90, 99]) if len(values) else (0.0, 0.0, 0.0)
+        return float(p50), float(p90), float(p99)
+
+    def summary(self) -> dict[str, object]:
+        out: dict[str, object] = {k: v for k, v in asdict(self).items() if k != "timings"}
+        out["tokens_per_s"] = round(self.tokens_per_s, 1)
+        for what in ("latency_s", "ttft_s", "itl_s"):
+            out[what.replace("_s", "_ms") + "_p50_p90_p99"] = [round(v, 1) for v in self.percentiles(what)]
+        return out
+
+
+def make_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Random token ids (never the low special ids) in the fixed lengths, cycled."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, vocab, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)]).tolist() for i in range(count)]
+
+
+# -- onnxgen serve ----------------------------------------------------------------------------------------
+class Server:
+    def __init__(self, model: Path, threads: int, max_batch: int, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = model.name
+        cmd = [sys.executable, "-m", "onnxgen.cli_serve", str(model), "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--threads", str(threads), "--max-batch", str(max_batch)]
+        cmd += ["--max-queue", "256"]
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.close()
+        raise SystemExit(f"the server did not start; see {log}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(15)
+        self._log.close()
+
+
+async def _one_request(
+    client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int
+) -> RequestTiming:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    start = time.perf_counter()
+    first = 0.0
+    tokens = 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            got = len(chunk["choices"][0].get("token_ids", ())) if chunk["choices"] else 0
+            if got and not tokens:
+                first = time.perf_counter() - start
+            tokens += got
+    return RequestTiming(time.perf_counter() - start, first, tokens)
+
+
+async def server_level(
+    url: str,
+    model: str,
+    prompts: Sequence[list[int]],
+    concurrency: int,
+    count: int,
+    max_tokens: int,
+    timeout: float,
+) -> LevelResult:
+    timings: list[RequestTiming] = []
+    next_index = 0
+    start = time.perf_counter()
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal next_index
+        while next_index < count and time.perf_counter() - start < timeout:
+            prompt = prompts[next_index % len(prompts)]
+            next_index += 1
+            timings.append(await _one_request(client, model, prompt, max_tokens))
+
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        await asyncio.gather(*[client_loop(client) for _ in range(concurrency)])
+    wall = time.perf_counter() - start
+    return LevelResult(
+        "onnxgen serve", concurrency, len(timings), sum(t.tokens for t in timings), wall, timings
+    )
+
+
+# -- decode steps alone -------------------------------------------------------------------------------------
+def step_scaling(model: Path, threads: int, sizes: Sequence[int], steps: int = 15) -> list[tuple[int, float]]:
+    """Median wall time of one batched decode step (BatchState.step) per batch size, sizes interleaved so
+    that a busy machine slows them alike."""
+    from onnxgen import load
+    from onnxgen.runtime.batch import BatchState
+
+    llm = load(model, threads=threads)
+    rng = np.random.default_rng(0)
+    prefill = llm.session.new_state(512)
+    batches = {}
+    for size in sizes:
+        batch = BatchState(llm.session, size, 512)
+        while batch.n < size:
+            prefill.reset()
+            llm.session.forward(prefill, rng.integers(3, llm.session.vocab_size, (1, 64)), 1)
+            batch.admit(prefill)
+        batches[size] = batch
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(steps):
+        for size, batch in batches.items():
+            start = time.perf_counter()
+            batch.step(rng.integers(3, llm.session.vocab_size, size))
+            times[size].append(time.perf_counter() - start)
+    return [(size, float(np.median(times[size]))) for size in sizes]
+
+
+def scaling_table(rows: Sequence[tuple[int, float]]) -> str:
+    one = rows[0][0] / rows[0][1]
+    lines = ["| rows | step ms (median) | tok/s | vs 1 row |", "|---:|---:|---:|---:|"]
+    for size, seconds in rows:
+        lines.append(
+            f"| {size} | {seconds * 1000:.1f} | {size / seconds:.0f} | {size / seconds / one:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+# -- report -------------------------------------------------------------------------------------------------
+def table(results: Sequence[LevelResult]) -> str:
+    base = {r.engine: r.tokens_per_s for r in results if r.concurrency == 1}
+    lines = [
+        "| engine | clients | requests | tok/s | vs 1 client | latency p50/p90/p99 ms | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms |",
+        "|---|---:|---:|---:|---:|---|---|---|",
+    ]
+    for r in results:
+        ratio = r.tokens_per_s / base[r.engine] if base.get(r.engine) else float("nan")
+        cells = [" / ".join(f"{v:.0f}" for v in r.percentiles(w)) for w in ("latency_s", "ttft_s", "itl_s")]
+        lines.append(
+            f"| {r.engine} | {r.concurrency} | {r.requests} | {r.tokens_per_s:.1f} | {ratio:.2f}x | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path, help="model directory")
+    p.add_argument(
+        "--concurrency", default="1,4,8,16", help="comma-separated client counts (default 1,4,8,16)"
+    )
+    p.add_argument(
+        "--requests", type=int, default=0, help="requests per level (default: max(8, 2 x clients))"
+    )
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (default 64)")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads of each engine (default 2)")
+    p.add_argument("--level-timeout", type=float, default=180.0, help="stop issuing requests after this (s)")
+    p.add_argument(
+        "--genai",
+        action="store_true",
+        help="also run onnxruntime-genai (Engine, padded batch) on the same load",
+    )
+    p.add_argument("--no-serve", action="store_true", help="skip the onnxgen server levels")
+    p.add_argument("--step-scaling", action="store_true", help="also time batched decode steps alone")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def log_path(args: argparse.Namespace) -> Path:
+    return Path(args.out.with_suffix(".server.log") if args.out else "load_test.server.log")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    vocab = json.loads((args.model / "genai_config.json").read_text())["model"]["vocab_size"]
+    prompts = make_prompts(64, vocab)
+    results: list[LevelResult] = []
+    server = None if args.no_serve else Server(args.model, args.threads, max(levels), log_path(args))
+    genai = None
+    if args.genai:
+        from load_genai import GenaiRunner  # beside this script
+
+        genai = GenaiRunner(args, prompts)
+    try:
+        if server is not None:
+            asyncio.run(server_level(server.url, server.name, prompts[:2], 1, 2, 8, 60))  # warm-up
+        for c in levels:  # engines take turns level by level, so a busy machine slows them alike
+            if server is not None:
+                count = args.requests or max(8, 2 * c)
+                level = server_level(
+                    server.url, server.name, prompts, c, count, args.max_tokens, args.level_timeout
+                )
+                results.append(asyncio.run(level))
+                print(json.dumps(results[-1].summary()), flush=True)
+            if genai is not None:
+                results += genai.level(c)
+    finally:
+        if server is not None:
+            server.close()
+    notes = genai.notes if genai is not None else []
+    order = {engine: i for i, engine in enumerate(dict.fromkeys(r.engine for r in results))}
+    results.sort(key=lambda r: (order[r.engine], r.concurrency))
+    print(table(results))
+    print("\n".join(notes))
+    report: dict[str, object] = {
+        "model": str(args.model),
+        "levels": [r.summary() for r in results],
+        "notes": notes,
+    }
+    if args.step_scaling:
+        rows = step_scaling(args.model, args.threads, [1, 2, 4, 8, 16])
+        print(scaling_table(rows))
+        report["step_scaling"] = rows
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
