@@ -236,3 +236,21 @@ def test_the_default_plan_returns_far_less_than_a_state_per_token(zoo: ModelZoo,
     per_token_states = 32 * sum(a.nbytes for a in state.state_arrays().values())
     assert set(fetched) == set(plan.outputs)
     assert returned < per_token_states / 2
+
+
+def test_a_commit_graph_that_cannot_be_loaded_leaves_the_model_usable_with_replays(
+    zoo: ModelZoo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxgen.runtime.verify_plan as verify_plan
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("no such op")
+
+    monkeypatch.setattr(verify_plan, "commit_graph", broken)
+    session = session_with(zoo, "hybrid-genai", True)
+    plan = session.verify_plan
+    assert isinstance(plan, CapturePlan) and plan.failed and plan.outputs == ()
+    plain = greedy(zoo.llm("hybrid-genai"), PROMPT, N).token_ids
+    tokens, stats = run_loop(session, NoisyOracle([*PROMPT, *plain], 0.3, session.vocab_size), PROMPT)
+    assert_same_as_plain(session, PROMPT, plain, tokens)
+    assert stats["state_replays"] > 0

@@ -30,7 +30,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxgen.errors import UnsupportedModelError
 from onnxgen.graph.fused_state_window import emit_fused_state_window
 from onnxgen.graph.scan_state_window import emit_scan_states
 from onnxgen.graph.state_capture import (
@@ -98,7 +97,8 @@ class CapturePlan(VerifyPlan):
 
     def __init__(self, captured: CaptureResult, io: DecoderIO, model: onnx.ModelProto) -> None:
         self.captured = captured
-        self.model = model  # the opsets the commit graph imports
+        self.opsets = onnx.ModelProto(ir_version=model.ir_version)  # what the commit graph imports
+        self.opsets.opset_import.extend(model.opset_import)
         index = {p.input: i for i, p in enumerate(io.state_pairs)}
         self.windows = [(index[w.past], w) for w in captured.windows]
         self.replayed = [
@@ -109,6 +109,7 @@ class CapturePlan(VerifyPlan):
         ]
         self.outputs = (*(w.capture for w in captured.windows), *(name for name, _ in self.cuts))
         self._session: ort.InferenceSession | None = None
+        self.failed = False
 
     def attach(
         self, session: ort.InferenceSession, options: ort.SessionOptions, providers: list[str]
@@ -120,21 +121,23 @@ class CapturePlan(VerifyPlan):
             for p in (*session.get_inputs(), *session.get_outputs())
             if p.type in _ELEM_TYPES
         }
-        model = commit_graph(self.captured.replays, ports, self.model)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = options.intra_op_num_threads
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         try:
+            model = commit_graph(self.captured.replays, ports, self.opsets)
             self._session = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types
-            raise UnsupportedModelError(
-                f"onnxruntime could not load the state-commit graph of the linear layers: {e}"
-            ) from e
+            log.warning("the state-commit graph cannot be loaded (%s); verifies will replay instead", e)
+            self.outputs = ()
+            self.failed = True
 
     def commit(
         self, state: DecodeState, snap: Snapshot, fetched: Mapping[str, ort.OrtValue], tokens: int, kept: int
     ) -> bool:
+        if self.failed:
+            return False
         buffers = state.spare_states()
         if self._session is not None:
             binding = self._session.io_binding()
