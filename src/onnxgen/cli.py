@@ -27,11 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     from onnxgen.cli_chat import add_chat
     from onnxgen.cli_generate import add_generate
     from onnxgen.cli_inspect import add_inspect
+    from onnxgen.cli_serve import add_serve
 
     add_generate(sub)
     add_chat(sub)
     add_bench(sub)
     add_inspect(sub)
+    add_serve(sub)
     return parser
 
 

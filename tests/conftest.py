@@ -1,0 +1,14 @@
+"""Test-session settings shared by every test folder."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Decode plans cache optimized model copies; keep the tests' copies out of the user's cache.
+    if "ONNXGEN_CACHE_DIR" not in os.environ:
+        os.environ["ONNXGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnxgen-test-cache-")
