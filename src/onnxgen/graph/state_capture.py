@@ -99,34 +99,9 @@ def capture_state_inputs(
     result = CaptureResult()
     replays: dict[tuple[str, ...], ReplayNode] = {}
     for past, present in states:
-        src, why = source_of(g, present, prods)
-        node = prods.get(src)
-        if why or node is None:
-            result.skipped[present] = why or f"{present!r} is not made by a node"
-            continue
-        slot = list(node.output).index(src)
-        where = f"{node.op_type} node {node.name!r} making {present!r}"
-        if node.op_type in ("CausalConvWithState", "Slice"):
-            window, why = _window(g, node, slot, past, present, prods)
-            if window is None:
-                result.skipped[present] = f"{where}: {why}"
-            else:
-                result.windows.append(window)
-            continue
-        key = tuple(node.output)
-        replay = replays.get(key)
-        if replay is None:
-            replay, why = _replay(g, node, prods)
-            if replay is None:
-                result.skipped[present] = f"{where}: {why}"
-                continue
-            replays[key] = replay
-        state_in = slot if node.op_type == "Scan" else 3
-        fed_back = state_in < len(node.input) and node.input[state_in] == past
-        if not fed_back or (node.op_type != "Scan" and slot != 1):
-            result.skipped[present] = f"{where}: the state is not fed back from {past!r}"
-            continue
-        replay.states[state_in] = (slot, past, present)
+        why = _add_state(g, prods, past, present, result, replays)
+        if why:
+            result.skipped[present] = why
     result.replays = [r for r in replays.values() if _all_states_paired(r, result)]
     names = Names(out)
     for w in result.windows:
@@ -136,6 +111,42 @@ def capture_state_inputs(
         for slot in r.token_axes:
             r.captures[slot] = expose(g, r.node.input[slot], prods, names, f"{label}.capture.{slot}")
     return (out if result.presents else model), result
+
+
+def _add_state(
+    g: onnx.GraphProto,
+    prods: dict[str, onnx.NodeProto],
+    past: str,
+    present: str,
+    result: CaptureResult,
+    replays: dict[tuple[str, ...], ReplayNode],
+) -> str:
+    """Match one state pair to rules 1-4 and record it; returns why it does not match ("" when it does)."""
+    src, why = source_of(g, present, prods)
+    node = prods.get(src)
+    if why or node is None:
+        return why or f"{present!r} is not made by a node"
+    slot = list(node.output).index(src)
+    where = f"{node.op_type} node {node.name!r} making {present!r}"
+    if node.op_type in ("CausalConvWithState", "Slice"):
+        window, why = _window(g, node, slot, past, present, prods)
+        if window is None:
+            return f"{where}: {why}"
+        result.windows.append(window)
+        return ""
+    key = tuple(node.output)
+    replay = replays.get(key)
+    if replay is None:
+        replay, why = _replay(g, node)
+        if replay is None:
+            return f"{where}: {why}"
+        replays[key] = replay
+    state_in = slot if node.op_type == "Scan" else 3
+    fed_back = state_in < len(node.input) and node.input[state_in] == past
+    if not fed_back or (node.op_type != "Scan" and slot != 1):
+        return f"{where}: the state is not fed back from {past!r}"
+    replay.states[state_in] = (slot, past, present)
+    return ""
 
 
 def _all_states_paired(replay: ReplayNode, result: CaptureResult) -> bool:
@@ -204,9 +215,7 @@ def _normal(axis: int, rank: int | None) -> int:
     return axis + rank if axis < 0 and rank is not None else axis
 
 
-def _replay(
-    g: onnx.GraphProto, node: onnx.NodeProto, prods: dict[str, onnx.NodeProto]
-) -> tuple[ReplayNode | None, str]:
+def _replay(g: onnx.GraphProto, node: onnx.NodeProto) -> tuple[ReplayNode | None, str]:
     """Rules 1-2 (the node's own checks; the state slots are checked by the caller)."""
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
