@@ -17,7 +17,8 @@ present state itself:
 - ``window``: the state's shape with its sequence axis ``axis`` widened from L to L + T (the concat of the
   past conv state and the T new columns); the state after token i is the L columns ``[i + 1, i + 1 + L)``.
 
-Graph helpers shared by the passes live here too (unique names, constant lookup, producers).
+Graph helpers shared by these passes and :mod:`onnxgen.graph.state_capture` live here too (unique names,
+constant lookup, producers, exposing a value as a graph output).
 """
 
 from __future__ import annotations
