@@ -1,0 +1,106 @@
+"""Geometry and training settings of the demo model, and the transformers configs built from them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from onnxgen.demo.tokenizer import EOS_ID, IM_END_ID, IM_START_ID
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything that decides the trained weights (with the corpus). Change a field, change the model."""
+
+    # Qwen3.5 text geometry: layers i % 4 == 3 are full attention, the others Gated DeltaNet.
+    vocab_size: int = 4096
+    hidden: int = 192
+    intermediate: int = 512
+    layers: int = 8
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 64
+    lin_key_heads: int = 2  # Hk < Hv: each key head serves two value heads
+    lin_value_heads: int = 4
+    lin_head_dim: int = 64
+    context_length: int = 1024
+    # training
+    seed: int = 0
+    steps: int = 400
+    batch: int = 8
+    seq_len: int = 512
+    lr: float = 3e-3
+    min_lr: float = 1.5e-4
+    warmup: int = 30
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    threads: int = 1  # see docs/demo-model.md: one thread is faster on a shared 2-core machine
+    eval_every: int = 100
+    eval_windows: int = 16  # validation windows scored during training (the report scores all)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def layer_types(self) -> list[str]:
+        return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(self.layers)]
+
+    def text_config_kwargs(self) -> dict[str, Any]:
+        rotary = int(self.head_dim * 0.25) // 2  # partial rotary 0.25 -> rotary_dim / 2 frequencies
+        section = [rotary - 2 * (rotary // 3), rotary // 3, rotary // 3]  # t/h/w; text rows are identical
+        return {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.context_length,
+            "rms_norm_eps": 1e-6,
+            "initializer_range": 0.02,
+            "tie_word_embeddings": True,
+            "eos_token_id": list(STOP_IDS),
+            "pad_token_id": EOS_ID,
+            "bos_token_id": IM_START_ID,
+            "layer_types": self.layer_types(),
+            "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": self.lin_head_dim,
+            "linear_value_head_dim": self.lin_head_dim,
+            "linear_num_key_heads": self.lin_key_heads,
+            "linear_num_value_heads": self.lin_value_heads,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": section,
+                "mrope_interleaved": True,
+            },
+        }
+
+    def text_config(self) -> Any:  # -> transformers.Qwen3_5TextConfig
+        from transformers import Qwen3_5TextConfig
+
+        return Qwen3_5TextConfig(**self.text_config_kwargs())
+
+    def conditional_config(self) -> Any:  # -> transformers.Qwen3_5Config
+        """The text model wrapped as ``Qwen3_5ForConditionalGeneration`` (what the genai builder reads),
+        with the smallest vision tower the class accepts (unused: onnxgen exports text only)."""
+        from transformers import Qwen3_5Config
+
+        vision = {
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": self.hidden,
+            "num_position_embeddings": 16,
+        }
+        config = Qwen3_5Config(
+            text_config=self.text_config_kwargs(), vision_config=vision, tie_word_embeddings=True
+        )
+        config.architectures = ["Qwen3_5ForConditionalGeneration"]
+        return config
+
+
+# The ids generation stops at: <|endoftext|> ends a document, <|im_end|> a chat turn.
+STOP_IDS = (EOS_ID, IM_END_ID)

@@ -1,0 +1,87 @@
+"""Token streams for training and validation, cached under ``OUT/data`` with the tokenizer.
+
+``prepare(out_dir, config)`` builds the corpus, trains the tokenizer on the training text (code and
+chat), and writes ``train.npy`` / ``val.npy`` (uint16 ids, one ``<|endoftext|>`` after each document)
+plus ``meta.json``. A second call with the same corpus and vocabulary reuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxgen.demo.config import DemoConfig
+from onnxgen.demo.corpus import build_corpus
+from onnxgen.demo.tokenizer import encode_documents, save_pretrained, train_bpe
+
+
+@dataclass(frozen=True)
+class Streams:
+    train: np.ndarray
+    val: np.ndarray
+    tokenizer_dir: Path
+    meta: dict[str, Any]
+
+
+def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
+    data_dir, tok_dir = out_dir / "data", out_dir / "tokenizer"
+    corpus = build_corpus(seed=config.seed)
+    digest = corpus.digest()
+    meta_path = data_dir / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("corpus_sha256") == digest and meta.get("vocab_size") == config.vocab_size:
+            log(f"data: reusing {data_dir} (corpus {digest[:12]})")
+            return Streams(np.load(data_dir / "train.npy"), np.load(data_dir / "val.npy"), tok_dir, meta)
+    log(
+        f"data: {len(corpus.train_files)} training files, {len(corpus.val_files)} held out, "
+        f"{len(corpus.chat)} chat conversations, from {corpus.root}"
+    )
+    # documents in a seeded order, so files of one package are not all adjacent in the stream
+    docs = corpus.train + corpus.chat
+    random.Random(config.seed).shuffle(docs)
+    tok = train_bpe(docs, config.vocab_size)
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    save_pretrained(tok, tok_dir, config.context_length)
+    train = np.asarray(encode_documents(tok, docs), dtype=np.uint16)
+    val = np.asarray(encode_documents(tok, corpus.val), dtype=np.uint16)
+    meta = {
+        "corpus_sha256": digest,
+        "stdlib": str(corpus.root),
+        "vocab_size": config.vocab_size,
+        "train_files": len(corpus.train_files),
+        "chat_conversations": len(corpus.chat),
+        "val_files": corpus.val_files,
+        "train_tokens": int(train.size),
+        "val_tokens": int(val.size),
+        "train_bytes": sum(len(d.encode()) for d in docs),
+        "val_bytes": sum(len(d.encode()) for d in corpus.val),
+    }
+    data_dir.mkdir(parents=True, exist_ok=True)
+    np.save(data_dir / "train.npy", train)
+    np.save(data_dir / "val.npy", val)
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"data: {train.size} training tokens, {val.size} validation tokens")
+    return Streams(train, val, tok_dir, meta)
+
+
+def batch_at(stream: np.ndarray, step: int, batch: int, seq_len: int, seed: int) -> np.ndarray:
+    """``[batch, seq_len + 1]`` windows at random offsets drawn from ``(seed, step)`` alone, so a
+    resumed run sees exactly the batches an uninterrupted one would."""
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, stream.size - seq_len - 1, size=batch)
+    return np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64)
+
+
+def val_windows(stream: np.ndarray, seq_len: int, limit: int | None = None) -> np.ndarray:
+    """Consecutive non-overlapping ``[n, seq_len + 1]`` windows of the validation stream (each window's
+    first token is context only; every later token is scored once)."""
+    n = (stream.size - 1) // seq_len
+    if limit is not None:
+        n = min(n, limit)
+    return np.stack([stream[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)]).astype(np.int64)

@@ -1,0 +1,78 @@
+"""From trained weights to ONNX: an HF ``Qwen3_5ForConditionalGeneration`` checkpoint, onnxruntime-genai
+builder exports (fp32, int4), and the int4 export installed as onnxgen's bundled default model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from onnxgen.demo.config import STOP_IDS, DemoConfig
+from onnxgen.demo.tokenizer import EOS_ID, IM_START_ID
+
+PACKAGE_MODEL_DIR = Path(__file__).resolve().parents[1] / "data" / "default_model"
+# what an installed default model holds (the builder's files plus our generation_config.json)
+MODEL_FILES = (
+    "model.onnx",
+    "model.onnx.data",
+    "genai_config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
+
+
+def save_hf_checkpoint(model: Any, config: DemoConfig, tokenizer_dir: Path, out_dir: Path) -> Path:
+    """Save the trained text model inside a ``Qwen3_5ForConditionalGeneration`` (what the builder reads)
+    with the tokenizer beside it. The vision tower is the smallest one the class builds and is unused."""
+    import torch
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(config.seed)
+    full = Qwen3_5ForConditionalGeneration(config.conditional_config()).float().eval()
+    full.model.language_model.load_state_dict(model.model.state_dict())
+    full.lm_head.weight = full.model.language_model.embed_tokens.weight
+    probe = torch.arange(3, 40).unsqueeze(0)
+    with torch.no_grad():
+        diff = (full(input_ids=probe).logits - model(input_ids=probe).logits).abs().max().item()
+    if diff > 1e-4:
+        raise RuntimeError(f"the wrapped checkpoint's logits differ from the trained model's by {diff:.2e}")
+    full.generation_config.eos_token_id = list(STOP_IDS)
+    full.generation_config.pad_token_id = EOS_ID
+    out_dir.mkdir(parents=True, exist_ok=True)
+    full.save_pretrained(out_dir)
+    for path in tokenizer_dir.iterdir():  # tokenizer.json, tokenizer_config.json, chat_template.jinja
+        shutil.copy2(path, out_dir / path.name)
+    return out_dir
+
+
+def export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
+    """Run the onnxruntime-genai model builder (CPU), then add ``generation_config.json``."""
+    from onnxgen.testing.hf import export_with_genai_builder
+
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    cache = out_dir.with_name(out_dir.name + ".cache")
+    export_with_genai_builder(hf_dir, out_dir, precision, cache_dir=cache)  # type: ignore[arg-type]
+    shutil.rmtree(cache, ignore_errors=True)
+    generation = {"bos_token_id": IM_START_ID, "eos_token_id": list(STOP_IDS), "pad_token_id": EOS_ID}
+    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    return out_dir
+
+
+def install_default(export_dir: Path, target: Path = PACKAGE_MODEL_DIR) -> list[Path]:
+    """Replace the files of ``target`` (the bundled default model) with those of ``export_dir``."""
+    missing = [name for name in MODEL_FILES if not (export_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{export_dir} lacks {', '.join(missing)}; export the model first")
+    target.mkdir(parents=True, exist_ok=True)
+    for old in target.iterdir():
+        if old.is_file():
+            old.unlink()
+    return [Path(shutil.copy2(export_dir / name, target / name)) for name in MODEL_FILES]
+
+
+def directory_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())

@@ -1,0 +1,91 @@
+"""Rebuild the demo model end to end: ``python -m onnxgen.demo.train [--out DIR] [--install]``.
+
+Stages, each writing under ``--out`` (default ``./demo-model``):
+
+1. ``data/`` + ``tokenizer/``: the standard library corpus and its BPE (:mod:`onnxgen.demo.data`);
+2. ``train/``: training on the CPU with checkpoints every 50 steps; rerunning resumes (:mod:`.trainer`);
+3. ``hf/``: the ``Qwen3_5ForConditionalGeneration`` checkpoint; ``fp32/`` and ``int4/``: the
+   onnxruntime-genai builder's exports (:mod:`.export`);
+4. with ``--install``: ``int4/`` replaces ``src/onnxgen/data/default_model/``.
+
+``metrics.json`` records the settings, the corpus digest, the final validation loss and timings.
+Needs torch, transformers and onnxruntime-genai (``pip install -e .[external]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from onnxgen.demo.config import DemoConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m onnxgen.demo.train", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--out", type=Path, default=Path("demo-model"), help="work directory (default ./demo-model)"
+    )
+    p.add_argument("--install", action="store_true", help="install the int4 export as the bundled default")
+    p.add_argument("--steps", type=int, help=f"training steps (default {DemoConfig.steps})")
+    p.add_argument("--seed", type=int, help=f"seed (default {DemoConfig.seed})")
+    p.add_argument("--threads", type=int, help=f"torch threads (default {DemoConfig.threads})")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    given = {k: getattr(args, k) for k in ("steps", "seed", "threads") if getattr(args, k) is not None}
+    return dataclasses.replace(DemoConfig(), **given)
+
+
+def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) -> dict[str, Any]:
+    # import everything first: a long run must not depend on the source tree staying importable
+    from onnxgen.demo.data import prepare
+    from onnxgen.demo.export import directory_size, export, install_default, save_hf_checkpoint
+    from onnxgen.demo.gdn import fast_gated_delta_rule  # noqa: F401
+    from onnxgen.demo.trainer import evaluate, train
+    from onnxgen.testing.hf import export_with_genai_builder  # noqa: F401
+
+    started = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    streams = prepare(out, config, log)
+    t_train = time.time()
+    model = train(config, streams.train, streams.val, out / "train", log)
+    train_s = time.time() - t_train
+    val_loss = evaluate(model, streams.val, config.seq_len, None)
+    hf_dir = save_hf_checkpoint(model, config, streams.tokenizer_dir, out / "hf")
+    sizes = {p: directory_size(export(hf_dir, out / p, p)) for p in ("fp32", "int4")}
+    if install:
+        installed = install_default(out / "int4")
+        log(f"installed {len(installed)} files into {installed[0].parent}")
+    metrics = {
+        "config": config.to_dict(),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "data": streams.meta,
+        "val_loss": round(val_loss, 4),
+        "val_perplexity": round(math.exp(val_loss), 2),
+        "export_bytes": sizes,
+        "train_seconds": round(train_s),
+        "total_seconds": round(time.time() - started),
+        "python": platform.python_version(),
+        "machine": platform.processor() or platform.machine(),
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    log(f"done: val loss {val_loss:.4f} (ppl {math.exp(val_loss):.2f}); exports {sizes}; {out}")
+    return metrics
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    run(config_from_args(args), args.out.resolve(), install=args.install)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

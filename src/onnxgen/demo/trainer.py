@@ -1,0 +1,147 @@
+"""The training loop: AdamW, linear warmup then cosine decay, seeded batches, resumable checkpoints.
+
+Reproducible: the model is initialised under ``torch.manual_seed(config.seed)``, batch ``i`` depends
+on ``(seed, i)`` only (:func:`onnxgen.demo.data.batch_at`), there is no dropout, and a checkpoint holds
+the model and optimizer state, so a resumed run continues exactly where an uninterrupted one would be
+(same thread count and machine: float reductions are not reordered).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxgen.demo.config import DemoConfig
+from onnxgen.demo.data import batch_at, val_windows
+
+CHECKPOINT = "last.pt"
+
+
+def learning_rate(config: DemoConfig, step: int) -> float:
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def new_model(config: DemoConfig) -> Any:
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+
+    torch.manual_seed(config.seed)
+    model = Qwen3_5ForCausalLM(config.text_config()).float()
+    if model.lm_head.weight is not model.model.embed_tokens.weight:
+        raise RuntimeError("expected tied input/output embeddings (tie_word_embeddings=True)")
+    return model
+
+
+def _optimizer(model: Any, config: DemoConfig) -> Any:
+    import torch
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]  # norms, A_log, dt_bias
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def token_losses(model: Any, windows: np.ndarray) -> Any:
+    """Per-token cross-entropy (nats) of ``windows[:, 1:]`` given the preceding tokens."""
+    import torch
+    import torch.nn.functional as F
+
+    ids = torch.from_numpy(windows)
+    logits = model(input_ids=ids[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none").view(
+        ids.shape[0], -1
+    )
+
+
+def evaluate(model: Any, stream: np.ndarray, seq_len: int, limit: int | None, batch: int = 4) -> float:
+    """Mean validation loss (nats per token) over the first ``limit`` windows (all when None)."""
+    import torch
+
+    windows = val_windows(stream, seq_len, limit)
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(windows), batch):
+            losses = token_losses(model, windows[i : i + batch])
+            total += float(losses.sum())
+            count += losses.numel()
+    model.train()
+    return total / count
+
+
+def train(
+    config: DemoConfig, train_ids: np.ndarray, val_ids: np.ndarray, work: Path, log: Any = print
+) -> Any:
+    """Train (or resume) to ``config.steps``; return the model. Logs JSON lines to ``work/train_log.jsonl``."""
+    import torch
+
+    from onnxgen.demo.gdn import fast_gated_delta_rule
+
+    torch.set_num_threads(config.threads)
+    work.mkdir(parents=True, exist_ok=True)
+    model = new_model(config)
+    opt = _optimizer(model, config)
+    start = _resume(model, opt, config, work / CHECKPOINT, log)
+    record = (work / "train_log.jsonl").open("a")
+    model.train()
+    t0, tokens = time.time(), 0
+    with fast_gated_delta_rule():
+        for step in range(start, config.steps):
+            for group in opt.param_groups:
+                group["lr"] = learning_rate(config, step)
+            batch = batch_at(train_ids, step, config.batch, config.seq_len, config.seed)
+            loss = token_losses(model, batch).mean()
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            tokens += config.batch * config.seq_len
+            done = step + 1
+            entry: dict[str, Any] = {"step": done, "loss": round(loss.item(), 4)}
+            if done % 10 == 0 or done == config.steps:
+                elapsed = time.time() - t0
+                entry.update(lr=round(learning_rate(config, step), 6), grad_norm=round(norm.item(), 3))
+                entry.update(elapsed_s=round(elapsed, 1), tokens_per_s=round(tokens / elapsed))
+            if done % config.eval_every == 0 or done == config.steps:
+                entry["val_loss"] = round(evaluate(model, val_ids, config.seq_len, config.eval_windows), 4)
+                _save(model, opt, config, done, work / CHECKPOINT)
+            elif done % 50 == 0:
+                _save(model, opt, config, done, work / CHECKPOINT)
+            record.write(json.dumps(entry) + "\n")
+            record.flush()
+            if len(entry) > 2:
+                log(" ".join(f"{k}={v}" for k, v in entry.items()))
+    record.close()
+    model.eval()
+    return model
+
+
+def _save(model: Any, opt: Any, config: DemoConfig, step: int, path: Path) -> None:
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "config": config.to_dict()}
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def _resume(model: Any, opt: Any, config: DemoConfig, path: Path, log: Any) -> int:
+    import torch
+
+    if not path.is_file():
+        return 0
+    state = torch.load(path, weights_only=False)
+    if state["config"] != config.to_dict():
+        raise RuntimeError(f"{path} was written with other settings; delete it or train with those settings")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    log(f"train: resuming from step {state['step']} ({path})")
+    return int(state["step"])
