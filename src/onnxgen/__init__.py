@@ -10,6 +10,7 @@ from onnxgen.errors import (
     TokenizerError,
     UnsupportedModelError,
 )
+from onnxgen.generation.constraints import ConstraintError
 from onnxgen.generation.generator import GenerationResult, StreamEvent
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import DraftModel, PromptLookup
@@ -21,6 +22,7 @@ __all__ = [
     "LLM",
     "AmbiguousIOError",
     "ConfigError",
+    "ConstraintError",
     "DecoderIOError",
     "DraftModel",
     "GenerationError",
