@@ -36,6 +36,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-chunk", type=int, default=512, help="prompt tokens prefilled between decode steps"
     )
+    p.add_argument(
+        "--min-batch-rows",
+        type=int,
+        default=2,
+        help="pad every decode step to this many rows (default 2: a request gets the same tokens alone or "
+        "beside others even where a kernel computes one row differently; 1: fastest lone request)",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     add_runtime_flags(p)
 
@@ -55,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
         )
-    config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk)
+    config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, args.min_batch_rows)
     app = create_app(llm, config, args.served_model_name)
     print(
         f"onnxgen serve: {app.state.server.model_name} on http://{args.host}:{args.port} "

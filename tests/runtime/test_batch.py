@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
-from runtime_helpers import DENSE_FAMILIES, HYBRID_FAMILIES, ids, teacher_forced
+from runtime_helpers import DENSE_FAMILIES, HYBRID_FAMILIES, ids, open_session, teacher_forced
 
 from onnxgen.errors import GenerationError
 from onnxgen.runtime.batch import BatchState
 from onnxgen.runtime.session import DecoderSession
+from onnxgen.testing import build_model
 
 FAMILIES = DENSE_FAMILIES + HYBRID_FAMILIES
 ATOL = 1e-5
@@ -190,3 +194,54 @@ def test_a_prefilled_sequence_longer_than_a_row_is_refused(sessions: dict[str, D
     with pytest.raises(GenerationError, match="9 tokens does not fit a batch row of 8"):
         batch.admit(prefill(session, sequence(1, 9))[0])  # type: ignore[arg-type]
     assert batch.n == 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_idle_rows_padding_a_forward_to_min_rows_change_no_live_rows_output(
+    sessions: dict[str, DecoderSession], alone: dict[str, list[np.ndarray]], family: str
+) -> None:
+    driver = Driver(sessions[family], max_batch=4)
+    driver.batch = BatchState(sessions[family], 4, CAPACITY, min_rows=3)
+    driver.admit(0)  # alone: two idle rows pad each forward
+    driver.step()
+    driver.admit(1)  # admitted into a row that idled until now
+    pending = [2, 3]
+    while driver.rows or pending:
+        if pending and driver.batch.free_rows:
+            driver.admit(pending.pop(0))
+        driver.step()
+        driver.retire_finished()
+    for k in range(len(ROWS)):
+        np.testing.assert_allclose(np.stack(driver.logits[k]), alone[family][k], atol=ATOL, rtol=0)
+
+
+def int8_activation_model(root: Path) -> Path:
+    """The tiny dense int4 export with MatMulNBits set to int8 activations (accuracy_level 4), as the
+    onnxruntime-genai builder writes them: onnxruntime computes a single row differently from a block."""
+    model_dir = build_model(root, "genai-dense", precision="int4")
+    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
+    onnx.save(model, str(model_dir / "model.onnx"))
+    return model_dir
+
+
+def lone_and_beside(session: DecoderSession, min_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of one sequence over 10 steps decoded alone, and beside another sequence."""
+    prompts = [[(37 * i + 11 * k) % 300 + 3 for i in range(length)] for k, length in enumerate((5, 9))]
+    out = []
+    for company in (False, True):
+        batch = BatchState(session, 2, CAPACITY, min_rows=min_rows)
+        for prompt in prompts[: 1 + company]:
+            batch.admit(prefill(session, prompt)[0])  # type: ignore[arg-type]
+        out.append(np.stack([batch.step([7 + t] * batch.n)[0] for t in range(10)]))
+    return out[0], out[1]
+
+
+def test_with_two_min_rows_a_sequence_gets_the_same_logits_alone_or_beside_another(tmp_path: Path) -> None:
+    session = open_session(int8_activation_model(tmp_path / "int8"))
+    lone, beside = lone_and_beside(session, min_rows=1)
+    assert np.abs(lone - beside).max() > 1e-3  # the kernel computes one row differently from two
+    lone, beside = lone_and_beside(session, min_rows=2)
+    np.testing.assert_array_equal(lone, beside)

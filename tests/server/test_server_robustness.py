@@ -175,6 +175,33 @@ def test_a_client_disconnect_mid_stream_cancels_its_request_and_frees_its_slot(s
     assert r.usage is not None and r.usage.completion_tokens == 4
 
 
+def test_a_queued_request_whose_client_leaves_gives_its_queue_place_back(server: ServerProcess) -> None:
+    cancelled = server.metric("onnxgen_sequences_finished_total", reason="cancelled")
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        running = [
+            client.stream("POST", "/v1/completions", json=long_body(stream=True)) for _ in range(MAX_BATCH)
+        ]
+        lines = [r.__enter__().iter_lines() for r in running]
+        for line in lines:
+            assert next(line).startswith("data: ")
+        queued = [
+            client.stream("POST", "/v1/completions", json=long_body(stream=True)) for _ in range(MAX_QUEUE)
+        ]
+        for q in queued:
+            assert q.__enter__().status_code == 200
+        wait_until(server, "onnxgen_queue_depth", MAX_QUEUE)
+        for q in queued:
+            q.__exit__(None, None, None)
+        wait_until(server, "onnxgen_queue_depth", 0)  # while every row is still busy
+        assert server.metric("onnxgen_free_batch_rows") == 0
+        for r in running:
+            r.__exit__(None, None, None)
+    wait_until(
+        server, "onnxgen_sequences_finished_total", cancelled + MAX_BATCH + MAX_QUEUE, reason="cancelled"
+    )
+    wait_until(server, "onnxgen_free_batch_rows", MAX_BATCH)
+
+
 def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it(server: ServerProcess) -> None:
     cancelled = server.metric("onnxgen_sequences_finished_total", reason="cancelled")
     with pytest.raises(httpx.ReadTimeout):

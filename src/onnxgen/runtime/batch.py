@@ -7,6 +7,12 @@ per row, so no padded position ever enters a recurrent state, and a row's output
 else is in the batch. Retiring a row moves the last row into its slot, so live rows stay compacted and
 every forward binds contiguous views ``buffer[:n]``.
 
+``min_rows`` pads every forward to at least that many rows with idle rows (length 0, fed a token of their
+own, never read). Some kernels take a different path for one row than for several (onnxruntime's int4
+MatMulNBits with int8 activations computes a single row differently from a block of rows; rows of a
+block are computed alike whatever their neighbours), so with ``min_rows=2`` a sequence's logits no longer
+depend on whether it had company at any step.
+
 Per-row lengths drive the attention mask and position ids:
 
 - *shared* KV (GroupQueryAttention): row ``r`` keeps its tokens at ``[0, len_r)`` of its row of the
@@ -57,9 +63,12 @@ def _input_dtype(session: DecoderSession, name: str | None, default: type) -> ty
 class BatchState:
     """Up to ``max_batch`` sequences of up to ``capacity`` tokens each, decoded together."""
 
-    def __init__(self, session: DecoderSession, max_batch: int, capacity: int) -> None:
-        if max_batch < 1 or capacity < 2:
-            raise ValueError(f"max_batch must be >= 1 and capacity >= 2 (got {max_batch}, {capacity})")
+    def __init__(self, session: DecoderSession, max_batch: int, capacity: int, min_rows: int = 1) -> None:
+        if max_batch < 1 or capacity < 2 or min_rows < 1:
+            raise ValueError(
+                f"max_batch, min_rows must be >= 1 and capacity >= 2 (got {max_batch}, {min_rows}, {capacity})"
+            )
+        self.min_rows = min(min_rows, max_batch)
         self.session = session
         self.io = io = session.io
         self.max_batch = max_batch
@@ -103,6 +112,11 @@ class BatchState:
     def free_rows(self) -> int:
         return self.max_batch - self.n
 
+    @property
+    def bound_rows(self) -> int:
+        """Rows a forward runs: the live ones, padded with idle rows up to ``min_rows``."""
+        return max(self.n, self.min_rows) if self.n else 0
+
     # -- admission and retirement -----------------------------------------------------------------------
     def admit(self, prefilled: DecodeState) -> int:
         """Copy a prefilled batch-1 state (its KV prefix and recurrent states) into row ``n``; return it."""
@@ -138,16 +152,16 @@ class BatchState:
 
     def _admit_grown(self, kv: list[np.ndarray], length: int) -> None:
         """Growing KV: left-pad the new row (or every old row) so all rows end at the common past."""
-        if self.n == 0:
-            self._past = length
-            self._set_grown([np.ascontiguousarray(a) for a in kv])
-            return
-        past = max(self._past, length)
+        n = self.n
+        past = max(self._past, length) if n else length
+        rows = max(n + 1, self.min_rows)
+        olds = self._grown_arrays() if n else [None] * len(kv)
         merged = []
-        for old, new in zip(self._grown_arrays(), kv, strict=True):
-            out = np.zeros((self.n + 1, old.shape[1], past, old.shape[3]), dtype=old.dtype)
-            out[: self.n, :, past - self._past :] = old[: self.n]
-            out[self.n, :, past - length :] = new[0]
+        for old, new in zip(olds, kv, strict=True):
+            out = np.zeros((rows, new.shape[1], past, new.shape[3]), dtype=new.dtype)
+            if old is not None:
+                out[:n, :, past - self._past :] = old[:n]
+            out[n, :, past - length :] = new[0]
             merged.append(out)
         self._past = past
         self._set_grown(merged)
@@ -180,17 +194,22 @@ class BatchState:
         if row != last:
             order[row] = last
         past = int(self.lengths[: self.n].max())
-        trimmed = [np.ascontiguousarray(a[order, :, self._past - past :]) for a in self._grown_arrays()]
+        trimmed = []
+        for a in self._grown_arrays():
+            out = np.zeros((self.bound_rows, a.shape[1], past, a.shape[3]), dtype=a.dtype)
+            out[: self.n] = a[order, :, self._past - past :]
+            trimmed.append(out)
         self._past = past
         self._set_grown(trimmed)
 
     # -- one batched forward ------------------------------------------------------------------------------
     def step(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """Feed one token per live row (``tokens[r]`` to row ``r``); return logits ``[n, vocab]`` (a copy)."""
-        n = self.n
+        n, m = self.n, self.bound_rows
         tokens = np.asarray(tokens, dtype=self._token_dtype).reshape(-1)
         if n == 0 or len(tokens) != n:
             raise GenerationError(f"step() needs one token per live row ({n} rows, got {len(tokens)} tokens)")
+        tokens = np.concatenate([tokens, np.full(m - n, tokens[0], dtype=tokens.dtype)]) if m > n else tokens
         if int(self.lengths[:n].max()) + 1 > self.capacity:
             raise GenerationError(
                 f"a batch row would exceed its capacity of {self.capacity} tokens; retire it first"
@@ -200,9 +219,9 @@ class BatchState:
         if binder is None:  # two per session: the recurrent states ping-pong between two buffers
             binder = self._binders[(run, self.steps % 2)] = _Binder(run.io_binding())
         small = self._bind_small_inputs(binder.binding, tokens)
-        self._bind_caches(binder, n)
+        self._bind_caches(binder, m)
         if self._logits is not None:
-            binder.output(self.io.logits, self._logits.rows(n))
+            binder.output(self.io.logits, self._logits.rows(m))
         else:
             binder.output(self.io.logits, None)
         try:
@@ -214,11 +233,11 @@ class BatchState:
         self._advance(n, allocated)
         if self._logits is not None:
             return self._logits.array[:n, 0].copy()
-        return allocated[self.io.logits].numpy()[:, -1].astype(np.float32)
+        return allocated[self.io.logits].numpy()[:n, -1].astype(np.float32)
 
     def _bind_small_inputs(self, binding: ort.IOBinding, tokens: np.ndarray) -> list[np.ndarray]:
-        io, n = self.io, self.n
-        lengths = self.lengths[:n]
+        io, n = self.io, len(tokens)
+        lengths = self.lengths[:n]  # idle rows have length 0: they attend to their own token only
         arrays = [np.ascontiguousarray(tokens.reshape(n, 1))]
         binding.bind_cpu_input(io.token_input, arrays[-1])
         if self.session.logits_to_keep:

@@ -42,16 +42,20 @@ class SchedulerConfig:
         max_batch: batch rows, i.e. choices decoded together.
         max_queue: prompts that may wait for a row before new requests are refused.
         max_model_len: tokens per row (prompt + generated).
-        prefill_chunk: most prompt tokens prefilled between two decode steps.
+        prefill_chunk: prompt tokens per prefill forward (also the budget between two decode steps).
+        min_rows: every decode step runs at least this many rows (idle ones pad it), so that kernels
+            that compute one row differently from several (int4 MatMulNBits with int8 activations)
+            give a sequence the same tokens whether it decodes alone or beside others.
     """
 
     max_batch: int = 16
     max_queue: int = 64
     max_model_len: int = 2048
     prefill_chunk: int = 512
+    min_rows: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk"):
+        for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < (2 if name == "max_model_len" else 1):
                 raise ValueError(f"{name} must be a positive integer (got {value!r})")
@@ -64,7 +68,7 @@ class Scheduler:
         self.llm = llm
         self.config = config
         self.metrics = metrics
-        self.batch = BatchState(llm.session, config.max_batch, config.max_model_len)
+        self.batch = BatchState(llm.session, config.max_batch, config.max_model_len, config.min_rows)
         self._prefill_state = llm.session.new_state(config.max_model_len)
         self._rows: list[tuple[Job, SequenceRun]] = []  # aligned with the batch rows
         self._waiting: deque[Job] = deque()
@@ -128,8 +132,10 @@ class Scheduler:
 
     def _next_job(self) -> Job | None:
         with self._cv:
-            while self._waiting and self._waiting[0].cancelled:
-                self._finish_unstarted(self._waiting.popleft(), "cancelled")
+            if any(job.cancelled for job in self._waiting):  # gone clients give their queue places back
+                for job in [job for job in self._waiting if job.cancelled]:
+                    self._finish_unstarted(job, "cancelled")
+                self._waiting = deque(job for job in self._waiting if not job.cancelled)
             job = None
             if self._waiting and len(self._waiting[0].runs) <= self.batch.free_rows:
                 job = self._waiting.popleft()
@@ -149,7 +155,7 @@ class Scheduler:
                 self._prefill = None
                 self._finish_unstarted(job, "cancelled")
                 continue
-            take = min(budget, len(job.prompt) - job.offset)
+            take = self._chunk(job)
             ids = np.asarray([job.prompt[job.offset : job.offset + take]], dtype=np.int64)
             try:
                 logits = self.llm.session.forward(self._prefill_state, ids, 1)[0, -1]
@@ -163,6 +169,14 @@ class Scheduler:
             if job.offset == len(job.prompt):
                 self._prefill = None
                 self._start(job, logits)
+
+    def _chunk(self, job: Job) -> int:
+        """The next prefill chunk of ``job``: cut at fixed offsets (multiples of ``prefill_chunk``) whatever
+        else the iteration prefills, and never a lone last token (a one-row forward may round differently)."""
+        chunk, left = self.config.prefill_chunk, len(job.prompt) - job.offset
+        if left <= chunk:
+            return left
+        return chunk - 1 if left == chunk + 1 and chunk > 2 else chunk
 
     def _start(self, job: Job, logits: np.ndarray) -> None:
         """Sample each choice's first token and give every unfinished choice a batch row."""
