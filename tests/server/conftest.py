@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from server_helpers import INT8_ACTIVATIONS, int8_activation_model
 
 from onnxgen.testing import build_model
 
@@ -12,7 +13,9 @@ from onnxgen.testing import build_model
 @pytest.fixture(scope="session")
 def server_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("server-models")
-    return {
+    models = {
         family: build_model(root / family, family)
         for family in ("genai-dense", "hybrid-genai", "hybrid-mobius")
     }
+    models[INT8_ACTIVATIONS] = int8_activation_model(root / INT8_ACTIVATIONS)
+    return models

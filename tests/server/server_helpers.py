@@ -9,8 +9,11 @@ import time
 from pathlib import Path
 
 import httpx
+import onnx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
+
+from onnxgen.testing import build_model
 
 START_TIMEOUT_S = 90.0
 
@@ -76,3 +79,18 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         self._log.close()
+
+
+INT8_ACTIVATIONS = "genai-dense-int8act"
+
+
+def int8_activation_model(root: Path) -> Path:
+    """The tiny dense int4 export with MatMulNBits on int8 activations (accuracy_level 4, as the
+    onnxruntime-genai builder writes int4 models): onnxruntime computes one row differently from several."""
+    model_dir = build_model(root, "genai-dense", precision="int4")
+    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
+    onnx.save(model, str(model_dir / "model.onnx"))
+    return model_dir
