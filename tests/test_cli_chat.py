@@ -36,10 +36,13 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[Messages]:
     real = LLM.stream_chat
 
     def spy(
-        self: LLM, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None
+        self: LLM,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        speculative: Any = None,
     ) -> Iterator[StreamEvent]:
         calls.append([dict(m) for m in messages])
-        return real(self, messages, params)
+        return real(self, messages, params, speculative)
 
     monkeypatch.setattr(LLM, "stream_chat", spy)
     monkeypatch.delenv("ONNXGEN_MODEL", raising=False)
@@ -113,3 +116,18 @@ def test_chat_reports_a_turn_past_the_context_and_goes_on_without_it(
     assert "Traceback" not in captured.err
     assert [m["content"] for m in asked[2] if m["role"] == "user"] == ["hello", "again"]
     assert captured.err.count("[onnxgen] prompt") == 2  # --stats: one line per completed answer
+
+
+def test_chat_with_prompt_lookup_answers_as_plain_greedy_and_states_the_drafts(
+    model_dir: Path,
+    llm: LLM,
+    asked: list[Messages],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = "abc abc abc abc abc"
+    plain = llm.chat([_user(text)], SamplingParams(max_new_tokens=6)).text
+    assert _chat(monkeypatch, model_dir, f"{text}\n", "--speculative", "prompt-lookup", "--stats") == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{plain}\n"
+    assert "drafts " in captured.err and "target forwards" in captured.err

@@ -93,8 +93,10 @@ def test_generate_writes_and_flushes_each_event_before_asking_for_the_next(
     printed_before_next: list[str] = []
     real_stream = LLM.stream
 
-    def spy(self: LLM, prompt: object, params: SamplingParams | None = None) -> Iterator[StreamEvent]:
-        for event in real_stream(self, prompt, params):  # type: ignore[arg-type]
+    def spy(
+        self: LLM, prompt: object, params: SamplingParams | None = None, speculative: object = None
+    ) -> Iterator[StreamEvent]:
+        for event in real_stream(self, prompt, params, speculative):  # type: ignore[arg-type]
             texts.append(event.text)
             yield event
             printed_before_next.append(stdout.getvalue())
@@ -211,3 +213,78 @@ def test_generate_reports_a_bad_threads_env_var_and_a_missing_model_in_one_line(
     monkeypatch.setattr("onnxgen.cli_generate.default_model_dir", lambda: tmp_path / "absent")
     assert main(["generate", PROMPT]) == 2
     _one_line_error(capsys.readouterr().err, "bundled default model is missing", "ONNXGEN_MODEL")
+
+
+# -- speculative decoding ---------------------------------------------------------------------------
+REPEATING = "def add(a, b): return a + b\ndef add(a, b): return a + b\ndef add("
+DRAFTS = re.compile(r"\| drafts (\d+)/(\d+) accepted \| (\d+) target forwards \(([\d.]+) tokens/forward\)")
+
+
+def _json_run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main(["generate", *argv, "--json", "--threads", "1"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("family", ["genai-dense", "hybrid-mobius"])
+def test_generate_with_prompt_lookup_gives_the_plain_greedy_tokens_and_states_its_drafts(
+    tmp_path: Path, family: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = str(build_model(tmp_path / family, family))
+    plain = _json_run(capsys, model, REPEATING, "-n", "24")
+    spec = _json_run(capsys, model, REPEATING, "-n", "24", "--speculative", "prompt-lookup")
+    assert spec["token_ids"] == plain["token_ids"] and spec["text"] == plain["text"]
+    stats = spec["stats"]
+    assert isinstance(stats, dict) and stats["proposed_draft_tokens"] > 0  # it really drafted
+    assert "proposed_draft_tokens" not in plain["stats"]  # type: ignore[operator]
+    argv = ["generate", model, REPEATING, "-n", "24", "--threads", "1", "--speculative", "prompt-lookup"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{plain['text']}\n"
+    match = DRAFTS.search(captured.err)
+    assert match is not None, captured.err
+    accepted, proposed, forwards = int(match[1]), int(match[2]), int(match[3])
+    assert (accepted, proposed, forwards) == (
+        stats["accepted_draft_tokens"],
+        stats["proposed_draft_tokens"],
+        stats["target_forward_passes"],
+    )
+    assert float(match[4]) == pytest.approx(stats["generated_tokens"] / forwards, abs=0.005)
+    if family == "genai-dense":
+        assert accepted > 0  # this random model follows the repeated line: drafts were accepted
+    else:
+        assert accepted < proposed  # rejected drafts: the recurrent state was brought back, same tokens
+
+
+def test_generate_with_a_draft_model_directory_keeps_the_tokens_and_drafts_from_it(
+    dense_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    draft = build_model(tmp_path / "draft", "standard-dense")  # same spec and tokenizer, another graph
+    plain = _json_run(capsys, str(dense_dir), PROMPT, "-n", "16")
+    flags = ["--speculative", f"draft:{draft}", "--draft-tokens", "3"]
+    spec = _json_run(capsys, str(dense_dir), PROMPT, "-n", "16", *flags)
+    assert spec["token_ids"] == plain["token_ids"]
+    stats = spec["stats"]
+    assert isinstance(stats, dict)
+    assert stats["accepted_draft_tokens"] > 0 and stats["target_forward_passes"] < 16
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--speculative", "ngram"], ["--speculative 'ngram' is not a mode", "prompt-lookup", "draft:PATH"]),
+        (["--speculative", "draft:"], ["names no draft model", "draft:PATH"]),
+        (["--speculative", "draft:/no/such/draft"], ["/no/such/draft does not exist"]),
+        (["--draft-tokens", "3"], ["--draft-tokens 3 needs --speculative"]),
+        (
+            ["--speculative", "prompt-lookup", "--draft-tokens", "0"],
+            ["--draft-tokens must be an integer >= 1"],
+        ),
+    ],
+)
+def test_generate_rejects_a_bad_speculative_setting_in_one_line_with_exit_2(
+    dense_dir: Path, flags: list[str], needles: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["generate", str(dense_dir), PROMPT, *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    _one_line_error(captured.err, *needles)

@@ -20,9 +20,11 @@ from onnxgen.cli_generate import (
     sampling_params,
     write_stream,
 )
+from onnxgen.cli_speculative import add_speculative_flags, speculative_from_args
 from onnxgen.errors import OnnxgenError
 from onnxgen.generation.generator import GenerationResult
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import LLM
 
 COMMANDS = {
@@ -36,10 +38,17 @@ PROMPT_MARK = ">>> "
 class ChatSession:
     """A conversation: the messages so far, and one method to add a streamed turn."""
 
-    def __init__(self, llm: LLM, params: SamplingParams, system: str | None = None) -> None:
+    def __init__(
+        self,
+        llm: LLM,
+        params: SamplingParams,
+        system: str | None = None,
+        speculative: Speculative | None = None,
+    ) -> None:
         self.llm = llm
         self.params = params
         self.system = system
+        self.speculative = speculative
         self.messages: list[dict[str, Any]] = []
         self.reset()
 
@@ -49,7 +58,7 @@ class ChatSession:
     def ask(self, text: str, out: TextIO) -> GenerationResult:
         """Stream the answer to ``text`` into ``out``; keep the turn only when it completes."""
         turn = [*self.messages, {"role": "user", "content": text}]
-        result = write_stream(self.llm.stream_chat(turn, self.params), out)
+        result = write_stream(self.llm.stream_chat(turn, self.params, self.speculative), out)
         self.messages = [*turn, {"role": "assistant", "content": result.text}]
         return result
 
@@ -73,6 +82,7 @@ def add_chat(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_runtime_flags(p)
     add_sampling_flags(p)
+    add_speculative_flags(p)
     p.set_defaults(run=_run)
 
 
@@ -117,5 +127,6 @@ def repl(session: ChatSession, *, show_stats: bool = False) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
-    session = ChatSession(load_llm(args), params, system=args.system)
+    spec = speculative_from_args(args)
+    session = ChatSession(load_llm(args), params, system=args.system, speculative=spec)
     return repl(session, show_stats=args.stats)

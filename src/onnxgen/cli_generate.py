@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from onnxgen.cli_speculative import add_speculative_flags, format_speculative_stats, speculative_from_args
 from onnxgen.errors import GenerationError, ModelPackageError
 from onnxgen.generation.generator import GenerationResult, StreamEvent
 from onnxgen.generation.params import SamplingParams
@@ -163,7 +164,7 @@ def format_stats(result: GenerationResult) -> str:
         f"generated {s.get('generated_tokens', len(result.token_ids))} tokens | "
         f"TTFT {1000.0 * s.get('ttft_s', 0.0):.1f} ms | "
         f"decode {s.get('decode_tok_s', 0.0):.1f} tok/s | finish {result.finish_reason}"
-    )
+    ) + format_speculative_stats(s)
 
 
 # -- generate -------------------------------------------------------------------------------------
@@ -181,6 +182,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     add_runtime_flags(p)
     add_sampling_flags(p)
     add_constraint_flags(p)
+    add_speculative_flags(p)
     p.add_argument(
         "--stream", action=argparse.BooleanOptionalAction, default=True, help="print text as it is produced"
     )
@@ -216,11 +218,12 @@ def chat_messages(prompt: str, system: str | None) -> list[dict[str, Any]]:
 def _run(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args.prompt)
     params = sampling_params(args)
+    spec = speculative_from_args(args)
     llm = load_llm(args)
     chat = args.chat or args.system is not None
     messages = chat_messages(prompt, args.system)
     if args.json:
-        result = llm.chat(messages, params) if chat else llm.generate(prompt, params)
+        result = llm.chat(messages, params, spec) if chat else llm.generate(prompt, params, spec)
         fields = {
             "text": result.text,
             "token_ids": result.token_ids,
@@ -229,7 +232,7 @@ def _run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(fields, ensure_ascii=False))
         return 0
-    events = llm.stream_chat(messages, params) if chat else llm.stream(prompt, params)
+    events = llm.stream_chat(messages, params, spec) if chat else llm.stream(prompt, params, spec)
     out = sys.stdout
     if args.stream:
         result = write_stream(events, out)
