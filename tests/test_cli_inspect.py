@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent / "model"))
 from sigbuild import base_inputs, logits_port, qwen36_27b, sig_model, write_package
 
 from onnxgen.cli import main
+from onnxgen.llm import load
+from onnxgen.testing import build_model
 
 CONFIGS = {
     "config.json": {"eos_token_id": 248044, "max_position_embeddings": 262144},
@@ -95,3 +97,31 @@ def test_ambiguous_ports_exit_2_with_how_to_declare(
     model = sig_model([("a", "int64", ["b", "s"]), ("c", "int64", ["b", "s"])], [logits_port()])
     err = _error(capsys, str(write_package(tmp_path, model)))
     assert "could each be the token input" in err and "model: {io: {token_input: a}}" in err
+
+
+@pytest.fixture(scope="module")
+def scan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("scan"), "hybrid-scan")
+
+
+def test_inspect_names_the_decode_plan_a_load_chooses_and_why(
+    scan_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(scan_dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decode_plan"] == load(scan_dir, threads=1).decode_plan.plan.name == "inline"
+    assert "3 Scans" in out["decode_plan_reason"] and "of a decode step" in out["decode_plan_reason"]
+    assert main(["inspect", str(scan_dir)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("decode plan:"))
+    assert line == f"decode plan:    inline ({out['decode_plan_reason']})"
+
+
+def test_inspect_says_a_model_without_scans_decodes_on_its_main_graph(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dense = build_model(tmp_path, "genai-dense")
+    assert main(["inspect", str(dense), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decode_plan"] == "main" and "no Scan" in out["decode_plan_reason"]
+    assert main(["inspect", str(dense)]) == 0
+    assert "decode plan:    main (no eligible Scan" in capsys.readouterr().out

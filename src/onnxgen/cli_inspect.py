@@ -1,4 +1,4 @@
-"""``onnxgen inspect MODEL [--json]``: a model's export family and derived I/O topology."""
+"""``onnxgen inspect MODEL [--json]``: a model's export family, derived I/O topology and decode plan."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 
 from onnxgen.model.inspect import describe, format_text
 from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
 
 
 def add_inspect(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -16,7 +17,16 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.set_defaults(run=_run)
 
 
+def decode_plan_summary(package: ModelPackage) -> dict[str, str]:
+    """The plan ``load(model)`` (``decode_plan="auto"``) chooses for single-token steps, and why; from the
+    graph alone (no weights loaded, no session made)."""
+    choice = choose_decode_plan("auto", summarize_scans(package.graph))
+    return {"decode_plan": choice.plan, "decode_plan_reason": choice.reason}
+
+
 def _run(args: argparse.Namespace) -> int:
-    summary = describe(ModelPackage.open(args.model))
+    package = ModelPackage.open(args.model)
+    summary = describe(package)
+    summary.update(decode_plan_summary(package))
     print(json.dumps(summary, indent=2) if args.json else format_text(summary))
     return 0
