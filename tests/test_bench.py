@@ -1,5 +1,6 @@
 """``onnxgen bench``: JSON/table reports from real worker processes, interleaving and statistics with
-fake workers, the onnxruntime-genai side (when installed) and the errors."""
+fake workers, decode plans side by side, speculative vs plain decoding, the built-in prompts, the
+onnxruntime-genai side (when installed) and the errors."""
 
 from __future__ import annotations
 
@@ -9,16 +10,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from onnxgen import bench
-from onnxgen.bench import BenchConfig, OnnxgenEngine, decode_rate, run_bench, synthetic_prompt
+from onnxgen.bench import BenchConfig, decode_rate, run_bench, synthetic_prompt
+from onnxgen.bench_engine import OnnxgenEngine
+from onnxgen.bench_genai import BenchError
+from onnxgen.bench_prompts import CODE_SNIPPET, novel_prompt, repetitive_prompt
 from onnxgen.bench_worker import process_threads
 from onnxgen.cli import main
 from onnxgen.cli_bench import format_report
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.speculative.proposers import NgramProposer
 from onnxgen.llm import load
 from onnxgen.testing import build_model
+from onnxgen.tokenizer import Tokenizer
 
 HAS_GENAI = importlib.util.find_spec("onnxruntime_genai") is not None
 GENAI = "onnxruntime-genai"
@@ -43,9 +50,13 @@ def dense_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hybrid_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    model = build_model(tmp_path_factory.mktemp("bench-hybrid"), "hybrid-genai")
-    cfg = BenchConfig(str(model), prompt_tokens=(4,), new_tokens=4, warmups=0, runs=1, threads=1)
+def hybrid_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("bench-hybrid"), "hybrid-genai")
+
+
+@pytest.fixture(scope="module")
+def hybrid_report(hybrid_dir: Path) -> dict[str, Any]:
+    cfg = BenchConfig(str(hybrid_dir), prompt_tokens=(4,), new_tokens=4, warmups=0, runs=1, threads=1)
     return run_bench(cfg, log=lambda _: None)
 
 
@@ -60,14 +71,22 @@ def test_bench_json_reports_prefill_ttft_decode_and_rss_of_the_onnxgen_worker(
     assert report["threads"] == 1 and report["new_tokens"] == 4
     assert {"cpu", "cores_available", "onnxruntime", "loadavg_start", "loadavg_end"} <= set(report["machine"])
     [entry] = report["results"]
-    assert entry["prompt_tokens"] == 4 and set(entry["engines"]) == {"onnxgen"}
+    assert (
+        entry["prompt_tokens"] == 4
+        and entry["prompt"] == "synthetic"
+        and set(entry["engines"]) == {"onnxgen"}
+    )
     e = entry["engines"]["onnxgen"]
-    for key in ("prefill_ms", "ttft_ms", "decode_tok_s"):
+    for key in ("prefill_ms", "ttft_ms", "decode_tok_s", "decode_ms_per_token", "total_ms"):
         assert set(e[key]) == {"median", "min", "max"} and e[key]["median"] > 0
-    assert e["prefill_ms"]["median"] <= e["ttft_ms"]["median"]
+    assert e["prefill_ms"]["median"] <= e["ttft_ms"]["median"] <= e["total_ms"]["median"]
+    assert e["decode_ms_per_token"]["median"] == pytest.approx(1000.0 / e["decode_tok_s"]["median"])
     assert len(e["runs"]) == 1
     assert e["peak_rss_mb"] > 10  # onnxruntime alone takes more than this
+    assert e["pss_mb"] is None or 10 < e["pss_mb"] <= e["peak_rss_mb"] + 1
     assert e["process_threads"] >= 1
+    assert (e["decode_plan_requested"], e["decode_plan"]) == ("auto", "main")
+    assert "no Scan" in e["decode_plan_reason"]
 
 
 def test_bench_table_has_one_row_per_engine_and_prompt_length_and_states_the_machine(
@@ -75,25 +94,42 @@ def test_bench_table_has_one_row_per_engine_and_prompt_length_and_states_the_mac
 ) -> None:
     text = format_report(hybrid_report)
     assert "machine: " in text and "cores available" in text and "1 intra-op threads" in text
+    assert (
+        "decode plan: main (no eligible Scan (the graph has no Scan))" in text
+    )  # said without --decode-plan
     e = hybrid_report["results"][0]["engines"]["onnxgen"]
-    row = next(line for line in text.splitlines() if line.lstrip().startswith("4  onnxgen"))
-    assert f"{e['decode_tok_s']['median']:.1f}" in row.split()
+    row = next(
+        line.split() for line in text.splitlines() if line.split()[:3] == ["synthetic", "4", "onnxgen"]
+    )
+    assert f"{e['decode_tok_s']['median']:.1f}" in row
+    assert f"{e['decode_ms_per_token']['median']:.3f}" in row
 
 
 class _FakeWorker:
     """Stands in for a worker process: records the order of runs, returns scripted timings."""
 
     order: list[str] = []  # noqa: RUF012 (shared log of one test)
+    started: list[dict[str, Any]] = []  # noqa: RUF012
 
-    def __init__(self, engine: str, model: str, threads: int) -> None:
+    def __init__(
+        self,
+        engine: str,
+        model: str,
+        threads: int,
+        options: dict[str, Any] | None = None,
+        label: str | None = None,
+    ) -> None:
         self.engine = engine
+        self.label = label or engine
         self.calls = 0
+        self.options = options or {}
+        self.started.append({"label": self.label, **self.options})
         self.info = {"vocab_size": 50, "context_length": 40, "version": "t", "process_threads": 2 + threads}
 
     def run(self, prompt: Sequence[int], new_tokens: int) -> dict[str, Any]:
         assert list(prompt) == synthetic_prompt(len(prompt), 50)
         self.calls += 1
-        self.order.append(self.engine)
+        self.order.append(self.label)
         slow = 2.0 if self.engine == GENAI else 1.0
         return {
             "prefill_ms": 10.0 * self.calls * slow,
@@ -101,7 +137,14 @@ class _FakeWorker:
             "step_ms": [100.0] + [self.calls * slow] * (new_tokens - 2),  # a slow first decode step
             "token_ids": [7] * new_tokens if self.engine == "onnxgen" else [7, 7, 8] + [7] * (new_tokens - 3),
             "peak_rss_mb": 100.0 * slow + self.calls,
+            **self._plan(),
         }
+
+    def _plan(self) -> dict[str, str]:
+        if self.engine != "onnxgen":
+            return {}
+        plan = self.options.get("decode_plan", "auto")
+        return {"decode_plan_requested": plan, "decode_plan": plan, "decode_plan_reason": f"asked for {plan}"}
 
     def close(self) -> None:
         pass
@@ -159,6 +202,15 @@ def test_onnxgen_engine_times_the_prefill_forward_and_one_step_per_later_token(d
         ),
         (["--runs", "0"], "--runs must be >= 1"),
         (["--threads", "0"], "--threads must be an integer >= 1"),
+        (
+            ["--decode-plan", "scan,fast"],
+            "--decode-plan 'scan,fast': each entry must be one of auto, scan, inline",
+        ),
+        (["--decode-plan", "scan,scan"], "listed once"),
+        (["--prompt-kind", "poetry"], "--prompt-kind 'poetry': each entry must be one of synthetic"),
+        (["--speculative", "ngram"], "--speculative 'ngram' is not a mode"),
+        (["--draft-tokens", "2"], "--draft-tokens 2 needs --speculative"),
+        (["--prompt-file", "/no/such/prompt.txt"], "--prompt-file '/no/such/prompt.txt' cannot be read"),
     ],
 )
 def test_bench_rejects_bad_settings_with_one_line_and_exit_2(
@@ -175,7 +227,7 @@ def test_bench_refuses_prompt_plus_new_tokens_past_the_context(
     monkeypatch.setattr(bench, "Worker", _FakeWorker)
     assert main(["bench", "m", "--prompt-tokens", "30", "--new-tokens", "16"]) == 2
     err = capsys.readouterr().err
-    assert "context of 40 tokens" in err and "--prompt-tokens 30" in err
+    assert "prompt synthetic of 30 tokens plus --new-tokens 16" in err and "context of 40 tokens" in err
 
 
 def test_bench_relays_a_worker_load_failure_as_one_line(
@@ -227,3 +279,279 @@ def test_genai_engine_thread_setting_changes_the_thread_pool(dense_dir: Path) ->
     three = process_threads()
     assert before is not None and one is not None and three is not None
     assert (three - one) - (one - before) == 2  # an intra-op pool of N threads adds N - 1
+
+
+# -- decode plans ---------------------------------------------------------------------------------
+def test_bench_runs_one_worker_per_decode_plan_interleaved_and_names_the_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bench, "require_genai", lambda: None)
+    monkeypatch.setattr(bench, "Worker", _FakeWorker)
+    _FakeWorker.order, _FakeWorker.started = [], []
+    cfg = BenchConfig(
+        "m",
+        prompt_tokens=(5,),
+        new_tokens=6,
+        warmups=1,
+        runs=2,
+        decode_plans=("scan", "inline"),
+        compare=GENAI,
+    )
+    report = run_bench(cfg, log=lambda _: None)
+    assert [w["label"] for w in _FakeWorker.started] == ["onnxgen[scan]", "onnxgen[inline]", GENAI]
+    assert [w.get("decode_plan") for w in _FakeWorker.started] == ["scan", "inline", None]
+    assert _FakeWorker.order == ["onnxgen[scan]", "onnxgen[inline]", GENAI] * 3
+    [entry] = report["results"]
+    assert entry["engines"]["onnxgen[inline]"]["decode_plan"] == "inline"
+    assert entry["engines"]["onnxgen[scan]"]["decode_plan_reason"] == "asked for scan"
+    assert set(entry["ratios"]) == {"onnxgen[scan]", "onnxgen[inline]"}
+    assert entry["ratio"] == entry["ratios"]["onnxgen[scan]"]
+    assert entry["tokens_match"] is False and entry["diverging_engines"] == [GENAI]  # the plans agree
+    text = format_report(report)
+    assert "decode plans (asked -> ran: why):" in text
+    assert "  onnxgen[inline]: inline -> inline: asked for inline" in text
+    assert any(line.split()[0] == "onnxgen[inline]/genai" for line in text.splitlines() if line.strip())
+
+
+def test_bench_decode_plans_scan_and_inline_side_by_side_on_a_scan_hybrid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ONNXGEN_CACHE_DIR", str(tmp_path / "cache"))  # the workers' optimized copies
+    model = build_model(tmp_path / "scan", "hybrid-scan")
+    flags = ["--decode-plan", "scan,inline", "--warmups", "1", *QUICK]
+    assert main(["bench", str(model), *flags]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["decode_plans"] == ["scan", "inline"]
+    [entry] = report["results"]
+    assert list(entry["engines"]) == ["onnxgen[scan]", "onnxgen[inline]"]
+    for plan in ("scan", "inline"):
+        e = entry["engines"][f"onnxgen[{plan}]"]
+        assert (e["decode_plan_requested"], e["decode_plan"]) == (plan, plan)  # ran as asked, after warmup
+        assert e["decode_plan_reason"] == f"decode_plan={plan!r} was requested"
+        assert e["decode_ms_per_token"]["median"] > 0 and e["peak_rss_mb"] > 10
+        if Path("/proc/self/smaps_rollup").is_file():
+            assert e["pss_mb"] > 10
+    assert entry["tokens_match"] is True  # both plans pick the same greedy tokens
+    assert any((tmp_path / "cache" / "plans").iterdir())  # the inline worker built its copy there
+
+
+# -- speculative decoding -------------------------------------------------------------------------
+class _SpeculatingWorker(_FakeWorker):
+    """Plain runs end-to-end in PLAIN_MS[i] ms, speculative ones in SPEC_MS[i] (i counts warmups too);
+    the speculative tokens differ from token 3 on in the last run."""
+
+    PLAIN_MS = (999.0, 100.0, 300.0, 90.0)
+    SPEC_MS = (1.0, 25.0, 60.0, 90.0)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spec_calls = 0
+
+    def run(self, prompt: Sequence[int], new_tokens: int, speculative: bool = False) -> dict[str, Any]:
+        if not speculative:
+            result = super().run(prompt, new_tokens)
+            return {**result, "total_ms": self.PLAIN_MS[self.calls - 1], "forward_passes": new_tokens}
+        self.spec_calls += 1
+        self.order.append(f"{self.label}+spec")
+        ids = [7] * new_tokens if self.spec_calls < 4 else [7, 7, 7, 9] + [7] * (new_tokens - 4)
+        return {
+            "prefill_ms": 5.0,
+            "ttft_ms": 6.0,
+            "step_ms": [0.5] * (new_tokens - 1),
+            "total_ms": self.SPEC_MS[self.spec_calls - 1],
+            "token_ids": ids,
+            "forward_passes": 4,
+            "proposed_draft_tokens": 10,
+            "accepted_draft_tokens": 6,
+            "target_forward_passes": 4,
+            "state_replays": 1,
+            "peak_rss_mb": 150.0,
+        }
+
+
+def test_bench_speculative_alternates_with_plain_runs_and_reports_the_paired_speedup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bench, "Worker", _SpeculatingWorker)
+    _FakeWorker.order, _FakeWorker.started = [], []
+    cfg = BenchConfig(
+        "m",
+        prompt_tokens=(5,),
+        new_tokens=8,
+        warmups=1,
+        runs=3,
+        speculative="prompt-lookup",
+        prompt_kinds=("synthetic",),
+    )
+    report = run_bench(cfg, log=lambda _: None)
+    assert _FakeWorker.started[0]["speculative"] == {
+        "mode": "prompt-lookup",
+        "draft_tokens": 4,
+        "draft_path": None,
+    }
+    plain, spec = "onnxgen", "onnxgen+spec"
+    assert _FakeWorker.order == [plain, spec, spec, plain, plain, spec, spec, plain]
+    assert report["speculative"] == "prompt-lookup" and report["draft_tokens"] == 4
+    s = report["results"][0]["engines"]["onnxgen"]["speculative"]
+    # measured pairs: 100/25 = 4, 300/60 = 5, 90/90 = 1 -> median 4 (the ratio of medians would be 1.67)
+    assert s["speedup"] == 4.0
+    assert s["total_ms"]["median"] == 60.0 and s["plain_total_ms"]["median"] == 100.0
+    assert s["tokens_per_target_forward"] == 2.0 and s["plain_tokens_per_forward"] == 1.0
+    assert s["decode_tok_s"]["median"] == 2000.0
+    assert (s["accepted_draft_tokens"], s["proposed_draft_tokens"], s["acceptance"]) == (6, 10, 0.6)
+    assert s["tokens_match"] is False and s["first_divergence"] == 3
+    row = next(ln.split() for ln in format_report(report).splitlines() if "6/10" in ln)
+    assert row[:3] == ["synthetic", "5", "onnxgen"] and "4.00x" in row and "2.00" in row
+    assert row[-3:] == ["no", "(from", "3)"]
+
+
+def test_bench_speculative_json_on_a_tiny_hybrid_has_every_key_and_the_plain_tokens(
+    hybrid_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--speculative", "prompt-lookup", "--runs", "1", "--warmups", "0", "--threads", "1", "--json"]
+    assert main(["bench", str(hybrid_dir), *flags, "--prompt-tokens", "40", "--new-tokens", "12"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(e["prompt"], e["prompt_tokens"]) for e in report["results"]] == [
+        ("repetitive", 40),
+        ("novel", 40),
+    ]
+    for entry in report["results"]:
+        s = entry["engines"]["onnxgen"]["speculative"]
+        assert s["mode"] == "prompt-lookup" and s["draft_tokens"] == 4
+        assert s["tokens_match"] is True and s["first_divergence"] is None
+        assert 0 <= s["accepted_draft_tokens"] <= s["proposed_draft_tokens"]
+        assert s["tokens_per_target_forward"] == pytest.approx(12 / s["target_forward_passes"])
+        assert s["plain_tokens_per_forward"] == 1.0
+        for key in (
+            "total_ms",
+            "plain_total_ms",
+            "decode_tok_s",
+            "plain_decode_tok_s",
+            "prefill_ms",
+            "ttft_ms",
+        ):
+            assert s[key]["median"] > 0
+        assert s["speedup"] == pytest.approx(s["plain_total_ms"]["median"] / s["total_ms"]["median"])
+
+
+def test_bench_speculative_with_a_draft_model_directory(
+    dense_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = [
+        "--speculative",
+        f"draft:{dense_dir}",
+        "--draft-tokens",
+        "3",
+        "--prompt-kind",
+        "novel",
+        "--prompt-tokens",
+        "20",
+    ]
+    assert (
+        main(
+            ["bench", str(dense_dir), *flags, "--runs", "1", "--warmups", "0", "--new-tokens", "10", "--json"]
+        )
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    s = report["results"][0]["engines"]["onnxgen"]["speculative"]
+    assert s["mode"] == f"draft:{dense_dir}" and s["draft_tokens"] == 3
+    assert s["tokens_match"] is True and s["accepted_draft_tokens"] > 0  # the model drafting for itself
+
+
+# -- prompts --------------------------------------------------------------------------------------
+def _longest_repeat(ids: Sequence[int]) -> int:
+    """The longest span of ids that occurs at two positions."""
+    best = 0
+    for i in range(len(ids)):
+        for j in range(i + 1, len(ids)):
+            k = 0
+            while j + k < len(ids) and ids[i + k] == ids[j + k]:
+                k += 1
+            best = max(best, k)
+    return best
+
+
+@pytest.fixture(scope="module")
+def encode(dense_dir: Path) -> Any:
+    tok = Tokenizer.from_dir(dense_dir)
+    return lambda text, special: tok.encode(text, add_special_tokens=special)
+
+
+def _drafted_tokens_per_forward(context: list[int], continuation: list[int]) -> float:
+    """Tokens per target forward if a model generated ``continuation`` after ``context`` and prompt lookup
+    drafted for it (greedy acceptance: the longest matching prefix of each draft, plus one token)."""
+    proposer = NgramProposer(max_ngram=3, min_ngram=1)
+    done = forwards = 0
+    while done < len(continuation):
+        drafts, _ = proposer.propose(np.array(context + continuation[:done]), 4)
+        j = 0
+        while j < len(drafts) and done + j < len(continuation) and drafts[j] == continuation[done + j]:
+            j += 1
+        done, forwards = done + j + 1, forwards + 1
+    return len(continuation) / forwards
+
+
+@pytest.mark.parametrize("length", [16, 64, 200])
+def test_the_repetitive_prompt_has_the_asked_length_and_ends_inside_a_copy_of_its_snippet(
+    length: int, encode: Any
+) -> None:
+    ids = repetitive_prompt(length, encode)
+    assert len(ids) == length
+    code = encode(CODE_SNIPPET, False)
+    copied = max(
+        m for m in range(1, length) if ids[-m:] == code[:m]
+    )  # the prompt ends in the snippet's start
+    assert copied >= 2
+    starts = [i for i in range(length - copied + 1) if ids[i : i + copied] == code[:copied]]
+    assert len(starts) == 3  # the body twice, then its beginning again
+    assert _longest_repeat(ids) >= length // 3
+
+
+@pytest.mark.parametrize("length", [64, 200])
+def test_prompt_lookup_drafts_the_repetitive_prompts_continuation_but_not_the_novel_ones(
+    length: int, encode: Any
+) -> None:
+    ids = repetitive_prompt(length, encode)
+    code = encode(CODE_SNIPPET, False)
+    copied = max(m for m in range(1, length) if ids[-m:] == code[:m])
+    assert _drafted_tokens_per_forward(ids, code[copied : copied + 12]) >= 2.5
+    novel = novel_prompt(length + 12, encode)
+    assert _drafted_tokens_per_forward(novel[:length], novel[length:]) < 1.3
+
+
+def test_the_novel_prompt_has_nothing_long_to_copy(encode: Any) -> None:
+    ids = novel_prompt(200, encode)
+    assert len(ids) == 200 and ids == novel_prompt(250, encode)[:200]
+    assert _longest_repeat(ids) <= 6
+
+
+def test_built_in_prompts_longer_than_their_text_are_refused_with_the_fix(encode: Any) -> None:
+    with pytest.raises(
+        BenchError, match=r"--prompt-kind repetitive .* change --prompt-tokens or give a --prompt-file"
+    ):
+        repetitive_prompt(100_000, encode)
+    with pytest.raises(BenchError, match=r"--prompt-kind novel has \d+ tokens"):
+        novel_prompt(100_000, encode)
+
+
+class _EncodingWorker(_FakeWorker):
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        return [1 + ord(c) % 40 for c in text]
+
+    def run(self, prompt: Sequence[int], new_tokens: int) -> dict[str, Any]:
+        self.order.append(",".join(map(str, prompt)))
+        return {**super().run(synthetic_prompt(len(prompt), 50), new_tokens)}
+
+
+def test_bench_prompt_file_is_encoded_by_the_worker_and_used_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "Worker", _EncodingWorker)
+    _FakeWorker.order = []
+    path = tmp_path / "prompt.txt"
+    path.write_text("hello", encoding="utf-8")
+    cfg = BenchConfig("m", prompt_tokens=(3,), new_tokens=4, warmups=0, runs=1, prompt_files=(str(path),))
+    [entry] = run_bench(cfg, log=lambda _: None)["results"]
+    assert (entry["prompt"], entry["prompt_tokens"]) == ("prompt.txt", 5)
+    assert _FakeWorker.order[0] == ",".join(str(1 + ord(c) % 40) for c in "hello")

@@ -1,34 +1,36 @@
-"""Benchmark harness: greedy generation timed in one worker process per engine.
+"""Benchmark harness: greedy generation timed in one worker process per engine (or decode plan).
 
-Each engine (onnxgen, and with ``compare`` onnxruntime-genai) runs in its own subprocess, so peak RSS
-is per engine, with the same intra-op thread count. The parent sends JSON-line commands on the
-worker's stdin and reads one JSON line per reply; with two engines the runs are interleaved (onnxgen
-run 1, genai run 1, onnxgen run 2, ...) so slow drifts of a shared machine hit both alike. A fresh
-pair of workers serves each prompt length, so its peak RSS belongs to that length.
+Each worker (onnxgen, one per ``decode_plans`` entry, and with ``compare`` onnxruntime-genai) is its own
+subprocess, so peak RSS is per worker, with the same intra-op thread count. The parent sends JSON-line
+commands on the worker's stdin and reads one JSON line per reply; runs are interleaved (worker 1 run 1,
+worker 2 run 1, worker 1 run 2, ...) so slow drifts of a shared machine hit all alike. With
+``speculative`` every onnxgen worker runs plain and speculative greedy generation back to back on the same
+prompt (in alternating order), and the two are compared run by run. A fresh set of workers serves each
+prompt, so its peak RSS belongs to that prompt.
 
 Per run: ``prefill_ms`` (the prefill forward alone), ``ttft_ms`` (request call to first token),
-``step_ms`` (one entry per later token: a decode forward plus token selection), ``token_ids``.
+``step_ms`` (one entry per later token), ``total_ms`` (request call to last token), ``token_ids``.
+Prompts: :mod:`onnxgen.bench_prompts`; statistics: :mod:`onnxgen.bench_stats`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxgen.bench_genai import GENAI, BenchError, GenaiEngine, require_genai, step_durations_ms
-from onnxgen.bench_worker import Worker, machine_info, serve
-from onnxgen.generation.params import SamplingParams
-from onnxgen.llm import load
-
-ONNXGEN = "onnxgen"
-ENGINES = (ONNXGEN, GENAI)
+from onnxgen.bench_engine import ENGINES, ONNXGEN, worker_main
+from onnxgen.bench_genai import GENAI, BenchError, require_genai
+from onnxgen.bench_prompts import NOVEL, PROMPT_KINDS, REPETITIVE, SYNTHETIC, kind_prompt, read_prompt_file
+from onnxgen.bench_prompts import synthetic_prompt as synthetic_prompt
+from onnxgen.bench_stats import decode_rate, ratio, summarize, summarize_speculative, token_check
+from onnxgen.bench_worker import Worker, machine_info
+from onnxgen.cli_speculative import SpeculativeSpec, parse_speculative
+from onnxgen.runtime.plans import DECODE_PLANS
 
 __all__ = [
     "ENGINES",
@@ -39,6 +41,8 @@ __all__ = [
     "synthetic_prompt",
     "worker_main",
 ]
+
+Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ class BenchConfig:
     decode_skip: int = 0
     threads: int = 1
     compare: str | None = None
+    decode_plans: tuple[str, ...] = ()  # one onnxgen worker per plan; () = one worker on the default (auto)
+    speculative: str | None = None  # "prompt-lookup" or "draft:PATH"
+    draft_tokens: int | None = None
+    prompt_kinds: tuple[str, ...] | None = None  # None: see `kinds`
+    prompt_files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens or min(self.prompt_tokens) < 1:
@@ -70,179 +79,153 @@ class BenchConfig:
             raise ValueError(f"--threads must be >= 1 (got {self.threads})")
         if self.compare not in (None, GENAI):
             raise ValueError(f"--compare must be {GENAI!r} (got {self.compare!r})")
+        self._check_lists()
+        parse_speculative(self.speculative, self.draft_tokens)
+
+    def _check_lists(self) -> None:
+        for plan in self.decode_plans:
+            if plan not in DECODE_PLANS or self.decode_plans.count(plan) > 1:
+                raise ValueError(
+                    f"--decode-plan {','.join(self.decode_plans)!r}: each entry must be one of "
+                    f"{', '.join(DECODE_PLANS)}, listed once (got {plan!r})"
+                )
+        for kind in self.prompt_kinds or ():
+            if kind not in PROMPT_KINDS or self.prompt_kinds.count(kind) > 1:  # type: ignore[union-attr]
+                raise ValueError(
+                    f"--prompt-kind {','.join(self.prompt_kinds or ())!r}: each entry must be one of "
+                    f"{', '.join(PROMPT_KINDS)}, listed once (got {kind!r})"
+                )
+
+    @property
+    def spec(self) -> SpeculativeSpec | None:
+        return parse_speculative(self.speculative, self.draft_tokens)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The built-in prompt kinds to run: as given; else none beside prompt files; else repetitive and
+        novel when speculating (a synthetic prompt says little about drafting), synthetic otherwise."""
+        if self.prompt_kinds is not None:
+            return self.prompt_kinds
+        if self.prompt_files:
+            return ()
+        return (REPETITIVE, NOVEL) if self.speculative else (SYNTHETIC,)
 
 
-def synthetic_prompt(length: int, vocab_size: int) -> list[int]:
-    """``length`` deterministic token ids spread over [1, vocab_size) (a fixed stride, no randomness)."""
-    span = max(vocab_size - 1, 1)
-    return [1 + (i * 7919 + 13) % span for i in range(length)]
+@dataclass(frozen=True)
+class PromptCase:
+    label: str  # the kind, or the prompt file's name
+    length: int | None = None  # ids of a built-in kind; None: a file's text, used whole
+    text: str | None = None
 
 
-def decode_rate(step_ms: Sequence[float], skip: int = 0) -> float:
-    """Decode tokens per second over the steps after the first ``skip``."""
-    steps = step_ms[skip:]
-    total = sum(steps)
-    return 1000.0 * len(steps) / total if total > 0 else 0.0
+def prompt_cases(cfg: BenchConfig) -> list[PromptCase]:
+    cases = [PromptCase(kind, n) for kind in cfg.kinds for n in cfg.prompt_tokens]
+    return cases + [PromptCase(Path(f).name, None, read_prompt_file(f)) for f in cfg.prompt_files]
 
 
-# -- worker side ----------------------------------------------------------------------------------
-class OnnxgenEngine:
-    """onnxgen's :class:`~onnxgen.llm.LLM`, driven through its stream; forwards are timed by wrapping
-    the session's ``forward`` (so prefill is the first forward alone)."""
-
-    name = ONNXGEN
-
-    def __init__(self, model_dir: str | Path, threads: int) -> None:
-        self.llm = load(model_dir, threads=threads)
-        self._forward_ms: list[float] = []
-        session = self.llm.session
-        inner = session.forward
-
-        def timed_forward(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            out = inner(*args, **kwargs)
-            self._forward_ms.append(1000.0 * (time.perf_counter() - t0))
-            return out
-
-        session.forward = timed_forward  # type: ignore[method-assign]
-
-    def info(self) -> dict[str, Any]:
-        from onnxgen import __version__
-
-        vocab = self.llm.session.vocab_size
-        if vocab <= 0 and self.llm.tokenizer is not None:
-            vocab = self.llm.tokenizer.vocab_size
-        return {
-            "version": __version__,
-            "vocab_size": vocab,
-            "context_length": self.llm.package.context_length,
-        }
-
-    def run(self, prompt: Sequence[int], new_tokens: int) -> dict[str, Any]:
-        # min_new_tokens = max_new_tokens masks end-of-sequence at every step, as onnxruntime-genai's
-        # min_length does, so both engines pick the same greedy tokens (ignore_eos would not mask it).
-        params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=0.0)
-        self._forward_ms.clear()
-        ids: list[int] = []
-        stamps: list[float] = []
-        start = time.perf_counter()
-        for event in self.llm.stream(list(prompt), params):
-            stamps.append(time.perf_counter())
-            ids.extend(event.token_ids)
-        return {
-            "prefill_ms": self._forward_ms[0],
-            "ttft_ms": 1000.0 * (stamps[0] - start),
-            "step_ms": step_durations_ms(stamps),
-            "token_ids": ids,
-        }
-
-
-def make_engine(name: str, model: str, threads: int) -> OnnxgenEngine | GenaiEngine:
-    if name == ONNXGEN:
-        return OnnxgenEngine(model, threads)
-    if name == GENAI:
-        return GenaiEngine(model, threads)
-    raise BenchError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
-
-
-def worker_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of a benchmark worker subprocess (see :mod:`onnxgen.bench_worker`)."""
-    return serve(make_engine, argv)
-
-
-# -- parent side ----------------------------------------------------------------------------------
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def summarize(runs: Sequence[dict[str, Any]], skip: int, info: dict[str, Any]) -> dict[str, Any]:
-    """Median/min/max of prefill, TTFT and decode rate over the measured runs, plus the worker's facts."""
-    rates = [decode_rate(r["step_ms"], skip) for r in runs]
-    return {
-        "prefill_ms": _spread([r["prefill_ms"] for r in runs]),
-        "ttft_ms": _spread([r["ttft_ms"] for r in runs]),
-        "decode_tok_s": _spread(rates),
-        "peak_rss_mb": runs[-1]["peak_rss_mb"],
-        "process_threads": info.get("process_threads"),
-        "version": info.get("version"),
-        "runs": [
-            {"prefill_ms": r["prefill_ms"], "ttft_ms": r["ttft_ms"], "decode_tok_s": rate}
-            for r, rate in zip(runs, rates, strict=True)
-        ],
-    }
-
-
-def _first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first differing token (or the shorter length), None when equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _comparison(engines: dict[str, dict[str, Any]], tokens: dict[str, list[int]]) -> dict[str, Any]:
-    ours, theirs = engines[ONNXGEN], engines[GENAI]
-
-    def ratio(key: str) -> float:
-        base = theirs[key]["median"]
-        return ours[key]["median"] / base if base > 0 else float("nan")
-
-    divergence = _first_divergence(tokens[ONNXGEN], tokens[GENAI])
-    return {
-        "ratio": {
-            "decode_tok_s": ratio("decode_tok_s"),
-            "ttft": ratio("ttft_ms"),
-            "prefill": ratio("prefill_ms"),
-        },
-        "tokens_match": divergence is None,
-        "first_divergence": divergence,
-    }
-
-
-def _log_progress(
-    log: Callable[[str], None], length: int, i: int, cfg: BenchConfig, runs: dict[str, list[dict[str, Any]]]
-) -> None:
-    if i < cfg.warmups:
-        log(f"prompt {length}: warmup {i + 1}/{cfg.warmups}")
-        return
-    rates = ", ".join(
-        f"{name} {decode_rate(r[-1]['step_ms'], cfg.decode_skip):.1f} tok/s" for name, r in runs.items()
-    )
-    log(f"prompt {length}: run {i + 1 - cfg.warmups}/{cfg.runs}: {rates}")
-
-
-def _bench_length(cfg: BenchConfig, length: int, log: Callable[[str], None]) -> dict[str, Any]:
-    names = [ONNXGEN] + ([GENAI] if cfg.compare else [])
+# -- one prompt ------------------------------------------------------------------------------------
+def _start_workers(cfg: BenchConfig) -> list[Worker]:
+    spec = cfg.spec
+    options: dict[str, Any] = {"speculative": asdict(spec) if spec is not None else None}
     workers: list[Worker] = []
     try:
-        for name in names:
-            workers.append(Worker(name, cfg.model, cfg.threads))
-        ref = workers[0].info
-        context = ref.get("context_length")
-        if context is not None and length + cfg.new_tokens > context:
-            raise BenchError(
-                f"--prompt-tokens {length} plus --new-tokens {cfg.new_tokens} exceeds the model's context of "
-                f"{context} tokens; lower one of them"
+        for plan in cfg.decode_plans or ("",):
+            label = f"{ONNXGEN}[{plan}]" if plan else ONNXGEN
+            workers.append(
+                Worker(ONNXGEN, cfg.model, cfg.threads, {**options, "decode_plan": plan or "auto"}, label)
             )
-        prompt = synthetic_prompt(length, int(ref["vocab_size"]))
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        if cfg.compare:
+            workers.append(Worker(GENAI, cfg.model, cfg.threads))
+    except BaseException:
+        _close(workers)
+        raise
+    return workers
+
+
+def _close(workers: list[Worker]) -> None:
+    for worker in workers:
+        worker.close()
+
+
+def _prompt(cfg: BenchConfig, case: PromptCase, ref: Worker) -> list[int]:
+    try:
+        if case.text is not None:
+            ids = ref.encode(case.text, True)
+        else:
+            assert case.length is not None
+            vocab = int(ref.info["vocab_size"])
+            ids = kind_prompt(case.label, case.length, vocab, lambda text, special: ref.encode(text, special))
+    except BenchError as e:
+        raise BenchError(f"prompt {case.label}: {e}") from e
+    context = ref.info.get("context_length")
+    if context is not None and len(ids) + cfg.new_tokens > context:
+        raise BenchError(
+            f"prompt {case.label} of {len(ids)} tokens plus --new-tokens {cfg.new_tokens} exceeds the model's "
+            f"context of {context} tokens; lower --prompt-tokens or --new-tokens"
+        )
+    return ids
+
+
+def _order(i: int, worker: Worker, speculating: bool) -> tuple[bool, ...]:
+    """Plain only, or plain and speculative in alternating order (so neither always runs second)."""
+    if not speculating or worker.engine != ONNXGEN:
+        return (False,)
+    return (False, True) if i % 2 == 0 else (True, False)
+
+
+def _run_once(worker: Worker, prompt: list[int], new_tokens: int, speculative: bool) -> dict[str, Any]:
+    result = worker.run(prompt, new_tokens, True) if speculative else worker.run(prompt, new_tokens)
+    if len(result["token_ids"]) != new_tokens:
+        raise BenchError(f"{worker.label} generated {len(result['token_ids'])} tokens, not {new_tokens}")
+    return result
+
+
+def _progress(cfg: BenchConfig, case: str, i: int, runs: dict[tuple[str, bool], list[dict[str, Any]]]) -> str:
+    if i < cfg.warmups:
+        return f"prompt {case}: warmup {i + 1}/{cfg.warmups}"
+    rates = ", ".join(
+        f"{label}{' speculative' if spec else ''} {decode_rate(r[-1]['step_ms'], cfg.decode_skip):.1f} tok/s"
+        for (label, spec), r in runs.items()
+    )
+    return f"prompt {case}: run {i + 1 - cfg.warmups}/{cfg.runs}: {rates}"
+
+
+def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
+    spec = cfg.spec
+    workers = _start_workers(cfg)
+    try:
+        prompt = _prompt(cfg, case, workers[0])
+        name = f"{case.label}/{len(prompt)}"
+        runs: dict[tuple[str, bool], list[dict[str, Any]]] = {
+            (w.label, s): [] for w in workers for s in sorted(_order(0, w, spec is not None))
+        }
         for i in range(cfg.warmups + cfg.runs):
             for worker in workers:
-                result = worker.run(prompt, cfg.new_tokens)
-                if len(result["token_ids"]) != cfg.new_tokens:
-                    raise BenchError(
-                        f"{worker.engine} generated {len(result['token_ids'])} tokens, not {cfg.new_tokens}"
+                for speculative in _order(i, worker, spec is not None):
+                    result = _run_once(worker, prompt, cfg.new_tokens, speculative)
+                    if i >= cfg.warmups:
+                        runs[worker.label, speculative].append(result)
+            log(_progress(cfg, name, i, runs))
+        engines = {w.label: summarize(runs[w.label, False], cfg.decode_skip, w.info) for w in workers}
+        if spec is not None:
+            for w in workers:
+                if (w.label, True) in runs:
+                    engines[w.label]["speculative"] = summarize_speculative(
+                        runs[w.label, False],
+                        runs[w.label, True],
+                        cfg.decode_skip,
+                        spec.label,
+                        spec.draft_tokens,
                     )
-                if i >= cfg.warmups:
-                    runs[worker.engine].append(result)
-            _log_progress(log, length, i, cfg, runs)
-        engines = {w.engine: summarize(runs[w.engine], cfg.decode_skip, w.info) for w in workers}
     finally:
-        for worker in workers:
-            worker.close()
-    entry: dict[str, Any] = {"prompt_tokens": length, "engines": engines}
+        _close(workers)
+    entry: dict[str, Any] = {"prompt": case.label, "prompt_tokens": len(prompt), "engines": engines}
+    if len(workers) > 1:
+        entry.update(token_check({w.label: runs[w.label, False][0]["token_ids"] for w in workers}))
     if cfg.compare:
-        entry.update(_comparison(engines, {n: runs[n][0]["token_ids"] for n in names}))
+        ratios = {w.label: ratio(engines[w.label], engines[GENAI]) for w in workers if w.engine == ONNXGEN}
+        entry["ratio"] = ratios[workers[0].label]
+        entry["ratios"] = ratios
     return entry
 
 
@@ -250,13 +233,15 @@ def _stderr_log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def run_bench(cfg: BenchConfig, log: Callable[[str], None] = _stderr_log) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, log: Log = _stderr_log) -> dict[str, Any]:
     """Run the benchmark described by ``cfg``; return the JSON-ready report."""
     if cfg.compare:
         require_genai()
+    cases = prompt_cases(cfg)  # a bad prompt file fails here, before any worker starts
     machine = machine_info()
-    results = [_bench_length(cfg, length, log) for length in cfg.prompt_tokens]
+    results = [_bench_case(cfg, case, log) for case in cases]
     machine["loadavg_end"] = list(os.getloadavg())
+    spec = cfg.spec
     return {
         "model": str(cfg.model),
         "threads": cfg.threads,
@@ -265,6 +250,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = _stderr_log) -> dic
         "runs": cfg.runs,
         "decode_skip": cfg.decode_skip,
         "compare": cfg.compare,
+        "decode_plans": list(cfg.decode_plans),
+        "speculative": spec.label if spec is not None else None,
+        "draft_tokens": spec.draft_tokens if spec is not None else None,
         "machine": machine,
         "results": results,
     }

@@ -95,5 +95,6 @@ class GenaiEngine:
             "prefill_ms": 1000.0 * (t1 - t0),
             "ttft_ms": 1000.0 * (stamps[0] - start),
             "step_ms": step_durations_ms(stamps),
+            "total_ms": 1000.0 * (stamps[-1] - start),
             "token_ids": ids,
         }

@@ -1,10 +1,12 @@
 """The process plumbing of ``onnxgen bench``: a worker serving JSON-line commands, and its client.
 
-Protocol (one JSON object per line). The worker starts with ``ENGINE MODEL THREADS`` as arguments,
+Protocol (one JSON object per line). The worker starts with ``ENGINE MODEL THREADS [OPTIONS_JSON]`` as
+arguments (options: the engine's settings, e.g. ``{"decode_plan": "inline", "speculative": {...}}``),
 loads the engine and answers ``{"ready": true, ...facts}`` (or ``{"error": ...}`` and exits). Then for
-each ``{"cmd": "run", "prompt": [...], "new_tokens": N}`` it answers the run's timings plus
-``peak_rss_mb``; ``{"cmd": "exit"}`` (or end of input) ends it. The worker moves its own stdout to
-stderr at start, so nothing a library prints can corrupt the protocol stream.
+each ``{"cmd": "run", "prompt": [...], "new_tokens": N, "speculative": false}`` it answers the run's
+timings plus ``peak_rss_mb`` and ``pss_mb``; ``{"cmd": "encode", "text": ..., "special": true}`` answers
+``{"token_ids": [...]}`` (engines with a tokenizer); ``{"cmd": "exit"}`` (or end of input) ends it. The
+worker moves its own stdout to stderr at start, so nothing a library prints can corrupt the protocol stream.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from typing import Any, Protocol
 from onnxgen.bench_genai import BenchError
 from onnxgen.runtime.session import default_threads
 
-WORKER_CODE = "from onnxgen.bench import worker_main; raise SystemExit(worker_main())"
+WORKER_CODE = "from onnxgen.bench_engine import worker_main; raise SystemExit(worker_main())"
 
 
 class Engine(Protocol):
     def info(self) -> dict[str, Any]: ...
 
     def run(self, prompt: Sequence[int], new_tokens: int) -> dict[str, Any]: ...
+
+
+EngineFactory = Callable[[str, str, int, dict[str, Any]], Engine]
 
 
 def peak_rss_mb() -> float | None:
@@ -38,6 +43,17 @@ def peak_rss_mb() -> float | None:
         return None
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0  # bytes on macOS
+
+
+def pss_mb() -> float | None:
+    """This process's proportional set size in MiB now (shared pages divided among their mappers), from
+    ``/proc/self/smaps_rollup``; None where unreadable."""
+    try:
+        text = Path("/proc/self/smaps_rollup").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    line = next((ln for ln in text.splitlines() if ln.startswith("Pss:")), None)
+    return int(line.split()[1]) / 1024.0 if line is not None else None
 
 
 def process_threads() -> int | None:
@@ -73,9 +89,25 @@ def _version(module: str) -> str | None:
         return None
 
 
-def serve(factory: Callable[[str, str, int], Engine], argv: Sequence[str] | None = None) -> int:
+def _answer(engine: Engine, command: dict[str, Any]) -> dict[str, Any]:
+    if command["cmd"] == "encode":
+        encode = getattr(engine, "encode", None)
+        if encode is None:
+            return {"error": f"{type(engine).__name__} has no tokenizer to encode text with"}
+        return {"token_ids": encode(command["text"], bool(command.get("special", True)))}
+    prompt, new_tokens = command["prompt"], int(command["new_tokens"])
+    if command.get("speculative"):  # only onnxgen engines speculate (the parent never asks another)
+        result = engine.run(prompt, new_tokens, True)  # type: ignore[call-arg]
+    else:
+        result = engine.run(prompt, new_tokens)
+    return {**result, "peak_rss_mb": peak_rss_mb(), "pss_mb": pss_mb()}
+
+
+def serve(factory: EngineFactory, argv: Sequence[str] | None = None) -> int:
     """The worker's main loop (runs in the subprocess)."""
-    engine_name, model, threads = (sys.argv[1:] if argv is None else list(argv))[:3]
+    args = sys.argv[1:] if argv is None else list(argv)
+    engine_name, model, threads = args[:3]
+    options = json.loads(args[3]) if len(args) > 3 else {}
     protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
 
@@ -84,34 +116,40 @@ def serve(factory: Callable[[str, str, int], Engine], argv: Sequence[str] | None
         protocol.flush()
 
     try:
-        engine = factory(engine_name, model, int(threads))
+        engine = factory(engine_name, model, int(threads), options)
     except Exception as e:  # reported to the parent, which raises it as a BenchError
         reply({"error": f"{type(e).__name__}: {e}"})
         return 1
     reply({"ready": True, **engine.info(), "process_threads": process_threads(), "rss_mb": peak_rss_mb()})
     for line in sys.stdin:
         command = json.loads(line)
-        if command.get("cmd") != "run":
+        if command.get("cmd") not in ("run", "encode"):
             break
         try:
-            result = engine.run(command["prompt"], int(command["new_tokens"]))
+            reply(_answer(engine, command))
         except Exception as e:  # reported to the parent
             reply({"error": f"{type(e).__name__}: {e}"})
-            continue
-        reply({**result, "peak_rss_mb": peak_rss_mb()})
     return 0
 
 
 class Worker:
-    """The parent's handle on one worker subprocess."""
+    """The parent's handle on one worker subprocess; ``label`` names it in reports (default: the engine)."""
 
-    def __init__(self, engine: str, model: str | Path, threads: int) -> None:
+    def __init__(
+        self,
+        engine: str,
+        model: str | Path,
+        threads: int,
+        options: dict[str, Any] | None = None,
+        label: str | None = None,
+    ) -> None:
         self.engine = engine
+        self.label = label or engine
         env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[1])  # so the child imports this onnxgen
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER_CODE, engine, str(model), str(threads)],
+            [sys.executable, "-c", WORKER_CODE, engine, str(model), str(threads), json.dumps(options or {})],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -125,19 +163,26 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             status = self.proc.wait()
-            raise BenchError(f"the {self.engine} worker exited with status {status}; its messages are above")
+            raise BenchError(f"the {self.label} worker exited with status {status}; its messages are above")
         message = json.loads(line)
         if "error" in message:
-            raise BenchError(f"{self.engine} worker: {message['error']}")
+            raise BenchError(f"{self.label} worker: {message['error']}")
         return message
 
-    def run(self, prompt: Sequence[int], new_tokens: int) -> dict[str, Any]:
+    def _ask(self, command: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(
-            json.dumps({"cmd": "run", "prompt": list(prompt), "new_tokens": new_tokens}) + "\n"
-        )
+        self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
         return self._receive()
+
+    def run(self, prompt: Sequence[int], new_tokens: int, speculative: bool = False) -> dict[str, Any]:
+        return self._ask(
+            {"cmd": "run", "prompt": list(prompt), "new_tokens": new_tokens, "speculative": speculative}
+        )
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """``text`` encoded by the worker's tokenizer."""
+        return [int(i) for i in self._ask({"cmd": "encode", "text": text, "special": special})["token_ids"]]
 
     def close(self) -> None:
         try:

@@ -1,0 +1,131 @@
+"""The statistics of ``onnxgen bench`` (parent side): medians and spreads of the measured runs of one
+worker, the speculative-vs-plain pairing, and the token checks between engines."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+PLAN_KEYS = ("decode_plan_requested", "decode_plan", "decode_plan_reason")
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def decode_rate(step_ms: Sequence[float], skip: int = 0) -> float:
+    """Decode tokens per second over the steps after the first ``skip``."""
+    steps = step_ms[skip:]
+    total = sum(steps)
+    return 1000.0 * len(steps) / total if total > 0 else 0.0
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token (or the shorter length), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _ms_per_token(rate: float) -> float:
+    return 1000.0 / rate if rate > 0 else float("inf")
+
+
+def summarize(runs: Sequence[dict[str, Any]], skip: int, info: dict[str, Any]) -> dict[str, Any]:
+    """Median/min/max of prefill, TTFT, decode rate and ms/token over the measured runs, plus the worker's
+    facts: peak RSS and PSS after its last run, and (onnxgen) the decode plan that ran in it."""
+    rates = [decode_rate(r["step_ms"], skip) for r in runs]
+    last = runs[-1]
+    summary: dict[str, Any] = {
+        "prefill_ms": spread([r["prefill_ms"] for r in runs]),
+        "ttft_ms": spread([r["ttft_ms"] for r in runs]),
+        "decode_tok_s": spread(rates),
+        "decode_ms_per_token": spread([_ms_per_token(rate) for rate in rates]),
+        "peak_rss_mb": last["peak_rss_mb"],
+        "pss_mb": last.get("pss_mb"),
+        "process_threads": info.get("process_threads"),
+        "version": info.get("version"),
+        "runs": [
+            {"prefill_ms": r["prefill_ms"], "ttft_ms": r["ttft_ms"], "decode_tok_s": rate}
+            for r, rate in zip(runs, rates, strict=True)
+        ],
+    }
+    if all("total_ms" in r for r in runs):
+        summary["total_ms"] = spread([r["total_ms"] for r in runs])
+    summary.update({key: last[key] for key in PLAN_KEYS if key in last})
+    return summary
+
+
+def _tokens_per_forward(run: dict[str, Any]) -> float:
+    forwards = run.get("target_forward_passes") or run.get("forward_passes") or 0
+    return len(run["token_ids"]) / forwards if forwards else 0.0
+
+
+def summarize_speculative(
+    plain: Sequence[dict[str, Any]], spec: Sequence[dict[str, Any]], skip: int, mode: str, draft_tokens: int
+) -> dict[str, Any]:
+    """Speculative runs beside the plain runs of the same worker (run i of each made back to back).
+
+    ``speedup`` is the median over pairs of plain / speculative end-to-end time (request call to last
+    token, prefill included): above 1x speculation is faster. ``tokens_match`` checks every pair's tokens.
+    """
+    rates = [decode_rate(r["step_ms"], skip) for r in spec]
+    plain_rates = [decode_rate(r["step_ms"], skip) for r in plain]
+    divergence = next(
+        (
+            d
+            for p, s in zip(plain, spec, strict=True)
+            if (d := first_divergence(p["token_ids"], s["token_ids"])) is not None
+        ),
+        None,
+    )
+    last = spec[-1]
+    proposed, accepted = last.get("proposed_draft_tokens", 0), last.get("accepted_draft_tokens", 0)
+    return {
+        "mode": mode,
+        "draft_tokens": draft_tokens,
+        "prefill_ms": spread([r["prefill_ms"] for r in spec]),
+        "ttft_ms": spread([r["ttft_ms"] for r in spec]),
+        "total_ms": spread([r["total_ms"] for r in spec]),
+        "plain_total_ms": spread([r["total_ms"] for r in plain]),
+        "decode_tok_s": spread(rates),
+        "plain_decode_tok_s": spread(plain_rates),
+        "tokens_per_target_forward": statistics.median(_tokens_per_forward(r) for r in spec),
+        "plain_tokens_per_forward": statistics.median(_tokens_per_forward(r) for r in plain),
+        "proposed_draft_tokens": proposed,
+        "accepted_draft_tokens": accepted,
+        "acceptance": accepted / proposed if proposed else 0.0,
+        "target_forward_passes": last.get("target_forward_passes"),
+        "state_replays": last.get("state_replays"),
+        "speedup": statistics.median(p["total_ms"] / s["total_ms"] for p, s in zip(plain, spec, strict=True)),
+        "decode_speedup": statistics.median(rates) / statistics.median(plain_rates)
+        if statistics.median(plain_rates) > 0
+        else float("nan"),
+        "tokens_match": divergence is None,
+        "first_divergence": divergence,
+        "peak_rss_mb": last["peak_rss_mb"],
+    }
+
+
+def ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
+    """onnxgen / other engine, of the medians of decode tok/s, TTFT and prefill."""
+
+    def one(key: str) -> float:
+        base = theirs[key]["median"]
+        return ours[key]["median"] / base if base > 0 else float("nan")
+
+    return {"decode_tok_s": one("decode_tok_s"), "ttft": one("ttft_ms"), "prefill": one("prefill_ms")}
+
+
+def token_check(tokens: dict[str, list[int]]) -> dict[str, Any]:
+    """Whether every engine's greedy tokens equal the first engine's; where the first difference is."""
+    names = list(tokens)
+    ref = tokens[names[0]]
+    diverged = {n: d for n in names[1:] if (d := first_divergence(ref, tokens[n])) is not None}
+    return {
+        "tokens_match": not diverged,
+        "first_divergence": min(diverged.values()) if diverged else None,
+        "diverging_engines": sorted(diverged),
+    }

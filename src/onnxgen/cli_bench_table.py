@@ -1,0 +1,193 @@
+"""The plain-text tables of ``onnxgen bench``: one row per prompt and worker, the decode plans that ran,
+and with ``--speculative`` a second table of speculative vs plain greedy decoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxgen.bench_engine import ONNXGEN
+from onnxgen.bench_genai import GENAI
+
+COLUMNS = (
+    "prompt",
+    "tokens",
+    "engine",
+    "prefill ms",
+    "TTFT ms",
+    "decode tok/s",
+    "ms/token",
+    "min-max tok/s",
+    "peak RSS MB",
+    "PSS MB",
+    "OS threads",
+)
+SPEC_COLUMNS = (
+    "prompt",
+    "tokens",
+    "engine",
+    "plain tok/s",
+    "spec tok/s",
+    "tokens/forward",
+    "drafts accepted",
+    "replays",
+    "plain ms",
+    "spec ms",
+    "speedup",
+    "same tokens",
+)
+LEFT = (0, 2)  # columns aligned left (names); the rest are numbers
+
+
+def _mb(value: float | None) -> str:
+    return f"{value:.0f}" if value is not None else "?"
+
+
+def _engine_row(entry: dict[str, Any], name: str, e: dict[str, Any]) -> list[str]:
+    rate = e["decode_tok_s"]
+    ms = e.get("decode_ms_per_token", {}).get("median")
+    return [
+        entry.get("prompt", ""),
+        str(entry["prompt_tokens"]),
+        name,
+        f"{e['prefill_ms']['median']:.1f}",
+        f"{e['ttft_ms']['median']:.1f}",
+        f"{rate['median']:.1f}",
+        f"{ms:.3f}" if ms is not None else "?",
+        f"{rate['min']:.1f}-{rate['max']:.1f}",
+        _mb(e.get("peak_rss_mb")),
+        _mb(e.get("pss_mb")),
+        str(e.get("process_threads") or "?"),
+    ]
+
+
+def _ratio_row(label: str, r: dict[str, float]) -> list[str]:
+    cells = [
+        "",
+        "",
+        f"{label}/genai",
+        f"{r['prefill']:.2f}x",
+        f"{r['ttft']:.2f}x",
+        f"{r['decode_tok_s']:.2f}x",
+    ]
+    return cells + [""] * (len(COLUMNS) - len(cells))
+
+
+def _spec_row(entry: dict[str, Any], name: str, s: dict[str, Any]) -> list[str]:
+    same = "yes" if s["tokens_match"] else f"no (from {s['first_divergence']})"
+    return [
+        entry.get("prompt", ""),
+        str(entry["prompt_tokens"]),
+        name,
+        f"{s['plain_decode_tok_s']['median']:.1f}",
+        f"{s['decode_tok_s']['median']:.1f}",
+        f"{s['tokens_per_target_forward']:.2f}",
+        f"{s['accepted_draft_tokens']}/{s['proposed_draft_tokens']}",
+        str(s.get("state_replays", 0)),
+        f"{s['plain_total_ms']['median']:.1f}",
+        f"{s['total_ms']['median']:.1f}",
+        f"{s['speedup']:.2f}x",
+        same,
+    ]
+
+
+def _align(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.ljust(w) if i in LEFT else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    table = _align(rows)
+    return [table[0], "-" * len(table[0]), *table[1:]]
+
+
+def plan_lines(report: dict[str, Any]) -> list[str]:
+    """Which decode plan each onnxgen worker asked for and ran (read after its runs), and why."""
+    seen: dict[tuple[str, str, str, str], None] = {}
+    for entry in report["results"]:
+        for name, e in entry["engines"].items():
+            if "decode_plan" in e:
+                seen[
+                    name,
+                    e.get("decode_plan_requested", "auto"),
+                    e["decode_plan"],
+                    e.get("decode_plan_reason", ""),
+                ] = None
+    if not report.get("decode_plans"):
+        return [f"decode plan: {ran} ({why})" for _, _, ran, why in seen]
+    return ["decode plans (asked -> ran: why):"] + [
+        f"  {name}: {asked} -> {ran}: {why}" for name, asked, ran, why in seen
+    ]
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    m = report["machine"]
+    engines = report["results"][0]["engines"]
+    ours = next(e for name, e in engines.items() if name.startswith(ONNXGEN))
+    versions = [f"onnxgen {ours['version']}", f"onnxruntime {m['onnxruntime']}"]
+    if report["compare"]:
+        versions.append(f"{GENAI} {engines[GENAI]['version']}")
+    load = "/".join(f"{x:.2f}" for x in m["loadavg_start"]), "/".join(f"{x:.2f}" for x in m["loadavg_end"])
+    skip = f", first {report['decode_skip']} decode steps skipped" if report["decode_skip"] else ""
+    lines = [
+        f"model:   {report['model']}",
+        f"method:  greedy, {report['new_tokens']} new tokens, medians of {report['runs']} runs "
+        f"after {report['warmups']} warmup(s){skip}; {report['threads']} intra-op threads per worker",
+        f"machine: {m['cpu']}, {m['cores_available']} cores available; load avg {load[0]} -> {load[1]}",
+        f"versions: {', '.join(versions)}",
+    ]
+    if not report.get("decode_plans"):
+        lines.extend(plan_lines(report))
+    return lines
+
+
+def _token_note(entry: dict[str, Any]) -> str:
+    first = next(iter(entry["engines"]))
+    others = ", ".join(entry.get("diverging_engines") or ["another engine"])
+    return (
+        f"prompt {entry.get('prompt', '')} {entry['prompt_tokens']}: greedy tokens of {others} differ from "
+        f"{first}'s from token {entry['first_divergence']} on"
+    )
+
+
+def speculative_lines(report: dict[str, Any]) -> list[str]:
+    k = report.get("draft_tokens")
+    rows = [list(SPEC_COLUMNS)]
+    for entry in report["results"]:
+        rows.extend(
+            _spec_row(entry, n, e["speculative"]) for n, e in entry["engines"].items() if "speculative" in e
+        )
+    return [
+        f"speculative: {report['speculative']}, {k} draft tokens to start (adapting between 1 and {2 * k}); "
+        "plain and speculative greedy runs alternate in one worker",
+        *_table(rows),
+        "tokens/forward: generated tokens per target forward (plain: 1.00); plain/spec ms: request to last "
+        "token, prefill included; speedup: median of plain/spec ms over run pairs (> 1x: speculation is faster)",
+    ]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as plain aligned tables (medians; ratio rows are onnxgen / onnxruntime-genai)."""
+    rows = [list(COLUMNS)]
+    notes = []
+    for entry in report["results"]:
+        rows.extend(_engine_row(entry, name, e) for name, e in entry["engines"].items())
+        ratios = entry.get("ratios") or ({ONNXGEN: entry["ratio"]} if "ratio" in entry else {})
+        for label, r in ratios.items():
+            rows.append(_ratio_row(label, r))
+        if entry.get("tokens_match") is False:
+            notes.append(_token_note(entry))
+    lines = [*_header(report), "", *_table(rows)]
+    if report["compare"]:
+        lines.append("ratios > 1x: onnxgen is slower on prefill/TTFT and faster on decode tok/s")
+    if report.get("decode_plans"):
+        lines.extend(plan_lines(report))
+    if report.get("speculative"):
+        lines.extend(["", *speculative_lines(report)])
+    return "\n".join(lines + notes)
