@@ -21,32 +21,46 @@ from onnxgen.runtime.state import DecodeState, Snapshot
 
 
 class NgramProposer:
-    """Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens."""
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens.
+
+    An index from each n-gram (min_ngram <= n <= max_ngram) to the end of its latest occurrence is
+    extended as the history grows, so a lookup costs O(max_ngram) dictionary probes, not a scan of
+    the history (the history only grows within a request; a shorter or rewritten one is re-indexed).
+    """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self._last_end: dict[tuple[int, ...], int] = {}
+        self._history: list[int] = []
+
+    def _index(self, ids: np.ndarray) -> None:
+        """Index every n-gram that lies wholly within ``ids[:-1]`` (the tail's own match excluded)."""
+        seen = len(self._history)
+        if len(ids) < seen or (seen and int(ids[seen - 1]) != self._history[-1]):
+            self.reset(0)
+            seen = 0
+        self._history.extend(int(t) for t in ids[seen:])
+        h = self._history
+        for end in range(max(seen - 1, 1), len(h)):  # grams ending (exclusive) at `end` <= len - 1
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._last_end[tuple(h[end - n : end])] = end
 
     def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], None]:
-        n_ids = len(ids)
-        for n in range(min(self.max_ngram, n_ids - 1), self.min_ngram - 1, -1):
-            tail = ids[n_ids - n :]
-            # Windows of length n ending before the tail's own start.
-            windows = np.lib.stride_tricks.sliding_window_view(ids[: n_ids - 1], n)
-            hits = np.flatnonzero((windows == tail).all(axis=1))
-            if len(hits) == 0:
-                continue
-            start = int(hits[-1]) + n
-            follow = ids[start : start + k]
-            if len(follow):
-                return [int(t) for t in follow], None
+        self._index(ids)
+        h = self._history
+        for n in range(min(self.max_ngram, len(h) - 1), self.min_ngram - 1, -1):
+            end = self._last_end.get(tuple(h[len(h) - n :]))
+            if end is not None:
+                return h[end : end + k], None
         return [], None
 
     def observe(self, context_len: int, accepted: int) -> None:
-        """Stateless: nothing to commit."""
+        """Nothing to commit: the index follows the history."""
 
     def reset(self, prompt_len: int) -> None:
-        """Stateless: nothing to reset."""
+        self._last_end.clear()
+        self._history = []
 
 
 class DraftModelProposer:
