@@ -244,9 +244,7 @@ class DecoderSession:
         if io.attention_mask is not None:
             binding.bind_cpu_input(io.attention_mask, np.ones((batch, past + t), dtype=self._mask_dtype))
         if io.position_ids is not None:
-            pos = np.arange(past, past + t, dtype=np.int64)
-            if io.position_ids_rank == 3:
-                arr = np.broadcast_to(pos, (3, batch, t))
-            else:
-                arr = np.broadcast_to(pos, (batch, t))
-            binding.bind_cpu_input(io.position_ids, np.ascontiguousarray(arr))
+            shape = (3, batch, t) if io.position_ids_rank == 3 else (batch, t)
+            pos = np.empty(shape, dtype=np.int64)
+            pos[...] = np.arange(past, past + t, dtype=np.int64)  # every row (and mRoPE section) alike
+            binding.bind_cpu_input(io.position_ids, pos)
