@@ -8,7 +8,9 @@ latency percentiles. Level 1 is the sequential baseline (one request at a time t
 
 With ``--genai`` the same load runs on onnxruntime-genai (scripts/load_genai.py: its Engine in process, no
 HTTP, and padded static batches) over the same model and prompts, for comparison. With ``--step-scaling``
-the batched decode step is also timed alone per batch size. Every count and wait is bounded.
+the batched decode step is also timed alone per batch size. With ``--rounds R`` the whole sweep repeats
+R times (levels and engines taking turns), and tokens/s is the median round: on a shared machine the load
+of other jobs changes from minute to minute. Every count and wait is bounded.
 
     python scripts/load_test.py /work/bench-models/qwen3_5-int4 --threads 2 --out load.json
 """
@@ -30,6 +32,8 @@ import httpx
 import numpy as np
 
 PROMPT_LENGTHS = (16, 32, 64, 128)
+SERVE = "onnxgen serve"
+SINGLE = "onnxgen serve, 1-row steps"  # --min-batch-rows 1: the fastest one-at-a-time baseline
 
 
 @dataclass
@@ -77,7 +81,9 @@ def make_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 # -- onnxgen serve ----------------------------------------------------------------------------------------
 class Server:
-    def __init__(self, model: Path, threads: int, max_batch: int, log: Path) -> None:
+    def __init__(
+        self, model: Path, threads: int, max_batch: int, log: Path, extra: Sequence[str] = ()
+    ) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -85,7 +91,7 @@ class Server:
         self.name = model.name
         cmd = [sys.executable, "-m", "onnxgen.cli_serve", str(model), "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--threads", str(threads), "--max-batch", str(max_batch)]
-        cmd += ["--max-queue", "256"]
+        cmd += ["--max-queue", "256", *extra]
         self._log = log.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log)
         deadline = time.monotonic() + 180
@@ -202,17 +208,37 @@ def scaling_table(rows: Sequence[tuple[int, float]]) -> str:
 
 
 # -- report -------------------------------------------------------------------------------------------------
-def table(results: Sequence[LevelResult]) -> str:
-    base = {r.engine: r.tokens_per_s for r in results if r.concurrency == 1}
-    lines = [
-        "| engine | clients | requests | tok/s | vs 1 client | latency p50/p90/p99 ms | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms |",
-        "|---|---:|---:|---:|---:|---|---|---|",
-    ]
+def merge(results: Sequence[LevelResult]) -> list[tuple[LevelResult, list[float]]]:
+    """One pooled result per (engine, clients) over the rounds, with each round's tokens/s; the pooled
+    result's wall time is chosen so that its tokens/s is the median round's."""
+    groups: dict[tuple[str, int], list[LevelResult]] = {}
     for r in results:
+        groups.setdefault((r.engine, r.concurrency), []).append(r)
+    merged = []
+    for (engine, clients), rounds in groups.items():
+        rates = [r.tokens_per_s for r in rounds]
+        tokens = sum(r.tokens for r in rounds)
+        wall = tokens / float(np.median(rates)) if min(rates) > 0 else 0.0
+        timings = [t for r in rounds for t in r.timings]
+        merged.append((LevelResult(engine, clients, len(timings), tokens, wall, timings), rates))
+    return merged
+
+
+def table(results: Sequence[LevelResult]) -> str:
+    merged = merge(results)
+    base = {r.engine: r.tokens_per_s for r, _ in merged if r.concurrency == 1}
+    base[SERVE] = base.get(SINGLE, base.get(SERVE, 0.0))  # onnxgen rows against the fastest sequential run
+    lines = [
+        "| engine | clients | requests | tok/s (median; rounds) | vs one at a time | latency p50/p90/p99 ms "
+        "| TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms |",
+        "|---|---:|---:|---|---:|---|---|---|",
+    ]
+    for r, rates in merged:
         ratio = r.tokens_per_s / base[r.engine] if base.get(r.engine) else float("nan")
         cells = [" / ".join(f"{v:.0f}" for v in r.percentiles(w)) for w in ("latency_s", "ttft_s", "itl_s")]
+        spread = ", ".join(f"{v:.0f}" for v in rates)
         lines.append(
-            f"| {r.engine} | {r.concurrency} | {r.requests} | {r.tokens_per_s:.1f} | {ratio:.2f}x | "
+            f"| {r.engine} | {r.concurrency} | {r.requests} | {r.tokens_per_s:.0f} ({spread}) | {ratio:.2f}x | "
             + " | ".join(cells)
             + " |"
         )
@@ -237,6 +263,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also run onnxruntime-genai (Engine, padded batch) on the same load",
     )
     p.add_argument("--no-serve", action="store_true", help="skip the onnxgen server levels")
+    p.add_argument(
+        "--single-row-baseline",
+        action="store_true",
+        help="also run 1 client on a second server with --min-batch-rows 1 (the fastest sequential baseline)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="repeat the sweep; tokens/s is the median round (default 1)"
+    )
     p.add_argument("--step-scaling", action="store_true", help="also time batched decode steps alone")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     return p.parse_args(argv)
@@ -252,32 +286,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     vocab = json.loads((args.model / "genai_config.json").read_text())["model"]["vocab_size"]
     prompts = make_prompts(64, vocab)
     results: list[LevelResult] = []
-    server = None if args.no_serve else Server(args.model, args.threads, max(levels), log_path(args))
+    servers: dict[str, Server] = {}
     genai = None
-    if args.genai:
-        from load_genai import GenaiRunner  # beside this script
-
-        genai = GenaiRunner(args, prompts)
     try:
-        if server is not None:
+        if not args.no_serve:
+            servers[SERVE] = Server(args.model, args.threads, max(levels), log_path(args))
+            if args.single_row_baseline:
+                flags = ("--min-batch-rows", "1")
+                log = log_path(args).with_suffix(".single.log")
+                servers[SINGLE] = Server(args.model, args.threads, max(levels), log, flags)
+        for server in servers.values():
             asyncio.run(server_level(server.url, server.name, prompts[:2], 1, 2, 8, 60))  # warm-up
-        for c in levels:  # engines take turns level by level, so a busy machine slows them alike
-            if server is not None:
+        if args.genai:
+            from load_genai import GenaiRunner  # beside this script
+
+            genai = GenaiRunner(args, prompts)
+        for c in [c for _ in range(args.rounds) for c in levels]:  # engines and levels take turns
+            for label, server in servers.items():
+                if label == SINGLE and c != 1:
+                    continue
                 count = args.requests or max(8, 2 * c)
                 level = server_level(
                     server.url, server.name, prompts, c, count, args.max_tokens, args.level_timeout
                 )
                 results.append(asyncio.run(level))
+                results[-1].engine = label
                 print(json.dumps(results[-1].summary()), flush=True)
             if genai is not None:
                 results += genai.level(c)
     finally:
-        if server is not None:
+        for server in servers.values():
             server.close()
     notes = genai.notes if genai is not None else []
     order = {engine: i for i, engine in enumerate(dict.fromkeys(r.engine for r in results))}
-    results.sort(key=lambda r: (order[r.engine], r.concurrency))
+    results.sort(key=lambda r: (order[r.engine], r.concurrency))  # stable: rounds stay in order
     print(table(results))
+    notes = list(dict.fromkeys(notes))  # one line per finding, not per round
     print("\n".join(notes))
     report: dict[str, object] = {
         "model": str(args.model),

@@ -38,10 +38,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--min-batch-rows",
-        type=int,
-        default=2,
-        help="pad every decode step to this many rows (default 2: a request gets the same tokens alone or "
-        "beside others even where a kernel computes one row differently; 1: fastest lone request)",
+        default="auto",
+        help="pad every decode step to this many rows; auto (default): 2 where the export's int4 kernels "
+        "compute a lone row differently (int8 activations), so a request gets the same tokens alone or "
+        "beside others; else 1",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     add_runtime_flags(p)
@@ -50,6 +50,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from onnxgen.runtime.batch import invariant_min_rows
     from onnxgen.server.app import create_app
     from onnxgen.server.scheduler import SchedulerConfig
 
@@ -62,16 +63,28 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
         )
-    config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, args.min_batch_rows)
+    min_rows = (
+        invariant_min_rows(llm.package.graph)
+        if args.min_batch_rows == "auto"
+        else _count(args.min_batch_rows)
+    )
+    config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
     app = create_app(llm, config, args.served_model_name)
     print(
         f"onnxgen serve: {app.state.server.model_name} on http://{args.host}:{args.port} "
-        f"(batch {config.max_batch}, {config.max_model_len} tokens per sequence)",
+        f"(batch {config.max_batch}, at least {config.min_rows} rows a step, "
+        f"{config.max_model_len} tokens per sequence)",
         file=sys.stderr,
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--min-batch-rows must be 'auto' or an integer >= 1 (got {text!r})")
+    return int(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

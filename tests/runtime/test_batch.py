@@ -10,7 +10,7 @@ import pytest
 from runtime_helpers import DENSE_FAMILIES, HYBRID_FAMILIES, ids, open_session, teacher_forced
 
 from onnxgen.errors import GenerationError
-from onnxgen.runtime.batch import BatchState
+from onnxgen.runtime.batch import BatchState, invariant_min_rows
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import build_model
 
@@ -245,3 +245,18 @@ def test_with_two_min_rows_a_sequence_gets_the_same_logits_alone_or_beside_anoth
     assert np.abs(lone - beside).max() > 1e-3  # the kernel computes one row differently from two
     lone, beside = lone_and_beside(session, min_rows=2)
     np.testing.assert_array_equal(lone, beside)
+
+
+def test_invariant_min_rows_pads_only_exports_whose_kernels_compute_a_lone_row_differently(
+    tmp_path: Path, family_dirs: dict[str, Path]
+) -> None:
+    assert (
+        invariant_min_rows(
+            onnx.load(str(family_dirs["genai-dense"] / "model.onnx"), load_external_data=False)
+        )
+        == 1
+    )
+    int4 = build_model(tmp_path / "int4", "genai-dense", precision="int4")
+    assert invariant_min_rows(onnx.load(str(int4 / "model.onnx"), load_external_data=False)) == 1
+    int8 = int8_activation_model(tmp_path / "int8")
+    assert invariant_min_rows(onnx.load(str(int8 / "model.onnx"), load_external_data=False)) == 2

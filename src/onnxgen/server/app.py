@@ -125,6 +125,11 @@ class Server:
             else:
                 prompts = completion_prompts(self.llm, self.tokenizer, req)
                 max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+            if len(prompts) > self.config.max_queue:
+                raise ApiError(
+                    400,
+                    f"{len(prompts)} prompts exceed this server's queue of {self.config.max_queue}; split them",
+                )
             stream = RequestStream(req.n * len(prompts), sum(map(len, prompts)), self.scheduler.wake)
             jobs = make_jobs(
                 self.llm, self.tokenizer, req, prompts, max_tokens, self.config.max_model_len, stream.handle

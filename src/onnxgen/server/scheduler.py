@@ -52,7 +52,7 @@ class SchedulerConfig:
     max_queue: int = 64
     max_model_len: int = 2048
     prefill_chunk: int = 512
-    min_rows: int = 2
+    min_rows: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows"):
