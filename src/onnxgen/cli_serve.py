@@ -56,6 +56,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
+    fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
     llm = load_llm(args)
     context = llm.package.context_length
     max_len = args.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
@@ -63,11 +64,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
         )
-    min_rows = (
-        invariant_min_rows(llm.package.graph)
-        if args.min_batch_rows == "auto"
-        else _count(args.min_batch_rows)
-    )
+    min_rows = fixed_rows or invariant_min_rows(llm.package.graph)
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
     app = create_app(llm, config, args.served_model_name)
     print(
