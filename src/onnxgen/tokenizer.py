@@ -18,6 +18,7 @@ import tokenizers
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers.decoders import DecodeStream
 
 from onnxgen.errors import TokenizerError
 
@@ -230,38 +231,36 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Streams token ids to text without splitting UTF-8 characters or losing leading spaces.
 
-    Each step decodes a short window ``ids[prefix_offset:]`` and emits what it adds to the decode of
-    ``ids[prefix_offset:read_offset]`` (the vLLM/TGI scheme), so tokenizers whose decode depends on
-    neighbours (byte-level BPE, metaspace) stream the same text as one decode of all ids. Text ending in
-    U+FFFD (an incomplete multi-byte character) is held back until the character completes; :meth:`flush`
-    releases whatever is left at the end. ``prompt_ids`` give the first generated token its context.
+    The text streamed is what one decode of ``prompt tail + generated ids`` adds to the decode of the
+    prompt tail (up to 5 prompt ids give the first generated token its context, as in vLLM/TGI), so
+    tokenizers whose decode depends on neighbours (byte-level BPE, metaspace) stream the same text as one
+    decode. Per token it takes one step of ``tokenizers``' own streaming decoder (``DecodeStream``, in
+    Rust), which holds back an incomplete multi-byte character until it completes; :meth:`flush` releases
+    whatever is left at the end (one full decode, once).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Ids = (), skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = [int(i) for i in prompt_ids]
-        self.read_offset = len(self.ids)
-        self.prefix_offset = max(self.read_offset - 5, 0)
+        self._context = [int(i) for i in prompt_ids][-5:]
+        self.ids: list[int] = []
+        self._emitted = 0  # characters streamed so far
+        self._stream = DecodeStream(ids=self._context, skip_special_tokens=skip_special_tokens)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
-    def _pending_text(self) -> tuple[str, str]:
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        return prefix, self._decode(self.ids[self.prefix_offset :])
-
     def feed(self, token_id: int) -> str:
         """Add one token id; return the text it completes (possibly empty)."""
         self.ids.append(int(token_id))
-        prefix, text = self._pending_text()
-        if len(text) <= len(prefix) or text.endswith("\ufffd"):
-            return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return text[len(prefix) :]
+        piece = self._stream.step(self.tokenizer.backend, int(token_id)) or ""
+        self._emitted += len(piece)
+        return piece
 
     def flush(self) -> str:
         """Return the held-back text (at the end of generation), even an incomplete character."""
-        prefix, text = self._pending_text()
-        self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix) :]
+        full = self._decode(self._context + self.ids)[len(self._decode(self._context)) :]
+        rest = full[self._emitted :]
+        self._emitted = len(full)
+        self._stream = DecodeStream(ids=self._context + self.ids, skip_special_tokens=self.skip_special_tokens)
+        return rest
