@@ -78,7 +78,7 @@ class TokenLoop:
     def _prefill(self) -> np.ndarray:
         """Run the prompt in one forward; the last position's logits. Timed as ``prefill_s``."""
         start = time.perf_counter()
-        logits = self.session.forward(self.state, self.ids[None, : self.n], 1)[0, -1]
+        logits = self.session.forward(self.state, self.ids[None, : self.n], 1, copy=False)[0, -1]
         self.prefill_s = time.perf_counter() - start
         self.forward_passes += 1
         return logits
@@ -108,7 +108,9 @@ class TokenLoop:
             yield token, reason
             if reason is not None:
                 return
-            logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1)[0, -1]
+            logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1, copy=False)[
+                0, -1
+            ]
             self.forward_passes += 1
 
 

@@ -182,13 +182,16 @@ class DecoderSession:
         *,
         fetch: Sequence[str] = (),
         fetched: dict[str, ort.OrtValue] | None = None,
+        copy: bool = True,
     ) -> np.ndarray:
         """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, N, vocab] for the last
         N = ``num_logits`` positions (all T when None).
 
         The returned array is owned by the caller (it is not reused by later forwards). ``fetch`` names
         extra graph outputs (a verify plan's); they are put into ``fetched`` as onnxruntime allocated them,
-        and such forwards run on the main session with bindings of their own.
+        and such forwards run on the main session with bindings of their own. With ``copy=False`` the
+        logits may instead be a view of a buffer that the forward after next on this state overwrites,
+        for a caller that consumes them at once (the decode loop saves a logits copy per token).
         """
         batch, t = ids.shape
         keep = t if num_logits is None else min(num_logits, t)
@@ -213,7 +216,10 @@ class DecoderSession:
             raise GenerationError(f"forward over {t} tokens at position {state.length} failed: {e}") from e
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
-        logits = logits_buf.array.copy() if logits_buf is not None else allocated[self.io.logits].numpy()
+        if logits_buf is not None:
+            logits = logits_buf.array.copy() if copy else logits_buf.array
+        else:
+            logits = allocated[self.io.logits].numpy()
         if fetched is not None:
             fetched.update((name, allocated[name]) for name in fetch)
         return logits if logits.shape[1] == keep else logits[:, -keep:]

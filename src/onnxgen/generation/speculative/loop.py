@@ -94,7 +94,9 @@ class SpeculativeLoop(TokenLoop):
                 k = 0
             drafts, q = self.proposer.propose(self.ids[: self.n], k) if k > 0 else ([], None)
             if not drafts:  # nothing to verify: a plain step
-                logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1)[0, -1]
+                logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1, copy=False)[
+                    0, -1
+                ]
                 self.forward_passes += 1
                 emitted = [self._select(logits)]
             else:
