@@ -24,18 +24,20 @@ class DemoConfig:
     lin_value_heads: int = 4
     lin_head_dim: int = 64
     context_length: int = 1024
+    # data
+    cut_rate: float = 0.1  # share of training line ends tokenized as a boundary (prompts end there)
     # training
     seed: int = 0
-    steps: int = 400
-    batch: int = 8
+    steps: int = 800
+    batch: int = 4
     seq_len: int = 512
     lr: float = 3e-3
-    min_lr: float = 1.5e-4
-    warmup: int = 30
+    min_lr: float = 3e-4
+    warmup: int = 50
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     threads: int = 1  # see docs/demo-model.md: one thread is faster on a shared 2-core machine
-    eval_every: int = 100
+    eval_every: int = 200
     eval_windows: int = 16  # validation windows scored during training (the report scores all)
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 ``prepare(out_dir, config)`` builds the corpus, trains the tokenizer on the training text (code and
 chat), and writes ``train.npy`` / ``val.npy`` (uint16 ids, one ``<|endoftext|>`` after each document)
-plus ``meta.json``. A second call with the same corpus and vocabulary reuses them.
+plus ``meta.json``. A share of the training text's line ends are tokenization boundaries (see
+:func:`onnxgen.demo.tokenizer.encode_documents`); validation text is tokenized as one piece per file.
+A second call with the same corpus and settings reuses the files.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
     meta_path = data_dir / "meta.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
-        if meta.get("corpus_sha256") == digest and meta.get("vocab_size") == config.vocab_size:
+        settings = (digest, config.vocab_size, config.cut_rate, config.seed)
+        if (meta["corpus_sha256"], meta["vocab_size"], meta.get("cut_rate"), meta.get("seed")) == settings:
             log(f"data: reusing {data_dir} (corpus {digest[:12]})")
             return Streams(np.load(data_dir / "train.npy"), np.load(data_dir / "val.npy"), tok_dir, meta)
     log(
@@ -48,12 +51,14 @@ def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
     tok = train_bpe(docs, config.vocab_size)
     tok_dir.mkdir(parents=True, exist_ok=True)
     save_pretrained(tok, tok_dir, config.context_length)
-    train = np.asarray(encode_documents(tok, docs), dtype=np.uint16)
+    train = np.asarray(encode_documents(tok, docs, config.cut_rate, config.seed), dtype=np.uint16)
     val = np.asarray(encode_documents(tok, corpus.val), dtype=np.uint16)
     meta = {
         "corpus_sha256": digest,
         "stdlib": str(corpus.root),
         "vocab_size": config.vocab_size,
+        "cut_rate": config.cut_rate,
+        "seed": config.seed,
         "train_files": len(corpus.train_files),
         "chat_conversations": len(corpus.chat),
         "val_files": corpus.val_files,

@@ -7,6 +7,8 @@ the onnxruntime-genai builder re-saves it unchanged. Deterministic for a given c
 
 from __future__ import annotations
 
+import random
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -58,10 +60,37 @@ def save_pretrained(tok: Any, out_dir: Path, model_max_length: int) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def encode_documents(tok: Any, docs: list[str]) -> list[int]:
-    """Token ids of ``docs``, each followed by ``<|endoftext|>`` (special tokens in the text are matched)."""
+def encode_documents(tok: Any, docs: list[str], cut_rate: float = 0.0, seed: int = 0) -> list[int]:
+    """Token ids of ``docs``, each followed by ``<|endoftext|>`` (special tokens in the text are matched).
+
+    With ``cut_rate`` > 0, that share of line ends (chosen by a seeded RNG) is encoded as a boundary:
+    the text before the newline and the text from it on are tokenized separately. The pre-tokenizer
+    glues a newline to the punctuation before it (``"):\n"`` is one token), so without cuts the model
+    never sees ``"):"`` followed by a newline token, which is exactly what a prompt such as
+    ``def f(n):`` (typed without a newline) ends with.
+    """
+    rng = random.Random(seed)
+    pieces: list[str] = []
+    ends: list[int] = []  # index in pieces after which a document ends
+    for doc in docs:
+        start = 0
+        if cut_rate > 0:
+            for match in _LINE_END.finditer(doc):
+                if rng.random() < cut_rate:
+                    pieces.append(doc[start : match.start() + 1])
+                    start = match.start() + 1
+        pieces.append(doc[start:])
+        ends.append(len(pieces) - 1)
     ids: list[int] = []
-    for enc in tok.encode_batch(docs, add_special_tokens=False):
+    end_iter = iter(ends)
+    next_end = next(end_iter, -1)
+    for i, enc in enumerate(tok.encode_batch(pieces, add_special_tokens=False)):
         ids += enc.ids
-        ids.append(EOS_ID)
+        if i == next_end:
+            ids.append(EOS_ID)
+            next_end = next(end_iter, -1)
     return ids
+
+
+# the last character of a non-empty line, when a newline follows it
+_LINE_END = re.compile(r"[^\n](?=\n)")

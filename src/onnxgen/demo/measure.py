@@ -1,0 +1,166 @@
+"""Measurements of the demo model: held-out loss (torch and ONNX), generations, and copy behaviour.
+
+Used by :mod:`onnxgen.demo.report`. The torch measurement needs torch/transformers; the ONNX ones run
+on onnxruntime alone (plus onnxruntime-genai for the cross-check).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxgen.demo.data import val_windows
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Mean cross-entropy over ``tokens`` scored tokens that decode to ``bytes`` UTF-8 bytes."""
+
+    nats: float
+    tokens: int
+    bytes: int
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nats)
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nats * self.tokens / math.log(2) / self.bytes
+
+
+def _scored_bytes(windows: np.ndarray, decode: Any) -> int:
+    return sum(len(decode(w[1:].tolist()).encode()) for w in windows)
+
+
+def torch_loss(hf_dir: Path, val: np.ndarray, seq_len: int, decode: Any) -> Loss:
+    """Loss of the saved HF checkpoint on every validation window."""
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from onnxgen.demo.gdn import fast_gated_delta_rule
+    from onnxgen.demo.trainer import evaluate
+
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(hf_dir).float().eval()
+    with fast_gated_delta_rule():
+        nats = evaluate(model, val, seq_len, None)
+    windows = val_windows(val, seq_len)
+    return Loss(nats, windows[:, 1:].size, _scored_bytes(windows, decode))
+
+
+def prefill_logits_fn(model_dir: Path) -> Any:
+    """A function ``ids [b, t] -> logits [b, t, vocab]`` running one prefill of an onnxruntime-genai
+    hybrid export on plain onnxruntime, from empty caches (KV past of length 0, zero states)."""
+    import onnxruntime as ort
+
+    head = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(model_dir / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+
+    def past_shape(port: Any, batch: int) -> list[int]:
+        if port.name.startswith("past_key_values."):
+            return [batch, port.shape[1], 0, head]
+        return [batch, *port.shape[1:]]
+
+    def run(ids: np.ndarray) -> np.ndarray:
+        batch, length = ids.shape
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        feeds["position_ids"] = np.broadcast_to(np.arange(length), (3, batch, length)).astype(np.int64)
+        for port in sess.get_inputs():
+            if port.name.startswith("past"):
+                feeds[port.name] = np.zeros(past_shape(port, batch), dtype=np.float32)
+        return sess.run(["logits"], feeds)[0]
+
+    return run
+
+
+def onnx_loss(model_dir: Path, val: np.ndarray, seq_len: int, decode: Any, batch: int = 4) -> Loss:
+    """Loss of an ONNX export (plain onnxruntime, one prefill per window) on every validation window."""
+    run = prefill_logits_fn(model_dir)
+    windows = val_windows(val, seq_len)
+    total = 0.0
+    for i in range(0, len(windows), batch):
+        chunk = windows[i : i + batch]
+        logits = run(chunk[:, :-1]).astype(np.float64)
+        top = logits.max(-1, keepdims=True)
+        logz = top[..., 0] + np.log(np.exp(logits - top).sum(-1))
+        picked = np.take_along_axis(logits, chunk[:, 1:, None], axis=-1)[..., 0]
+        total += float((logz - picked).sum())
+    return Loss(total / windows[:, 1:].size, windows[:, 1:].size, _scored_bytes(windows, decode))
+
+
+def unigram_loss(train: np.ndarray, val: np.ndarray, seq_len: int, vocab: int, decode: Any) -> Loss:
+    """Baseline: each token predicted from the training set's token frequencies (add-one smoothed)."""
+    counts = np.bincount(train, minlength=vocab).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    windows = val_windows(val, seq_len)
+    targets = windows[:, 1:]
+    return Loss(float(-logp[targets].mean()), targets.size, _scored_bytes(windows, decode))
+
+
+@dataclass(frozen=True)
+class LookupStats:
+    """What prompt lookup would have done while the model generated greedily."""
+
+    generated: int  # tokens the model produced
+    verify_steps: int  # target forwards with lookup (each verifies a draft and yields one more token)
+    drafted: int
+    accepted: int
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.generated / self.verify_steps
+
+
+def simulate_prompt_lookup(
+    prompt: list[int], generated: list[int], max_ngram: int = 3, k: int = 4
+) -> LookupStats:
+    """Replay a greedy generation through onnxgen's n-gram proposer: at each verify step the proposer
+    sees prompt + tokens so far and drafts up to ``k``; drafts are accepted while they equal the
+    model's own greedy tokens, then the model adds one token (as speculative greedy decoding does)."""
+    from onnxgen.generation.speculative.proposers import NgramProposer
+
+    proposer = NgramProposer(max_ngram=max_ngram)
+    full = np.asarray(prompt + generated, dtype=np.int64)
+    pos, steps, drafted, accepted = len(prompt), 0, 0, 0
+    while pos < len(full):
+        draft, _ = proposer.propose(full[:pos], k)
+        draft = draft[: len(full) - pos - 1]  # the last token is always the model's own
+        ok = 0
+        while ok < len(draft) and draft[ok] == full[pos + ok]:
+            ok += 1
+        drafted, accepted, steps = drafted + len(draft), accepted + ok, steps + 1
+        pos += ok + 1
+    return LookupStats(len(generated), steps, drafted, accepted)
+
+
+def genai_greedy(model_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy tokens from onnxruntime-genai itself (eos ignored), for the cross-check."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
+    params = og.GeneratorParams(model)
+    total = len(prompt) + new_tokens
+    params.set_search_options(do_sample=False, max_length=total, min_length=total)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array(prompt, dtype=np.int32))
+    while not gen.is_done():
+        gen.generate_next_token()
+    return [int(t) for t in gen.get_sequence(0)][len(prompt) :]
+
+
+def repeated_ngrams(ids: list[int], n: int = 4) -> float:
+    """Share of n-grams in ``ids`` that occur more than once (a crude degeneration measure)."""
+    grams = Counter(tuple(ids[i : i + n]) for i in range(len(ids) - n + 1))
+    total = sum(grams.values())
+    return sum(c for c in grams.values() if c > 1) / total if total else 0.0
