@@ -8,6 +8,7 @@ the files, picked by a hash of their relative path, are held out for validation.
 Beside the code, short ChatML conversations are made from the training files' docstrings (so the chat
 template's turn markers and ``<|im_end|>`` are learned): "What does ``json.dumps`` do?" answered with
 the docstring's first paragraph, and "Write ``name(args)``..." answered with the function's source.
+A few documents repeat a span of the training code (:mod:`onnxgen.demo.repeats`) to teach copying.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from onnxgen.demo.repeats import REPEAT_SHARE, repeat_documents
 
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "encodings", "pydoc_data"})
 VALIDATION_PERCENT = 2
@@ -38,13 +41,14 @@ class Corpus:
     train: list[str] = field(default_factory=list)
     val: list[str] = field(default_factory=list)
     chat: list[str] = field(default_factory=list)
+    repeats: list[str] = field(default_factory=list)
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
 
     def digest(self) -> str:
         """sha256 over every document in order: equal digests mean equal training text."""
         h = hashlib.sha256()
-        for doc in (*self.train, "\0", *self.val, "\0", *self.chat):
+        for doc in (*self.train, "\0", *self.val, "\0", *self.chat, "\0", *self.repeats):
             h.update(doc.encode("utf-8", "surrogatepass"))
             h.update(b"\0")
         return h.hexdigest()
@@ -71,7 +75,8 @@ def is_validation(rel: str) -> bool:
 
 
 def build_corpus(root: Path | None = None, seed: int = 0) -> Corpus:
-    """Read the files and make the chat conversations (deterministic for a given stdlib and seed)."""
+    """Read the files, make the chat conversations and the repeat documents (:mod:`.repeats`);
+    deterministic for a given standard library and seed."""
     root = root or stdlib_root()
     corpus = Corpus(root=root)
     for path in source_files(root):
@@ -85,8 +90,10 @@ def build_corpus(root: Path | None = None, seed: int = 0) -> Corpus:
         else:
             corpus.train.append(text)
             corpus.train_files.append(rel)
-    budget = int(CHAT_SHARE * sum(map(len, corpus.train)))
-    corpus.chat = chat_conversations(zip(corpus.train_files, corpus.train, strict=True), budget, seed)
+    code_chars = sum(map(len, corpus.train))
+    pairs = zip(corpus.train_files, corpus.train, strict=True)
+    corpus.chat = chat_conversations(pairs, int(CHAT_SHARE * code_chars), seed)
+    corpus.repeats = repeat_documents(corpus.train, int(REPEAT_SHARE * code_chars), seed)
     return corpus
 
 

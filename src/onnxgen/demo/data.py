@@ -43,10 +43,10 @@ def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
             return Streams(np.load(data_dir / "train.npy"), np.load(data_dir / "val.npy"), tok_dir, meta)
     log(
         f"data: {len(corpus.train_files)} training files, {len(corpus.val_files)} held out, "
-        f"{len(corpus.chat)} chat conversations, from {corpus.root}"
+        f"{len(corpus.chat)} chat conversations, {len(corpus.repeats)} repeat documents, from {corpus.root}"
     )
     # documents in a seeded order, so files of one package are not all adjacent in the stream
-    docs = corpus.train + corpus.chat
+    docs = corpus.train + corpus.chat + corpus.repeats
     random.Random(config.seed).shuffle(docs)
     tok = train_bpe(docs, config.vocab_size)
     tok_dir.mkdir(parents=True, exist_ok=True)
@@ -61,6 +61,7 @@ def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
         "seed": config.seed,
         "train_files": len(corpus.train_files),
         "chat_conversations": len(corpus.chat),
+        "repeat_documents": len(corpus.repeats),
         "val_files": corpus.val_files,
         "train_tokens": int(train.size),
         "val_tokens": int(val.size),

@@ -71,7 +71,20 @@ def install_default(export_dir: Path, target: Path = PACKAGE_MODEL_DIR) -> list[
     for old in target.iterdir():
         if old.is_file():
             old.unlink()
-    return [Path(shutil.copy2(export_dir / name, target / name)) for name in MODEL_FILES]
+    copied = [Path(shutil.copy2(export_dir / name, target / name)) for name in MODEL_FILES]
+    (target / "NOTICE.txt").write_text(NOTICE)
+    return [*copied, target / "NOTICE.txt"]
+
+
+NOTICE = """\
+onnxgen demo model: a small Qwen3.5-layout hybrid trained from scratch by `python -m onnxgen.demo.train`
+(see docs/demo-model.md in the onnxgen repository).
+
+Its training text is the source of the Python standard library (the .py files that ship with CPython),
+Copyright (c) 2001 Python Software Foundation; All Rights Reserved, used under the Python Software
+Foundation License Version 2 (the LICENSE.txt file beside the standard library, or
+https://docs.python.org/3/license.html). The model can reproduce fragments of that text.
+"""
 
 
 def directory_size(path: Path) -> int:
