@@ -7,7 +7,12 @@ training files only:
 
 - a function followed by the same function again;
 - a function followed by itself under a new name (``def name_v2(...)``, the body unchanged);
-- a run of 6-30 consecutive lines of a file followed by the same lines.
+- a run of 4-12 consecutive lines of a file followed by the same lines;
+- 4-12 lines drawn at random from the files (so only the repeat makes the second copy predictable)
+  followed by the same lines.
+
+Each document is short enough (functions of at most 600 characters) that both copies fit in one
+512-token training window; a copy the window cuts off teaches nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import random
 import re
 from collections.abc import Iterable
 
-REPEAT_SHARE = 0.08  # repeat documents, as a fraction of the training code's characters
+REPEAT_SHARE = 0.10  # repeat documents, as a fraction of the training code's characters
 SUFFIXES = ("_copy", "_v2", "_old", "_new", "2", "_impl", "_fast")
 
 
@@ -32,15 +37,18 @@ def repeat_documents(files: Iterable[str], budget_chars: int, seed: int) -> list
     spent = 0
     while functions and spent < budget_chars:
         kind = rng.random()
-        if kind < 0.2:
-            lines = rng.choice(file_lines)
-            start = rng.randrange(len(lines) - 30)
-            region = "".join(lines[start : start + rng.randint(6, 30)])
+        if kind < 0.4:
+            if kind < 0.2:  # consecutive lines
+                lines = rng.choice(file_lines)
+                start = rng.randrange(len(lines) - 12)
+                region = "".join(lines[start : start + rng.randint(4, 12)])
+            else:  # lines from anywhere
+                region = "".join(rng.choice(rng.choice(file_lines)) for _ in range(rng.randint(4, 12)))
             doc = f"{region}\n{region}"
         else:
             name, source = functions.pop()
             second = source
-            if kind < 0.6:
+            if kind < 0.7:
                 suffix = rng.choice(SUFFIXES)
                 second = re.sub(rf"\bdef {re.escape(name)}\(", f"def {name}{suffix}(", source, count=1)
             doc = f"{source}\n\n\n{second}\n"
@@ -50,7 +58,7 @@ def repeat_documents(files: Iterable[str], budget_chars: int, seed: int) -> list
 
 
 def _function_sources(text: str) -> list[tuple[str, str]]:
-    """(name, source lines) of every function of 150-1500 characters, methods included (indented)."""
+    """(name, source lines) of every function of 100-600 characters, methods included (indented)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -60,6 +68,6 @@ def _function_sources(text: str) -> list[tuple[str, str]]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
             source = "".join(lines[node.lineno - 1 : node.end_lineno]).rstrip()
-            if 150 <= len(source) <= 1500:
+            if 100 <= len(source) <= 600:
                 found.append((node.name, source))
     return found
