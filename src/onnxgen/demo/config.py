@@ -24,6 +24,10 @@ class DemoConfig:
     lin_value_heads: int = 4
     lin_head_dim: int = 64
     context_length: int = 1024
+    # Qwen3.5 rotates a quarter of each head at theta 1e7; at this size that leaves attention too little
+    # position to learn copying within the budget (docs/demo-model.md), so the whole head is rotated.
+    partial_rotary: float = 1.0
+    rope_theta: float = 10_000.0
     # data
     cut_rate: float = 0.1  # share of training line ends tokenized as a boundary (prompts end there)
     # training
@@ -47,7 +51,7 @@ class DemoConfig:
         return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(self.layers)]
 
     def text_config_kwargs(self) -> dict[str, Any]:
-        rotary = int(self.head_dim * 0.25) // 2  # partial rotary 0.25 -> rotary_dim / 2 frequencies
+        rotary = int(self.head_dim * self.partial_rotary) // 2  # rotary_dim / 2 frequencies
         section = [rotary - 2 * (rotary // 3), rotary // 3, rotary // 3]  # t/h/w; text rows are identical
         return {
             "vocab_size": self.vocab_size,
@@ -72,8 +76,8 @@ class DemoConfig:
             "linear_num_value_heads": self.lin_value_heads,
             "rope_parameters": {
                 "rope_type": "default",
-                "rope_theta": 10_000_000.0,
-                "partial_rotary_factor": 0.25,
+                "rope_theta": self.rope_theta,
+                "partial_rotary_factor": self.partial_rotary,
                 "mrope_section": section,
                 "mrope_interleaved": True,
             },
