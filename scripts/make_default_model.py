@@ -1,25 +1,18 @@
-"""Write the bundled default model (a tiny random-weight hybrid in the onnxruntime-genai layout).
+"""Rebuild the bundled default model: train the demo model and install its int4 export.
 
-    python scripts/make_default_model.py [OUT_DIR]
+    python scripts/make_default_model.py [--out DIR] [--steps N] ...
 
-The default OUT_DIR is src/onnxgen/data/default_model. Same onnxgen version -> byte-identical files.
+Same as ``python -m onnxgen.demo.train --install`` (see docs/demo-model.md): the Python standard
+library is the corpus, training runs on the CPU (about half an hour on one core), and the int4 export
+of onnxruntime-genai's model builder replaces src/onnxgen/data/default_model/. Needs the ``external``
+extras (torch, transformers, onnxruntime-genai).
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from onnxgen.testing import TinySpec, build_model
-
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "onnxgen" / "data" / "default_model"
-
-
-def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
-    spec = TinySpec.hybrid(num_layers=4, seed=2026)
-    print(build_model(out, "hybrid-genai", spec))
-
+from onnxgen.demo.train import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(["--install", *sys.argv[1:]]))

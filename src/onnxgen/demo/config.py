@@ -30,6 +30,7 @@ class DemoConfig:
     rope_theta: float = 10_000.0
     # data
     cut_rate: float = 0.1  # share of training line ends tokenized as a boundary (prompts end there)
+    copy_window_share: float = 0.25  # training rows made of repeated spans (onnxgen.demo.data.copy_window)
     # training
     seed: int = 0
     steps: int = 1600

@@ -76,12 +76,38 @@ def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
     return Streams(train, val, tok_dir, meta)
 
 
-def batch_at(stream: np.ndarray, step: int, batch: int, seq_len: int, seed: int) -> np.ndarray:
+def batch_at(
+    stream: np.ndarray, step: int, batch: int, seq_len: int, seed: int, repeat_share: float = 0.0
+) -> np.ndarray:
     """``[batch, seq_len + 1]`` windows at random offsets drawn from ``(seed, step)`` alone, so a
-    resumed run sees exactly the batches an uninterrupted one would."""
+    resumed run sees exactly the batches an uninterrupted one would.
+
+    A ``repeat_share`` of the rows are copy windows instead (:func:`copy_window`): spans of the stream
+    each written twice in a row, so half of such a row is predictable only by copying.
+    """
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, stream.size - seq_len - 1, size=batch)
-    return np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64)
+    copies = rng.random(batch) < repeat_share
+    rows = [
+        copy_window(stream, seq_len + 1, rng) if copy else stream[s : s + seq_len + 1]
+        for s, copy in zip(starts, copies, strict=True)
+    ]
+    return np.stack(rows).astype(np.int64)
+
+
+def copy_window(stream: np.ndarray, width: int, rng: np.random.Generator) -> np.ndarray:
+    """``width`` ids made of spans of 8-96 ids from random places of ``stream``, each span followed by
+    itself (A A B B ...). The spans are unrelated text, so the second copy of each is predictable from
+    the first alone: what teaches a small model to copy (induction) within the training budget."""
+    parts: list[np.ndarray] = []
+    filled = 0
+    while filled < width:
+        n = int(rng.integers(8, 97))
+        start = int(rng.integers(0, stream.size - n))
+        span = stream[start : start + n]
+        parts += [span, span]
+        filled += 2 * n
+    return np.concatenate(parts)[:width]
 
 
 def val_windows(stream: np.ndarray, seq_len: int, limit: int | None = None) -> np.ndarray:

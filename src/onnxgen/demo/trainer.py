@@ -97,7 +97,9 @@ def train(
         for step in range(start, config.steps):
             for group in opt.param_groups:
                 group["lr"] = learning_rate(config, step)
-            batch = batch_at(train_ids, step, config.batch, config.seq_len, config.seed)
+            batch = batch_at(
+                train_ids, step, config.batch, config.seq_len, config.seed, config.copy_window_share
+            )
             loss = token_losses(model, batch).mean()
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
