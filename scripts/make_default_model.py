@@ -3,7 +3,7 @@
     python scripts/make_default_model.py [--out DIR] [--steps N] ...
 
 Same as ``python -m onnxgen.demo.train --install`` (see docs/demo-model.md): the Python standard
-library is the corpus, training runs on the CPU (about half an hour on one core), and the int4 export
+library is the corpus, training runs on the CPU (about half an hour on two cores), and the int4 export
 of onnxruntime-genai's model builder replaces src/onnxgen/data/default_model/. Needs the ``external``
 extras (torch, transformers, onnxruntime-genai).
 """
