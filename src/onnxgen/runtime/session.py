@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SMALL_STEP = 16  # forwards of at most this many tokens bind persistent input buffers (_Binder.step_input)
+
 
 def default_threads() -> int:
     """All cores this process may use."""
@@ -64,6 +66,9 @@ class _Binder:
         # Logits output buffers by (batch, rows): per binder, hence per state, so that forwards of
         # different states on other threads never write into the logits one is still copying out.
         self.logits: dict[tuple[int, int], HostBuffer] = {}
+        # Token/position/logits-to-keep inputs of small forwards by (name, shape): written in place and
+        # bound once, so a steady run of single-token steps binds none of them again.
+        self.step_inputs: dict[tuple[str, tuple[int, ...]], HostBuffer] = {}
 
     def input(self, name: str, value: ort.OrtValue) -> None:
         if self._inputs.get(name) is not value:
@@ -83,6 +88,19 @@ class _Binder:
             self._outputs[name] = value
             self._allocated = [n for n, v in self._outputs.items() if v is None]
             self.allocates = bool(self._allocated)
+
+    def step_input(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        """The persistent input buffer ``(name, shape)``, bound; the caller writes its values in place."""
+        buf = self.step_inputs.get((name, shape))
+        if buf is None:
+            buf = self.step_inputs[(name, shape)] = HostBuffer.wrap(np.zeros(shape, dtype=dtype))
+        self.input(name, buf.value)
+        return buf.array
+
+    def forget(self, names: Sequence[str]) -> None:
+        """``names`` are about to be bound around this binder's cache: bind them again next time."""
+        for name in names:
+            self._inputs.pop(name, None)
 
     def allocated_outputs(self) -> dict[str, ort.OrtValue]:
         """The outputs onnxruntime allocated in the last run, by name (binding order is output order)."""
@@ -158,6 +176,9 @@ class DecoderSession:
             if io.attention_mask is None or self._input_type(io.attention_mask) == "tensor(int64)"
             else np.int32
         )
+        self._ones_buf = np.ones(0, dtype=self._mask_dtype)
+        names = (LOGITS_TO_KEEP if self.logits_to_keep else None, io.token_input, io.position_ids)
+        self._step_input_names = [n for n in names if n is not None]
 
     def _input_type(self, name: str) -> str:
         return next(i.type for i in self.session.get_inputs() if i.name == name)
@@ -199,7 +220,11 @@ class DecoderSession:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
         session = self.session if self.plan is None or fetch else self.plan.session_for(t)
         binder = self._binder(state, session, 2 if fetch else 0)
-        self._bind_step_inputs(binder.binding, state.length, ids, keep)
+        if t <= SMALL_STEP:
+            self._bind_small_step(binder, state.length, ids, keep)
+        else:
+            binder.forget(self._step_input_names)
+            self._bind_step_inputs(binder.binding, state.length, ids, keep)
         step = state.prepare(t)
         for name, value in step.inputs:
             binder.input(name, value)
@@ -240,6 +265,27 @@ class DecoderSession:
         if buf is None:
             buf = binder.logits[key] = HostBuffer.zeros((batch, rows, self.vocab_size), self._logits_dtype)
         return buf
+
+    def _bind_small_step(self, binder: _Binder, past: int, ids: np.ndarray, keep: int) -> None:
+        """:meth:`_bind_step_inputs` for forwards of a few tokens, through the binder's persistent buffers."""
+        io = self.io
+        batch, t = ids.shape
+        if self.logits_to_keep:
+            binder.step_input(LOGITS_TO_KEEP, (1,), np.int64)[0] = keep
+        binder.step_input(io.token_input, (batch, t), self._token_dtype)[...] = ids
+        if io.attention_mask is not None:
+            binder.binding.bind_cpu_input(io.attention_mask, self._ones(batch, past + t))
+        if io.position_ids is not None:
+            shape = (3, batch, t) if io.position_ids_rank == 3 else (batch, t)
+            binder.step_input(io.position_ids, shape, np.int64)[...] = np.arange(past, past + t)
+
+    def _ones(self, batch: int, length: int) -> np.ndarray:
+        """A ``[batch, length]`` attention mask of ones: a view of one read-only buffer (no per-step alloc)."""
+        n = batch * length
+        if self._ones_buf.size < n:
+            self._ones_buf = np.ones(max(n, 2 * self._ones_buf.size), dtype=self._mask_dtype)
+            self._ones_buf.flags.writeable = False
+        return self._ones_buf[:n].reshape(batch, length)
 
     def _bind_step_inputs(self, binding: ort.IOBinding, past: int, ids: np.ndarray, keep: int) -> None:
         io = self.io
