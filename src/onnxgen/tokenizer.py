@@ -262,5 +262,7 @@ class IncrementalDetokenizer:
         full = self._decode(self._context + self.ids)[len(self._decode(self._context)) :]
         rest = full[self._emitted :]
         self._emitted = len(full)
-        self._stream = DecodeStream(ids=self._context + self.ids, skip_special_tokens=self.skip_special_tokens)
+        self._stream = DecodeStream(
+            ids=self._context + self.ids, skip_special_tokens=self.skip_special_tokens
+        )
         return rest
