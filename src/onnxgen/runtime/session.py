@@ -69,6 +69,8 @@ class _Binder:
         # Token/position/logits-to-keep inputs of small forwards by (name, shape): written in place and
         # bound once, so a steady run of single-token steps binds none of them again.
         self.step_inputs: dict[tuple[str, tuple[int, ...]], HostBuffer] = {}
+        # Extra outputs of verify forwards (one binder per token count), bound from their second run on.
+        self.fetch_buffers: dict[str, HostBuffer] = {}
 
     def input(self, name: str, value: ort.OrtValue) -> None:
         if self._inputs.get(name) is not value:
@@ -209,8 +211,10 @@ class DecoderSession:
         N = ``num_logits`` positions (all T when None).
 
         The returned array is owned by the caller (it is not reused by later forwards). ``fetch`` names
-        extra graph outputs (a verify plan's); they are put into ``fetched`` as onnxruntime allocated them,
-        and such forwards run on the main session with bindings of their own. With ``copy=False`` the
+        extra graph outputs (a verify plan's); they are put into ``fetched``, and such forwards run on the
+        main session with bindings of their own. Fetched values of forwards of up to ``SMALL_STEP`` tokens
+        are buffers that a later such forward of as many tokens on this state overwrites: consume them
+        before the next forward. With ``copy=False`` the
         logits may instead be a view of a buffer that the forward after next on this state overwrites,
         for a caller that consumes them at once (the decode loop saves a logits copy per token).
         """
@@ -219,7 +223,10 @@ class DecoderSession:
         if batch != state.batch:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
         session = self.session if self.plan is None or fetch else self.plan.session_for(t)
-        binder = self._binder(state, session, 2 if fetch else 0)
+        # verify forwards (``fetch``) of t tokens keep a binder per t, whose fetched outputs become
+        # persistent buffers after the first run (their shapes depend on batch and t only)
+        persistent = bool(fetch) and t <= SMALL_STEP
+        binder = self._binder(state, session, 2 * (t + 1) if persistent else 2 if fetch else 0)
         if t <= SMALL_STEP:
             self._bind_small_step(binder, state.length, ids, keep)
         else:
@@ -231,7 +238,8 @@ class DecoderSession:
         for name, out in step.outputs:
             binder.output(name, out)
         for name in fetch:
-            binder.output(name, None)
+            kept = binder.fetch_buffers.get(name) if persistent else None
+            binder.output(name, kept.value if kept is not None else None)
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
@@ -245,8 +253,13 @@ class DecoderSession:
             logits = logits_buf.array.copy() if copy else logits_buf.array
         else:
             logits = allocated[self.io.logits].numpy()
-        if fetched is not None:
-            fetched.update((name, allocated[name]) for name in fetch)
+        if fetch:
+            got = {n: allocated[n] if n in allocated else binder.fetch_buffers[n].value for n in fetch}
+            if persistent:
+                for name in allocated.keys() & set(fetch):  # first run at this t: keep buffers like these
+                    binder.fetch_buffers[name] = HostBuffer.wrap(np.empty_like(allocated[name].numpy()))
+            if fetched is not None:
+                fetched.update(got)
         return logits if logits.shape[1] == keep else logits[:, -keep:]
 
     def _binder(self, state: DecodeState, session: ort.InferenceSession, kind: int = 0) -> _Binder:
