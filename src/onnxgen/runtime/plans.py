@@ -280,9 +280,11 @@ def _has_config(opts: ort.SessionOptions, key: str) -> bool:
 
 def _probe(main: DecoderSession, session: ort.InferenceSession) -> dict[str, np.ndarray]:
     """Every output of ``session`` for token 0 on an empty decode state."""
+    from onnxgen.runtime.session import _Binder  # session imports this module
+
     state = main.new_state(1)
     binding = session.io_binding()
-    main._bind_step_inputs(binding, 0, np.zeros((1, 1), dtype=np.int64), 1)
+    main._bind_step_inputs(_Binder(binding), 0, np.zeros((1, 1), dtype=np.int64), 1)
     step = state.prepare(1)
     names = [n for n, _ in step.outputs] + [main.io.logits]
     for n, v in step.inputs:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SMALL_STEP = 16  # forwards of at most this many tokens bind persistent input buffers (_Binder.step_input)
+SMALL_STEP = 16  # forwards of at most this many tokens bind persistent buffers (inputs, fetched outputs)
 
 
 def default_threads() -> int:
@@ -98,11 +98,6 @@ class _Binder:
             buf = self.step_inputs[(name, shape)] = HostBuffer.wrap(np.zeros(shape, dtype=dtype))
         self.input(name, buf.value)
         return buf.array
-
-    def forget(self, names: Sequence[str]) -> None:
-        """``names`` are about to be bound around this binder's cache: bind them again next time."""
-        for name in names:
-            self._inputs.pop(name, None)
 
     def allocated_outputs(self) -> dict[str, ort.OrtValue]:
         """The outputs onnxruntime allocated in the last run, by name (binding order is output order)."""
@@ -179,8 +174,6 @@ class DecoderSession:
             else np.int32
         )
         self._ones_buf = np.ones(0, dtype=self._mask_dtype)
-        names = (LOGITS_TO_KEEP if self.logits_to_keep else None, io.token_input, io.position_ids)
-        self._step_input_names = [n for n in names if n is not None]
 
     def _input_type(self, name: str) -> str:
         return next(i.type for i in self.session.get_inputs() if i.name == name)
@@ -227,11 +220,7 @@ class DecoderSession:
         # persistent buffers after the first run (their shapes depend on batch and t only)
         persistent = bool(fetch) and t <= SMALL_STEP
         binder = self._binder(state, session, 2 * (t + 1) if persistent else 2 if fetch else 0)
-        if t <= SMALL_STEP:
-            self._bind_small_step(binder, state.length, ids, keep)
-        else:
-            binder.forget(self._step_input_names)
-            self._bind_step_inputs(binder.binding, state.length, ids, keep)
+        self._bind_step_inputs(binder, state.length, ids, keep)
         step = state.prepare(t)
         for name, value in step.inputs:
             binder.input(name, value)
@@ -279,19 +268,6 @@ class DecoderSession:
             buf = binder.logits[key] = HostBuffer.zeros((batch, rows, self.vocab_size), self._logits_dtype)
         return buf
 
-    def _bind_small_step(self, binder: _Binder, past: int, ids: np.ndarray, keep: int) -> None:
-        """:meth:`_bind_step_inputs` for forwards of a few tokens, through the binder's persistent buffers."""
-        io = self.io
-        batch, t = ids.shape
-        if self.logits_to_keep:
-            binder.step_input(LOGITS_TO_KEEP, (1,), np.int64)[0] = keep
-        binder.step_input(io.token_input, (batch, t), self._token_dtype)[...] = ids
-        if io.attention_mask is not None:
-            binder.binding.bind_cpu_input(io.attention_mask, self._ones(batch, past + t))
-        if io.position_ids is not None:
-            shape = (3, batch, t) if io.position_ids_rank == 3 else (batch, t)
-            binder.step_input(io.position_ids, shape, np.int64)[...] = np.arange(past, past + t)
-
     def _ones(self, batch: int, length: int) -> np.ndarray:
         """A ``[batch, length]`` attention mask of ones: a view of one read-only buffer (no per-step alloc)."""
         n = batch * length
@@ -300,16 +276,24 @@ class DecoderSession:
             self._ones_buf.flags.writeable = False
         return self._ones_buf[:n].reshape(batch, length)
 
-    def _bind_step_inputs(self, binding: ort.IOBinding, past: int, ids: np.ndarray, keep: int) -> None:
+    def _bind_step_inputs(self, binder: _Binder, past: int, ids: np.ndarray, keep: int) -> None:
+        """Bind the token, mask, position and logits-to-keep inputs of a forward of ``ids`` after ``past``."""
         io = self.io
         batch, t = ids.shape
+
+        def put(name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+            """A bound buffer to write the input into: the binder's persistent one for small forwards."""
+            if t <= SMALL_STEP:
+                return binder.step_input(name, shape, dtype)
+            buf = HostBuffer.wrap(np.empty(shape, dtype=dtype))
+            binder.input(name, buf.value)
+            return buf.array
+
         if self.logits_to_keep:
-            binding.bind_cpu_input(LOGITS_TO_KEEP, np.array([keep], dtype=np.int64))
-        binding.bind_cpu_input(io.token_input, np.ascontiguousarray(ids, dtype=self._token_dtype))
+            put(LOGITS_TO_KEEP, (1,), np.int64)[0] = keep
+        put(io.token_input, (batch, t), self._token_dtype)[...] = ids
         if io.attention_mask is not None:
-            binding.bind_cpu_input(io.attention_mask, np.ones((batch, past + t), dtype=self._mask_dtype))
+            binder.binding.bind_cpu_input(io.attention_mask, self._ones(batch, past + t))
         if io.position_ids is not None:
             shape = (3, batch, t) if io.position_ids_rank == 3 else (batch, t)
-            pos = np.empty(shape, dtype=np.int64)
-            pos[...] = np.arange(past, past + t, dtype=np.int64)  # every row (and mRoPE section) alike
-            binding.bind_cpu_input(io.position_ids, pos)
+            put(io.position_ids, shape, np.int64)[...] = np.arange(past, past + t)  # every row alike
