@@ -101,6 +101,19 @@ def constraint_from_response_format(response_format: Mapping[str, Any] | None) -
     )
 
 
+def _bias_table(dtype: np.dtype) -> np.ndarray:
+    """``[256, 8]``: row b holds the additive mask of the 8 tokens whose bits are byte b (little bit order)."""
+    table = _BIAS_TABLES.get(np.dtype(dtype))
+    if table is None:
+        bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(bool)
+        table = np.where(bits, 0.0, -np.inf).astype(dtype)
+        _BIAS_TABLES[np.dtype(dtype)] = table
+    return table
+
+
+_BIAS_TABLES: dict[np.dtype, np.ndarray] = {}
+
+
 class Constraint:
     """One request's grammar state; a logits processor for a single sequence (see the module docstring)."""
 
@@ -113,7 +126,8 @@ class Constraint:
         self._done = 0
         self._version = 0  # bumped whenever the grammar state changes
         self._mask_version = -1
-        self._allowed = np.zeros(0, dtype=bool)
+        self._bias = np.zeros(0, dtype=np.float32)  # 0 where the grammar allows a token, -inf elsewhere
+        self._bias_rows = self._bias  # _bias and the token table's padding bits after it
         self.seconds = 0.0  # time spent in this constraint: following the sequence, computing/applying masks
         self.masks = 0
 
@@ -130,8 +144,8 @@ class Constraint:
         start = time.perf_counter()
         if not self._follow(views[0].generated):
             return logits  # the prefix left the language: no position after it is ever used
-        out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
-        np.copyto(out, logits, where=self._allowed_now(logits.shape[-1]).reshape(logits.shape))
+        # -inf where the grammar refuses the token (a +inf logit there would become NaN: no model emits one)
+        out = np.add(logits, self._bias_now(logits.shape[-1], logits.dtype).reshape(logits.shape))
         self.seconds += time.perf_counter() - start
         self.masks += 1
         return out
@@ -164,26 +178,41 @@ class Constraint:
             return True
         new = generated[common:]
         taken = self._matcher.try_consume_tokens(new.tolist())
-        if common + taken > len(self._consumed):
-            self._consumed = np.concatenate([self._consumed, np.zeros_like(self._consumed, shape=n)])
-        self._consumed[common : common + taken] = new[:taken]
-        self._done = common + taken
-        self._version += 1
+        self._record(new[:taken])
         return taken == len(new)
 
-    def _allowed_now(self, width: int) -> np.ndarray:
-        """Which token ids below ``width`` the grammar allows next (a bool row); cached until the grammar
-        state changes. A dense row beats an id list even when one token is allowed (fewer numpy calls)."""
-        if self._mask_version != self._version:
-            self._matcher.unsafe_compute_mask_ptr(self._words_ptr, self._words.nbytes)
-            if self._matcher.is_error():
-                raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
-            allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little").view(bool)
-            if len(allowed) < width:  # logits wider than the token table: ids past it are never allowed
-                allowed = np.concatenate([allowed, np.zeros(width - len(allowed), dtype=bool)])
-            self._allowed = allowed[:width]
-            self._mask_version = self._version
-        return self._allowed
+    def _record(self, taken: np.ndarray) -> None:
+        """Note that the grammar state took ``taken`` after ``_consumed[:_done]``."""
+        end = self._done + len(taken)
+        if end > len(self._consumed):
+            self._consumed = np.concatenate([self._consumed, np.zeros_like(self._consumed, shape=end)])
+        self._consumed[self._done : end] = taken
+        self._done = end
+        self._version += 1
+
+    def _bias_now(self, width: int, dtype: np.dtype) -> np.ndarray:
+        """The mask as an additive row over token ids below ``width``: 0 where the grammar allows the token
+        next, ``-inf`` elsewhere; cached until the grammar state changes. Adding it costs one numpy call
+        (a masked copy costs two, and unpacking the bits another two)."""
+        bias = self._bias
+        if self._mask_version == self._version and len(bias) == width and bias.dtype == dtype:
+            return bias
+        self._matcher.unsafe_compute_mask_ptr(self._words_ptr, self._words.nbytes)
+        if self._matcher.is_error():
+            raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
+        n_bits = 8 * self._words.nbytes
+        if len(bias) != width or bias.dtype != dtype:  # ids past the token table are never allowed
+            self._bias_rows = np.full(max(width, n_bits), -np.inf, dtype=dtype)
+            self._bias = bias = self._bias_rows[:width]
+        np.take(
+            _bias_table(dtype),
+            self._words.view(np.uint8),
+            axis=0,
+            out=self._bias_rows[:n_bits].reshape(-1, 8),
+            mode="wrap",  # byte values always index the table: no bounds-check buffer
+        )
+        self._mask_version = self._version
+        return bias
 
     def _error(self) -> str:
         return " ".join(self._matcher.get_error().split()) or "no message"
