@@ -284,3 +284,30 @@ def test_two_requests_with_the_same_constraint_keep_separate_states(
     assert not first.complete(np.array([a, b]))
     assert live(second(gen([]), logits)) == {a}  # the second one has not moved
     assert live(first(gen([a, b]), logits)) == {tok.token_to_id("d")}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("width", [VOCAB - 7, VOCAB, VOCAB + 40])
+def test_the_mask_keeps_allowed_logits_exactly_and_sets_the_rest_to_minus_inf(
+    compiler: ConstraintCompiler, tok: Tokenizer, dtype: type, width: int
+) -> None:
+    """The additive mask against the regex's own oracle: allowed logits unchanged bit for bit (including
+    negative zero and huge values), every other id -inf, for any dtype and for rows narrower or wider
+    than the token table; the mask follows the grammar as tokens are generated."""
+    constraint = compiler.compile(SamplingParams(regex="abc|abd|xyz"))
+    assert constraint is not None
+    logits = np.random.default_rng(0).normal(size=width).astype(dtype) * 1000
+    logits[tok.token_to_id("a")] = -0.0
+    for done in ("", "a", "ab"):
+        ids = [tok.token_to_id(c) for c in done]
+        out = constraint(gen(ids), logits)
+        assert out.dtype == logits.dtype and out.shape == logits.shape
+        allowed = (
+            prefix_tokens(tok, "abc", done)
+            | prefix_tokens(tok, "abd", done)
+            | prefix_tokens(tok, "xyz", done)
+        )
+        allowed = {i for i in allowed if i < width}
+        assert live(out) == allowed
+        keep = sorted(allowed)
+        assert out[keep].tobytes() == logits[keep].tobytes()

@@ -102,11 +102,12 @@ def constraint_from_response_format(response_format: Mapping[str, Any] | None) -
 
 
 def _bias_table(dtype: np.dtype) -> np.ndarray:
-    """``[256, 8]``: row b holds the additive mask of the 8 tokens whose bits are byte b (little bit order)."""
+    """``[256, 8]``: row b holds the additive mask of the 8 tokens whose bits are byte b (little bit order):
+    -0.0 for an allowed token (x + -0.0 is x for every x, negative zero included) and -inf otherwise."""
     table = _BIAS_TABLES.get(np.dtype(dtype))
     if table is None:
         bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(bool)
-        table = np.where(bits, 0.0, -np.inf).astype(dtype)
+        table = np.where(bits, -0.0, -np.inf).astype(dtype)
         _BIAS_TABLES[np.dtype(dtype)] = table
     return table
 
@@ -126,7 +127,7 @@ class Constraint:
         self._done = 0
         self._version = 0  # bumped whenever the grammar state changes
         self._mask_version = -1
-        self._bias = np.zeros(0, dtype=np.float32)  # 0 where the grammar allows a token, -inf elsewhere
+        self._bias = np.zeros(0, dtype=np.float32)  # -0.0 where the grammar allows a token, -inf elsewhere
         self._bias_rows = self._bias  # _bias and the token table's padding bits after it
         self.seconds = 0.0  # time spent in this constraint: following the sequence, computing/applying masks
         self.masks = 0
@@ -191,7 +192,7 @@ class Constraint:
         self._version += 1
 
     def _bias_now(self, width: int, dtype: np.dtype) -> np.ndarray:
-        """The mask as an additive row over token ids below ``width``: 0 where the grammar allows the token
+        """The mask as an additive row over token ids below ``width``: -0.0 where the grammar allows the token
         next, ``-inf`` elsewhere; cached until the grammar state changes. Adding it costs one numpy call
         (a masked copy costs two, and unpacking the bits another two)."""
         bias = self._bias
