@@ -173,3 +173,17 @@ def test_training_batches_depend_on_seed_and_step_only_and_mix_in_copy_windows()
     plain = np.all(np.diff(a, axis=1) == 1, axis=1)  # a window of the stream counts up by one
     assert 4 <= int((~plain).sum()) <= 32  # about a quarter of 64 rows are copy windows
     assert np.all(np.diff(batch_at(stream, 7, 64, 128, 0), axis=1) == 1)  # share 0: stream windows only
+
+
+def test_random_copy_rows_repeat_spans_of_random_ordinary_ids() -> None:
+    from onnxgen.demo.data import batch_at, random_copy_window
+
+    row = random_copy_window(513, (3, 4096), np.random.default_rng(5))
+    assert row.shape == (513,) and row.min() >= 3 and row.max() < 4096
+    assert len(np.unique(row)) > 100  # random ids, not a run of the stream
+    stream = np.arange(50_000, dtype=np.uint16)
+    a = batch_at(stream, 7, 64, 128, 0, repeat_share=0.25, random_share=0.25, id_range=(60_000, 61_000))
+    random_rows = np.all(a >= 60_000, axis=1)
+    assert 4 <= int(random_rows.sum()) <= 32  # about a quarter of 64 rows
+    copies = ~random_rows & ~np.all(np.diff(a, axis=1) == 1, axis=1)
+    assert 4 <= int(copies.sum()) <= 32

@@ -31,9 +31,10 @@ class DemoConfig:
     # data
     cut_rate: float = 0.1  # share of training line ends tokenized as a boundary (prompts end there)
     copy_window_share: float = 0.25  # training rows made of repeated spans (onnxgen.demo.data.copy_window)
+    random_copy_share: float = 0.125  # rows of repeated spans of random ids (data.random_copy_window)
     # training
     seed: int = 0
-    steps: int = 1600
+    steps: int = 2000
     batch: int = 4
     seq_len: int = 512
     lr: float = 3e-3

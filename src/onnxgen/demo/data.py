@@ -77,21 +77,34 @@ def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
 
 
 def batch_at(
-    stream: np.ndarray, step: int, batch: int, seq_len: int, seed: int, repeat_share: float = 0.0
+    stream: np.ndarray,
+    step: int,
+    batch: int,
+    seq_len: int,
+    seed: int,
+    repeat_share: float = 0.0,
+    random_share: float = 0.0,
+    id_range: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
     """``[batch, seq_len + 1]`` windows at random offsets drawn from ``(seed, step)`` alone, so a
     resumed run sees exactly the batches an uninterrupted one would.
 
     A ``repeat_share`` of the rows are copy windows instead (:func:`copy_window`): spans of the stream
-    each written twice in a row, so half of such a row is predictable only by copying.
+    each written twice in a row, so half of such a row is predictable only by copying. A further
+    ``random_share`` are copy windows of random ids from ``id_range`` (:func:`random_copy_window`), which
+    only copying predicts at all.
     """
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, stream.size - seq_len - 1, size=batch)
-    copies = rng.random(batch) < repeat_share
-    rows = [
-        copy_window(stream, seq_len + 1, rng) if copy else stream[s : s + seq_len + 1]
-        for s, copy in zip(starts, copies, strict=True)
-    ]
+    kinds = rng.random(batch)
+    rows = []
+    for start, kind in zip(starts, kinds, strict=True):
+        if kind < repeat_share:
+            rows.append(copy_window(stream, seq_len + 1, rng))
+        elif kind < repeat_share + random_share:
+            rows.append(random_copy_window(seq_len + 1, id_range, rng))
+        else:
+            rows.append(stream[start : start + seq_len + 1])
     return np.stack(rows).astype(np.int64)
 
 
@@ -108,6 +121,13 @@ def copy_window(stream: np.ndarray, width: int, rng: np.random.Generator) -> np.
         parts += [span, span]
         filled += 2 * n
     return np.concatenate(parts)[:width]
+
+
+def random_copy_window(width: int, id_range: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """A :func:`copy_window` over uniformly random ids in ``[low, high)``: nothing in such a row is
+    predictable except a span's second copy from its first, the pure signal for an induction circuit
+    (on real text a model can lean on n-gram statistics instead and copy only what it would have guessed)."""
+    return copy_window(rng.integers(id_range[0], id_range[1], size=width), width, rng)
 
 
 def val_windows(stream: np.ndarray, seq_len: int, limit: int | None = None) -> np.ndarray:

@@ -16,6 +16,7 @@ from typing import Any
 from onnxgen.testing._hf_tokenizer import CHAT_TEMPLATE, PRETOKENIZE_REGEX, SPECIAL_TOKENS
 
 EOS_ID, IM_START_ID, IM_END_ID = 0, 1, 2
+FIRST_ORDINARY_ID = len(SPECIAL_TOKENS)  # ids below it are the special tokens
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Any:  # -> tokenizers.Tokenizer

@@ -18,6 +18,7 @@ import numpy as np
 
 from onnxgen.demo.config import DemoConfig
 from onnxgen.demo.data import batch_at, val_windows
+from onnxgen.demo.tokenizer import FIRST_ORDINARY_ID
 
 CHECKPOINT = "last.pt"
 
@@ -98,7 +99,14 @@ def train(
             for group in opt.param_groups:
                 group["lr"] = learning_rate(config, step)
             batch = batch_at(
-                train_ids, step, config.batch, config.seq_len, config.seed, config.copy_window_share
+                train_ids,
+                step,
+                config.batch,
+                config.seq_len,
+                config.seed,
+                config.copy_window_share,
+                config.random_copy_share,
+                (FIRST_ORDINARY_ID, config.vocab_size),
             )
             loss = token_losses(model, batch).mean()
             loss.backward()
