@@ -35,6 +35,11 @@ class DemoConfig:
     # training
     seed: int = 0
     steps: int = 2000
+    # then a copy phase at min_lr: copy-heavy rows sharpen copying of real text (the 4.7M model otherwise
+    # lets its own guess override a span it has seen; see docs/demo-model.md)
+    copy_phase_steps: int = 300
+    copy_phase_window_share: float = 0.375
+    copy_phase_random_share: float = 0.375
     batch: int = 4
     seq_len: int = 512
     lr: float = 3e-3
@@ -45,6 +50,16 @@ class DemoConfig:
     threads: int = 2  # float reductions depend on it: same threads, same weights
     eval_every: int = 400
     eval_windows: int = 16  # validation windows scored during training (the report scores all)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps + self.copy_phase_steps
+
+    def row_shares(self, step: int) -> tuple[float, float]:
+        """(copy window share, random copy share) of the rows of training step ``step``."""
+        if step < self.steps:
+            return self.copy_window_share, self.random_copy_share
+        return self.copy_phase_window_share, self.copy_phase_random_share
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

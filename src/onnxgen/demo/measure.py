@@ -182,6 +182,29 @@ def repeated_span_nll(
     return float(nll[:, : span - 1].mean()), float(nll[:, span:].mean())
 
 
+def copy_accuracy(model_dir: Path, spans: np.ndarray) -> float:
+    """Teacher-forced next-token accuracy (argmax) on the second copy of each span of ``spans``
+    ``[count, span]``, written twice: how often the model continues a repeat correctly once it has seen
+    the repeat's first token."""
+    run = prefill_logits_fn(model_dir)
+    span = spans.shape[1]
+    ids = np.concatenate([spans, spans], axis=1).astype(np.int64)
+    predicted = run(ids).argmax(-1)[:, span : 2 * span - 1]
+    return float((predicted == spans[:, 1:]).mean())
+
+
+def copy_probe_spans(
+    val: np.ndarray, id_range: tuple[int, int], span: int = 48, count: int = 16, seed: int = 99
+) -> dict[str, np.ndarray]:
+    """Spans for :func:`copy_accuracy`: held-out text at evenly spaced places, and random ids."""
+    starts = np.linspace(0, val.size - span - 1, count).astype(int)
+    rng = np.random.default_rng(seed)
+    return {
+        "held-out text": np.stack([val[s : s + span] for s in starts]).astype(np.int64),
+        "random ids": rng.integers(id_range[0], id_range[1], size=(count, span)),
+    }
+
+
 def copied_prefix(generated: str, source: str) -> int:
     """How many leading characters of ``generated`` equal ``source``."""
     n = 0

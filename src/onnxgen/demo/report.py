@@ -101,16 +101,29 @@ def samples(llm: Any) -> tuple[str, dict[str, Any]]:
 
 def copying(llm: Any, out: Path) -> tuple[str, dict[str, Any]]:
     from onnxgen import SamplingParams
-    from onnxgen.demo.measure import copied_prefix, repeated_span_nll, simulate_prompt_lookup
+    from onnxgen.demo.measure import (
+        copied_prefix,
+        copy_accuracy,
+        copy_probe_spans,
+        repeated_span_nll,
+        simulate_prompt_lookup,
+    )
+    from onnxgen.demo.tokenizer import FIRST_ORDINARY_ID
 
-    first, second = repeated_span_nll(out / "int4", np.load(out / "data" / "val.npy"))
+    val = np.load(out / "data" / "val.npy")
+    first, second = repeated_span_nll(out / "int4", val)
+    probes = copy_probe_spans(val, (FIRST_ORDINARY_ID, DemoConfig().vocab_size))
+    accuracy = {name: copy_accuracy(out / "int4", spans) for name, spans in probes.items()}
     intro = (
         f"Held-out spans of 64 tokens written twice: loss {first:.2f} nats/token the first time, "
-        f"{second:.2f} the second time (16 spans, int4 export).\n\n"
+        f"{second:.2f} the second time (16 spans, int4 export). Spans of 48 tokens written twice, "
+        "next-token accuracy (teacher-forced argmax) over the second copy: "
+        + ", ".join(f"{name} {acc:.0%}" for name, acc in accuracy.items())
+        + ".\n\n"
     )
     body = COPY_PROMPT.split('list."""\n', 1)[1].split("\n\n\n", 1)[0]  # the first body, after its docstring
     params = SamplingParams(max_new_tokens=COPY_TOKENS, ignore_eos=True)
-    rows, data, shown = [], {"repeated_span_nll": [first, second]}, ""
+    rows, data, shown = [], {"repeated_span_nll": [first, second], "copy_accuracy": accuracy}, ""
     for name, prompt in (("span repeated", COPY_PROMPT), ("no repeat (control)", CODE_PROMPTS[0])):
         ids = llm.encode(prompt)
         result = llm.generate(ids, params)

@@ -81,7 +81,7 @@ def evaluate(model: Any, stream: np.ndarray, seq_len: int, limit: int | None, ba
 def train(
     config: DemoConfig, train_ids: np.ndarray, val_ids: np.ndarray, work: Path, log: Any = print
 ) -> Any:
-    """Train (or resume) to ``config.steps``; return the model. Logs JSON lines to ``work/train_log.jsonl``."""
+    """Train (or resume) to ``config.total_steps`` (the main schedule, then the copy phase); return the model. Logs JSON lines to ``work/train_log.jsonl``."""
     import torch
 
     from onnxgen.demo.gdn import fast_gated_delta_rule
@@ -95,17 +95,18 @@ def train(
     model.train()
     t0, tokens = time.time(), 0
     with fast_gated_delta_rule():
-        for step in range(start, config.steps):
+        for step in range(start, config.total_steps):
             for group in opt.param_groups:
                 group["lr"] = learning_rate(config, step)
+            window_share, random_share = config.row_shares(step)
             batch = batch_at(
                 train_ids,
                 step,
                 config.batch,
                 config.seq_len,
                 config.seed,
-                config.copy_window_share,
-                config.random_copy_share,
+                window_share,
+                random_share,
                 (FIRST_ORDINARY_ID, config.vocab_size),
             )
             loss = token_losses(model, batch).mean()
@@ -116,11 +117,11 @@ def train(
             tokens += config.batch * config.seq_len
             done = step + 1
             entry: dict[str, Any] = {"step": done, "loss": round(loss.item(), 4)}
-            if done % 10 == 0 or done == config.steps:
+            if done % 10 == 0 or done == config.total_steps:
                 elapsed = time.time() - t0
                 entry.update(lr=round(learning_rate(config, step), 6), grad_norm=round(norm.item(), 3))
                 entry.update(elapsed_s=round(elapsed, 1), tokens_per_s=round(tokens / elapsed))
-            if done % config.eval_every == 0 or done == config.steps:
+            if done % config.eval_every == 0 or done in (config.steps, config.total_steps):
                 entry["val_loss"] = round(evaluate(model, val_ids, config.seq_len, config.eval_windows), 4)
                 _save(model, opt, config, done, work / CHECKPOINT)
             elif done % 50 == 0:
