@@ -335,6 +335,85 @@ def test_bench_decode_plans_scan_and_inline_side_by_side_on_a_scan_hybrid(
     assert any((tmp_path / "cache" / "plans").iterdir())  # the inline worker built its copy there
 
 
+# -- constrained decoding -------------------------------------------------------------------------
+class _ConstrainingWorker(_FakeWorker):
+    """Plain decode steps take 2 ms, constrained ones ``SLOWER[name]`` times that, with 100 us a token
+    in the constraint."""
+
+    SLOWER = {"json_schema": 1.25, "regex": 2.0}  # noqa: RUF012
+
+    def run(
+        self, prompt: Sequence[int], new_tokens: int, speculative: bool = False, constraint: str | None = None
+    ) -> dict[str, Any]:
+        assert not speculative
+        if constraint is None:
+            return {**super().run(prompt, new_tokens), "step_ms": [100.0] + [2.0] * (new_tokens - 2)}
+        self.order.append(f"{self.label}+{constraint}")
+        step = 2.0 * self.SLOWER[constraint]
+        return {
+            "prefill_ms": 5.0,
+            "ttft_ms": 6.0,
+            "step_ms": [100.0] + [step] * (new_tokens - 2),
+            "total_ms": 50.0,
+            "token_ids": [3] * new_tokens,
+            "constraint_s": 1e-4 * new_tokens,
+            "constraint_masks": new_tokens,
+            "peak_rss_mb": 150.0,
+        }
+
+
+def test_bench_constraints_alternate_with_plain_runs_and_report_the_paired_slowdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bench, "Worker", _ConstrainingWorker)
+    _FakeWorker.order, _FakeWorker.started = [], []
+    cfg = BenchConfig(
+        "m",
+        prompt_tokens=(5,),
+        new_tokens=8,
+        warmups=0,
+        runs=3,
+        decode_skip=1,
+        constraints=("json_schema", "regex"),
+    )
+    report = run_bench(cfg, log=lambda _: None)
+    p, j, r = "onnxgen", "onnxgen+json_schema", "onnxgen+regex"
+    assert _FakeWorker.order == [p, j, r, j, r, p, r, p, j]  # rotated: no variant always runs first
+    assert report["constraints"] == ["json_schema", "regex"]
+    c = report["results"][0]["engines"]["onnxgen"]["constraints"]
+    assert c["json_schema"]["slowdown"] == pytest.approx(0.25) and c["regex"]["slowdown"] == pytest.approx(
+        1.0
+    )
+    assert c["json_schema"]["constraint_us_per_token"]["median"] == pytest.approx(100.0)
+    assert c["json_schema"]["constraint_masks"] == 8
+    row = next(ln.split() for ln in format_report(report).splitlines() if "regex" in ln and "%" in ln)
+    assert row[:4] == ["synthetic", "5", "onnxgen", "regex"] and "+100.0%" in row
+
+
+def test_bench_constraint_flags_are_checked_before_any_worker_starts() -> None:
+    with pytest.raises(ValueError, match="unknown constraint 'yaml'"):
+        BenchConfig("m", constraints=("yaml",))
+    with pytest.raises(ValueError, match="listed twice"):
+        BenchConfig("m", constraints=("regex", "regex"))
+    with pytest.raises(ValueError, match="give one of them"):
+        BenchConfig("m", constraints=("regex",), speculative="prompt-lookup")
+
+
+def test_bench_constraints_on_a_tiny_hybrid_mask_every_token(
+    hybrid_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--constraint", "json_schema,grammar", "--runs", "1", "--warmups", "0", "--threads", "1"]
+    assert (
+        main(["bench", str(hybrid_dir), *flags, "--json", "--prompt-tokens", "8", "--new-tokens", "12"]) == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    constraints = report["results"][0]["engines"]["onnxgen"]["constraints"]
+    assert set(constraints) == {"json_schema", "grammar"}
+    for c in constraints.values():
+        assert c["constraint_masks"] == 12  # one mask per chosen token, the run never ended early
+        assert c["constraint_us_per_token"]["median"] > 0 and 0 < c["constraint_share"] < 1
+
+
 # -- speculative decoding -------------------------------------------------------------------------
 class _SpeculatingWorker(_FakeWorker):
     """Plain runs end-to-end in PLAIN_MS[i] ms, speculative ones in SPEC_MS[i] (i counts warmups too);

@@ -5,7 +5,8 @@ subprocess, so peak RSS is per worker, with the same intra-op thread count. The 
 commands on the worker's stdin and reads one JSON line per reply; runs are interleaved (worker 1 run 1,
 worker 2 run 1, worker 1 run 2, ...) so slow drifts of a shared machine hit all alike. With
 ``speculative`` every onnxgen worker runs plain and speculative greedy generation back to back on the same
-prompt (in alternating order), and the two are compared run by run. A fresh set of workers serves each
+prompt (in alternating order), and the two are compared run by run; with ``constraints`` it runs plain and
+constrained greedy generation the same way (:mod:`onnxgen.bench_constraints`), one variant per constraint. A fresh set of workers serves each
 prompt, so its peak RSS belongs to that prompt.
 
 Per run: ``prefill_ms`` (the prefill forward alone), ``ttft_ms`` (request call to first token),
@@ -23,11 +24,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from onnxgen.bench_constraints import constraint_kwargs
 from onnxgen.bench_engine import ENGINES, ONNXGEN, worker_main
 from onnxgen.bench_genai import GENAI, BenchError, require_genai
 from onnxgen.bench_prompts import NOVEL, PROMPT_KINDS, REPETITIVE, SYNTHETIC, kind_prompt, read_prompt_file
 from onnxgen.bench_prompts import synthetic_prompt as synthetic_prompt
-from onnxgen.bench_stats import decode_rate, ratio, summarize, summarize_speculative, token_check
+from onnxgen.bench_stats import (
+    decode_rate,
+    ratio,
+    summarize,
+    summarize_constraint,
+    summarize_speculative,
+    token_check,
+)
 from onnxgen.bench_worker import Worker, machine_info
 from onnxgen.cli_speculative import SpeculativeSpec, parse_speculative
 from onnxgen.runtime.plans import DECODE_PLANS
@@ -60,6 +69,7 @@ class BenchConfig:
     draft_tokens: int | None = None
     prompt_kinds: tuple[str, ...] | None = None  # None: see `kinds`
     prompt_files: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()  # built-in constraints (bench_constraints) timed beside plain runs
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens or min(self.prompt_tokens) < 1:
@@ -81,6 +91,8 @@ class BenchConfig:
             raise ValueError(f"--compare must be {GENAI!r} (got {self.compare!r})")
         self._check_lists()
         parse_speculative(self.speculative, self.draft_tokens)
+        if self.constraints and self.speculative:
+            raise ValueError("--constraint and --speculative time different things; give one of them")
 
     def _check_lists(self) -> None:
         for plan in self.decode_plans:
@@ -89,6 +101,10 @@ class BenchConfig:
                     f"--decode-plan {','.join(self.decode_plans)!r}: each entry must be one of "
                     f"{', '.join(DECODE_PLANS)}, listed once (got {plan!r})"
                 )
+        for name in self.constraints:
+            constraint_kwargs(name)
+            if self.constraints.count(name) > 1:
+                raise ValueError(f"--constraint {','.join(self.constraints)!r}: {name!r} is listed twice")
         for kind in self.prompt_kinds or ():
             if kind not in PROMPT_KINDS or self.prompt_kinds.count(kind) > 1:  # type: ignore[union-attr]
                 raise ValueError(
@@ -166,26 +182,41 @@ def _prompt(cfg: BenchConfig, case: PromptCase, ref: Worker) -> list[int]:
     return ids
 
 
-def _order(i: int, worker: Worker, speculating: bool) -> tuple[bool, ...]:
-    """Plain only, or plain and speculative in alternating order (so neither always runs second)."""
-    if not speculating or worker.engine != ONNXGEN:
-        return (False,)
-    return (False, True) if i % 2 == 0 else (True, False)
+PLAIN, SPECULATIVE = "plain", "speculative"  # run variants; a constraint's variant is its name
 
 
-def _run_once(worker: Worker, prompt: list[int], new_tokens: int, speculative: bool) -> dict[str, Any]:
-    result = worker.run(prompt, new_tokens, True) if speculative else worker.run(prompt, new_tokens)
+def _variants(cfg: BenchConfig, worker: Worker) -> tuple[str, ...]:
+    if worker.engine != ONNXGEN:
+        return (PLAIN,)
+    return (PLAIN, SPECULATIVE) if cfg.speculative else (PLAIN, *cfg.constraints)
+
+
+def _order(i: int, variants: tuple[str, ...]) -> tuple[str, ...]:
+    """The variants of run ``i`` in rotated order, so none always runs first (or second)."""
+    shift = i % len(variants)
+    return variants[shift:] + variants[:shift]
+
+
+def _run_once(worker: Worker, prompt: list[int], new_tokens: int, variant: str) -> dict[str, Any]:
+    if variant == PLAIN:
+        result = worker.run(prompt, new_tokens)
+    elif variant == SPECULATIVE:
+        result = worker.run(prompt, new_tokens, True)
+    else:  # a constraint can end a run early only if its grammar completes: the built-in ones cannot
+        result = worker.run(prompt, new_tokens, constraint=variant)
     if len(result["token_ids"]) != new_tokens:
-        raise BenchError(f"{worker.label} generated {len(result['token_ids'])} tokens, not {new_tokens}")
+        raise BenchError(
+            f"{worker.label} ({variant}) generated {len(result['token_ids'])} tokens, not {new_tokens}"
+        )
     return result
 
 
-def _progress(cfg: BenchConfig, case: str, i: int, runs: dict[tuple[str, bool], list[dict[str, Any]]]) -> str:
+def _progress(cfg: BenchConfig, case: str, i: int, runs: dict[tuple[str, str], list[dict[str, Any]]]) -> str:
     if i < cfg.warmups:
         return f"prompt {case}: warmup {i + 1}/{cfg.warmups}"
     rates = ", ".join(
-        f"{label}{' speculative' if spec else ''} {decode_rate(r[-1]['step_ms'], cfg.decode_skip):.1f} tok/s"
-        for (label, spec), r in runs.items()
+        f"{label}{'' if variant == PLAIN else ' ' + variant} {decode_rate(r[-1]['step_ms'], cfg.decode_skip):.1f} tok/s"
+        for (label, variant), r in runs.items()
     )
     return f"prompt {case}: run {i + 1 - cfg.warmups}/{cfg.runs}: {rates}"
 
@@ -196,32 +227,33 @@ def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
     try:
         prompt = _prompt(cfg, case, workers[0])
         name = f"{case.label}/{len(prompt)}"
-        runs: dict[tuple[str, bool], list[dict[str, Any]]] = {
-            (w.label, s): [] for w in workers for s in sorted(_order(0, w, spec is not None))
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {
+            (w.label, v): [] for w in workers for v in _variants(cfg, w)
         }
         for i in range(cfg.warmups + cfg.runs):
             for worker in workers:
-                for speculative in _order(i, worker, spec is not None):
-                    result = _run_once(worker, prompt, cfg.new_tokens, speculative)
+                for variant in _order(i, _variants(cfg, worker)):
+                    result = _run_once(worker, prompt, cfg.new_tokens, variant)
                     if i >= cfg.warmups:
-                        runs[worker.label, speculative].append(result)
+                        runs[worker.label, variant].append(result)
             log(_progress(cfg, name, i, runs))
-        engines = {w.label: summarize(runs[w.label, False], cfg.decode_skip, w.info) for w in workers}
-        if spec is not None:
-            for w in workers:
-                if (w.label, True) in runs:
-                    engines[w.label]["speculative"] = summarize_speculative(
-                        runs[w.label, False],
-                        runs[w.label, True],
-                        cfg.decode_skip,
-                        spec.label,
-                        spec.draft_tokens,
-                    )
+        engines = {w.label: summarize(runs[w.label, PLAIN], cfg.decode_skip, w.info) for w in workers}
+        for w in workers:
+            plain = runs[w.label, PLAIN]
+            if spec is not None and (w.label, SPECULATIVE) in runs:
+                engines[w.label]["speculative"] = summarize_speculative(
+                    plain, runs[w.label, SPECULATIVE], cfg.decode_skip, spec.label, spec.draft_tokens
+                )
+            constrained = {c: runs[w.label, c] for c in cfg.constraints if (w.label, c) in runs}
+            if constrained:
+                engines[w.label]["constraints"] = {
+                    c: summarize_constraint(plain, r, cfg.decode_skip) for c, r in constrained.items()
+                }
     finally:
         _close(workers)
     entry: dict[str, Any] = {"prompt": case.label, "prompt_tokens": len(prompt), "engines": engines}
     if len(workers) > 1:
-        entry.update(token_check({w.label: runs[w.label, False][0]["token_ids"] for w in workers}))
+        entry.update(token_check({w.label: runs[w.label, PLAIN][0]["token_ids"] for w in workers}))
     if cfg.compare:
         ratios = {w.label: ratio(engines[w.label], engines[GENAI]) for w in workers if w.engine == ONNXGEN}
         entry["ratio"] = ratios[workers[0].label]
@@ -253,6 +285,7 @@ def run_bench(cfg: BenchConfig, log: Log = _stderr_log) -> dict[str, Any]:
         "decode_plans": list(cfg.decode_plans),
         "speculative": spec.label if spec is not None else None,
         "draft_tokens": spec.draft_tokens if spec is not None else None,
+        "constraints": list(cfg.constraints),
         "machine": machine,
         "results": results,
     }

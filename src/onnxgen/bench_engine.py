@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from onnxgen.bench_constraints import constraint_kwargs
 from onnxgen.bench_genai import GENAI, BenchError, GenaiEngine, step_durations_ms
 from onnxgen.bench_worker import serve
 from onnxgen.cli_speculative import SpeculativeSpec
@@ -22,6 +23,7 @@ from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import load
 
 ONNXGEN = "onnxgen"
+CONSTRAINT_STATS = ("constraint_s", "constraint_masks")
 ENGINES = (ONNXGEN, GENAI)
 SPECULATIVE_STATS = (
     "proposed_draft_tokens",
@@ -90,12 +92,17 @@ class OnnxgenEngine:
         tokenizer = self.llm._require_tokenizer()
         return tokenizer.encode(text, add_special_tokens=special)
 
-    def run(self, prompt: Sequence[int], new_tokens: int, speculative: bool = False) -> dict[str, Any]:
+    def run(
+        self, prompt: Sequence[int], new_tokens: int, speculative: bool = False, constraint: str | None = None
+    ) -> dict[str, Any]:
         if speculative and self.speculative is None:
             raise BenchError("a speculative run was asked of a worker started without --speculative")
         # min_new_tokens = max_new_tokens masks end-of-sequence at every step, as onnxruntime-genai's
         # min_length does, so both engines pick the same greedy tokens (ignore_eos would not mask it).
-        params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=0.0)
+        kwargs = constraint_kwargs(constraint) if constraint else {}
+        params = SamplingParams(
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=0.0, **kwargs
+        )
         self._forward_ms.clear()
         ids: list[int] = []
         stamps: list[float] = []
@@ -114,7 +121,7 @@ class OnnxgenEngine:
             "forward_passes": stats.get("forward_passes"),
             **self.plan_info(),
         }
-        result.update({key: stats[key] for key in SPECULATIVE_STATS if key in stats})
+        result.update({key: stats[key] for key in (*SPECULATIVE_STATS, *CONSTRAINT_STATS) if key in stats})
         return result
 
 

@@ -129,3 +129,27 @@ def token_check(tokens: dict[str, list[int]]) -> dict[str, Any]:
         "first_divergence": min(diverged.values()) if diverged else None,
         "diverging_engines": sorted(diverged),
     }
+
+
+def summarize_constraint(
+    plain: Sequence[dict[str, Any]], constrained: Sequence[dict[str, Any]], skip: int
+) -> dict[str, Any]:
+    """Constrained runs beside the plain runs of the same worker (run i of each made back to back).
+
+    ``slowdown`` is the median over pairs of the constrained run's decode time per token over the plain
+    run's, minus one (0.05: 5% slower); ``constraint_us_per_token`` is the constraint's own time per
+    generated token (following the sequence, computing and applying masks) and ``constraint_share`` its
+    median share of a constrained decode step.
+    """
+    rates = [decode_rate(r["step_ms"], skip) for r in constrained]
+    plain_rates = [decode_rate(r["step_ms"], skip) for r in plain]
+    own = [1e6 * r["constraint_s"] / len(r["token_ids"]) for r in constrained]
+    return {
+        "decode_tok_s": spread(rates),
+        "plain_decode_tok_s": spread(plain_rates),
+        "slowdown": statistics.median(p / c - 1.0 for p, c in zip(plain_rates, rates, strict=True)),
+        "constraint_us_per_token": spread(own),
+        "constraint_share": statistics.median(u * r / 1e6 for u, r in zip(own, rates, strict=True)),
+        "constraint_masks": constrained[-1].get("constraint_masks"),
+        "peak_rss_mb": constrained[-1]["peak_rss_mb"],
+    }

@@ -96,10 +96,9 @@ def _answer(engine: Engine, command: dict[str, Any]) -> dict[str, Any]:
             return {"error": f"{type(engine).__name__} has no tokenizer to encode text with"}
         return {"token_ids": encode(command["text"], bool(command.get("special", True)))}
     prompt, new_tokens = command["prompt"], int(command["new_tokens"])
-    if command.get("speculative"):  # only onnxgen engines speculate (the parent never asks another)
-        result = engine.run(prompt, new_tokens, True)  # type: ignore[call-arg]
-    else:
-        result = engine.run(prompt, new_tokens)
+    extra = {k: command[k] for k in ("speculative", "constraint") if command.get(k)}
+    # only onnxgen engines speculate or constrain (the parent never asks another)
+    result = engine.run(prompt, new_tokens, **extra)
     return {**result, "peak_rss_mb": peak_rss_mb(), "pss_mb": pss_mb()}
 
 
@@ -175,9 +174,17 @@ class Worker:
         self.proc.stdin.flush()
         return self._receive()
 
-    def run(self, prompt: Sequence[int], new_tokens: int, speculative: bool = False) -> dict[str, Any]:
+    def run(
+        self, prompt: Sequence[int], new_tokens: int, speculative: bool = False, constraint: str | None = None
+    ) -> dict[str, Any]:
         return self._ask(
-            {"cmd": "run", "prompt": list(prompt), "new_tokens": new_tokens, "speculative": speculative}
+            {
+                "cmd": "run",
+                "prompt": list(prompt),
+                "new_tokens": new_tokens,
+                "speculative": speculative,
+                "constraint": constraint,
+            }
         )
 
     def encode(self, text: str, special: bool = True) -> list[int]:

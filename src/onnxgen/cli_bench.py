@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from onnxgen.bench import ENGINES, ONNXGEN, BenchConfig, run_bench, to_json
+from onnxgen.bench_constraints import CONSTRAINTS
 from onnxgen.bench_prompts import PROMPT_KINDS
 from onnxgen.cli_bench_table import format_report
 from onnxgen.cli_generate import MODEL_ENV, THREADS_ENV, resolve_model, resolve_threads
@@ -90,6 +91,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "(default: one worker on auto)",
     )
     add_speculative_flags(p)
+    p.add_argument(
+        "--constraint",
+        metavar="KIND[,KIND...]",
+        help=f"also time constrained greedy decoding with built-in constraints ({', '.join(CONSTRAINTS)}), "
+        "alternating with plain runs in each onnxgen worker",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=_run)
 
@@ -110,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
         draft_tokens=args.draft_tokens,
         prompt_kinds=_names(args.prompt_kind),
         prompt_files=tuple(args.prompt_file or ()),
+        constraints=_names(args.constraint) or (),
     )
     report = run_bench(cfg)
     print(to_json(report) if args.json else format_report(report))

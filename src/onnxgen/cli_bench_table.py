@@ -172,6 +172,47 @@ def speculative_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+CONSTRAINT_COLUMNS = (
+    "prompt",
+    "tokens",
+    "engine",
+    "constraint",
+    "plain tok/s",
+    "constrained tok/s",
+    "slowdown",
+    "constraint us/token",
+    "share of step",
+)
+
+
+def constraint_lines(report: dict[str, Any]) -> list[str]:
+    rows = [list(CONSTRAINT_COLUMNS)]
+    for entry in report["results"]:
+        for name, e in entry["engines"].items():
+            for constraint, c in e.get("constraints", {}).items():
+                rows.append(
+                    [
+                        entry.get("prompt", ""),
+                        str(entry["prompt_tokens"]),
+                        name,
+                        constraint,
+                        f"{c['plain_decode_tok_s']['median']:.1f}",
+                        f"{c['decode_tok_s']['median']:.1f}",
+                        f"{100 * c['slowdown']:+.1f}%",
+                        f"{c['constraint_us_per_token']['median']:.0f}",
+                        f"{100 * c['constraint_share']:.1f}%",
+                    ]
+                )
+    return [
+        "constraints: plain and constrained greedy runs alternate in one worker (built-in constraints that "
+        "cannot end early: onnxgen.bench_constraints)",
+        *_table(rows),
+        "slowdown: median over run pairs of constrained / plain decode time per token - 1; constraint "
+        "us/token: its own time (following the sequence, computing and applying masks); share: of a "
+        "constrained step",
+    ]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The report as plain aligned tables (medians; ratio rows are onnxgen / onnxruntime-genai)."""
     rows = [list(COLUMNS)]
@@ -190,4 +231,6 @@ def format_report(report: dict[str, Any]) -> str:
         lines.extend(plan_lines(report))
     if report.get("speculative"):
         lines.extend(["", *speculative_lines(report)])
+    if report.get("constraints"):
+        lines.extend(["", *constraint_lines(report)])
     return "\n".join(lines + notes)
