@@ -5,9 +5,9 @@ subprocess, so peak RSS is per worker, with the same intra-op thread count. The 
 commands on the worker's stdin and reads one JSON line per reply; runs are interleaved (worker 1 run 1,
 worker 2 run 1, worker 1 run 2, ...) so slow drifts of a shared machine hit all alike. With
 ``speculative`` every onnxgen worker runs plain and speculative greedy generation back to back on the same
-prompt (in alternating order), and the two are compared run by run; with ``constraints`` it runs plain and
-constrained greedy generation the same way (:mod:`onnxgen.bench_constraints`), one variant per constraint. A fresh set of workers serves each
-prompt, so its peak RSS belongs to that prompt.
+prompt (in alternating order), and the two are compared run by run; with ``constraints`` it runs plain
+and constrained greedy generation the same way (:mod:`onnxgen.bench_constraints`), one variant per
+constraint. A fresh set of workers serves each prompt, so its peak RSS belongs to that prompt.
 
 Per run: ``prefill_ms`` (the prefill forward alone), ``ttft_ms`` (request call to first token),
 ``step_ms`` (one entry per later token), ``total_ms`` (request call to last token), ``token_ids``.
