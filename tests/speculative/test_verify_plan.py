@@ -82,7 +82,7 @@ def run_loop(
     """The tokens and statistics of one speculative run of N tokens."""
     state = session.new_state(len(prompt) + N + 1)
     sampling = SamplingParams(max_new_tokens=N, **params)  # type: ignore[arg-type]
-    loop = SpeculativeLoop(session, state, prompt, sampling, (), proposer, K)
+    loop = SpeculativeLoop(session, state, prompt, sampling, (), proposer, K, adaptive=False)
     return [token for token, _ in loop.tokens()], loop.stats()
 
 

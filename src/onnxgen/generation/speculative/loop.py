@@ -14,6 +14,7 @@ token and all k drafts, so the model must be brought back to "pending + j drafts
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -25,6 +26,7 @@ from onnxgen.generation.generator import TokenLoop
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, apply_chain
 from onnxgen.generation.speculative.accept import accept_greedy, accept_sampled
+from onnxgen.generation.speculative.budget import DraftBudget
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
@@ -64,6 +66,7 @@ class SpeculativeLoop(TokenLoop):
         self.accepted = 0
         self.replays = 0
         self.hybrid = bool(session.io.state_pairs)
+        self.budget = DraftBudget() if adaptive else None
         # Back-off: after verifies that accepted nothing, run 1, 2, 4, ... (at most 16) plain steps
         # before drafting again, so a prompt whose drafts keep failing decodes at nearly plain speed.
         self._misses = 0
@@ -92,15 +95,26 @@ class SpeculativeLoop(TokenLoop):
             if self._skip > 0:
                 self._skip -= 1
                 k = 0
+            if self.budget is not None:
+                k = self.budget.cap(k)
+            started = time.perf_counter()
             drafts, q = self.proposer.propose(self.ids[: self.n], k) if k > 0 else ([], None)
+            if self.budget is not None:
+                self.budget.observe_proposal(len(drafts), time.perf_counter() - started)
             if not drafts:  # nothing to verify: a plain step
+                started = time.perf_counter()
                 logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1, copy=False)[
                     0, -1
                 ]
+                if self.budget is not None:
+                    self.budget.observe_forward(1, time.perf_counter() - started)
                 self.forward_passes += 1
                 emitted = [self._select(logits)]
             else:
+                started = time.perf_counter()
                 emitted = self._verify(drafts, q)
+                if self.budget is not None:  # the forward and the commit (a replay, if any)
+                    self.budget.observe_forward(len(drafts) + 1, time.perf_counter() - started)
             for token in emitted:
                 reason = self._emit(token)
                 yield token, reason
@@ -136,6 +150,8 @@ class SpeculativeLoop(TokenLoop):
             self.state.release(snap)
         self.proposed += k
         self.accepted += j
+        if self.budget is not None:
+            self.budget.observe_verify(k, j)
         self.proposer.observe(n, j)
         if self.adaptive:
             self.k = min(self.k + 2, self.max_k) if j == k else max(1, self.k - 1)

@@ -1,0 +1,70 @@
+"""How many drafts a verify should carry, from what forwards cost and how often drafts are accepted.
+
+A verify over the pending token and k drafts yields ``1 + accepted`` tokens for the price of one
+forward over k + 1 tokens. When a forward's cost grows with its token count (small models: the kernels
+are compute-bound per token) partly accepted drafts can cost more than they save. :class:`DraftBudget`
+keeps a moving average of the time of a forward per token count (for a verify: its forward, processing
+and commit, a replay included) and of the per-draft acceptance rate
+``a``, and caps k at the value that maximises expected tokens per unit of time,
+``(1 - a^(k+1)) / (1 - a)`` over ``(cost(k + 1) + k * d) / cost(1)``, with ``d`` the time the proposer
+takes per draft token (a draft model's forwards; next to nothing for prompt lookup). It never goes below one draft: verifies that
+accept nothing are what the loop's back-off (plain steps between attempts) is for, and one draft keeps
+the acceptance estimate current. It abstains (answers the loop's own k) until it has timed a plain step
+and a verify and seen ``MIN_VERIFIES`` verifies. Timing-driven: the tokens never depend on it, the
+forward count may.
+"""
+
+from __future__ import annotations
+
+DECAY = 0.8  # weight of the past in the moving averages
+MIN_VERIFIES = 2
+
+
+class DraftBudget:
+    def __init__(self) -> None:
+        self._cost: dict[int, float] = {}  # tokens in a forward -> moving average of its seconds
+        self._accepted = 0.0  # moving sums over verifies: accepted drafts, proposed drafts
+        self._proposed = 0.0
+        self._verifies = 0
+        self._draft_cost = 0.0  # moving average of the proposer's seconds per draft token
+
+    def observe_proposal(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self._draft_cost = DECAY * self._draft_cost + (1.0 - DECAY) * seconds / tokens
+
+    def observe_forward(self, tokens: int, seconds: float) -> None:
+        old = self._cost.get(tokens)
+        self._cost[tokens] = seconds if old is None else DECAY * old + (1.0 - DECAY) * seconds
+
+    def observe_verify(self, proposed: int, accepted: int) -> None:
+        self._accepted = DECAY * self._accepted + accepted
+        self._proposed = DECAY * self._proposed + proposed
+        self._verifies += 1
+
+    def cost(self, tokens: int) -> float | None:
+        """Seconds of a forward over ``tokens`` tokens: measured, else interpolated linearly from one
+        token and the nearest measured larger count (None before both are known)."""
+        if tokens in self._cost:
+            return self._cost[tokens]
+        one = self._cost.get(1)
+        larger = [t for t in self._cost if t > 1]
+        if one is None or not larger:
+            return None
+        ref = min(larger, key=lambda t: abs(t - tokens))
+        return one + (tokens - 1) * (self._cost[ref] - one) / (ref - 1)
+
+    def cap(self, k: int) -> int:
+        """The number of drafts (1 to ``k``) that gives the most tokens per unit of time."""
+        one = self._cost.get(1)
+        if k < 1 or one is None or self._verifies < MIN_VERIFIES or self._proposed <= 0:
+            return k
+        rate = min(self._accepted / self._proposed, 0.999)
+        best, best_value = 1, 0.0
+        for n in range(1, k + 1):
+            cost = self.cost(n + 1)
+            if cost is None or cost <= 0:
+                return k
+            value = (1.0 - rate ** (n + 1)) / (1.0 - rate) / ((cost + n * self._draft_cost) / one)
+            if value > best_value:
+                best, best_value = n, value
+        return best

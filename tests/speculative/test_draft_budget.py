@@ -1,0 +1,65 @@
+"""DraftBudget: the draft length a verify should carry, from forward costs and acceptance."""
+
+from __future__ import annotations
+
+from onnxgen.generation.speculative.budget import DraftBudget
+
+
+def budget_with(cost_per_extra_token: float, acceptance: float, verifies: int = 4, k: int = 8) -> DraftBudget:
+    """A budget that timed one-token steps at 1 s, verifies of k + 1 tokens at 1 + k * slope, and saw
+    ``verifies`` verifies of k drafts accepting ``acceptance`` of them."""
+    b = DraftBudget()
+    b.observe_forward(1, 1.0)
+    b.observe_forward(k + 1, 1.0 + k * cost_per_extra_token)
+    for _ in range(verifies):
+        b.observe_verify(k, round(acceptance * k))
+    return b
+
+
+def brute_force(k: int, slope: float, rate: float) -> int:
+    values = {n: sum(rate**i for i in range(n + 1)) / (1 + n * slope) for n in range(1, k + 1)}
+    best = max(values, key=values.__getitem__)
+    return best
+
+
+def test_the_budget_abstains_until_it_has_timed_both_kinds_of_forward_and_seen_verifies() -> None:
+    b = DraftBudget()
+    assert b.cap(6) == 6
+    b.observe_forward(1, 1.0)
+    b.observe_verify(4, 2)
+    assert b.cap(6) == 6  # no multi-token forward timed, one verify seen
+    b.observe_forward(5, 2.0)
+    assert b.cap(6) == 6  # one verify is not enough
+    b.observe_verify(4, 2)
+    assert b.cap(6) != 6
+
+
+def test_the_cap_maximises_expected_tokens_per_unit_of_time() -> None:
+    for slope, rate in ((0.05, 0.9), (0.25, 0.75), (0.5, 0.5), (0.1, 0.5), (0.3, 0.875)):
+        b = budget_with(slope, rate)
+        assert b.cap(8) == brute_force(8, slope, rate), (slope, rate)
+
+
+def test_cheap_verifies_and_high_acceptance_keep_every_draft() -> None:
+    assert budget_with(0.02, 1.0).cap(8) == 8
+
+
+def test_when_no_draft_pays_it_still_verifies_one() -> None:
+    """Declining is the loop's back-off; one draft keeps the acceptance estimate current."""
+    assert budget_with(1.0, 0.25).cap(8) == 1
+
+
+def test_costs_between_measured_counts_are_interpolated() -> None:
+    b = DraftBudget()
+    b.observe_forward(1, 1.0)
+    b.observe_forward(9, 3.0)
+    assert b.cost(5) == 2.0 and b.cost(9) == 3.0 and b.cost(1) == 1.0
+    assert DraftBudget().cost(3) is None
+
+
+def test_a_costly_proposer_shortens_the_drafts() -> None:
+    cheap = budget_with(0.1, 0.75)
+    costly = budget_with(0.1, 0.75)
+    for _ in range(20):
+        costly.observe_proposal(4, 4 * 0.3)  # each draft token costs 0.3 steps
+    assert costly.cap(8) < cheap.cap(8)
