@@ -63,3 +63,16 @@ def test_a_costly_proposer_shortens_the_drafts() -> None:
     for _ in range(20):
         costly.observe_proposal(4, 4 * 0.3)  # each draft token costs 0.3 steps
     assert costly.cap(8) < cheap.cap(8)
+
+
+def test_acceptance_after_a_full_accept_is_kept_apart_from_acceptance_after_a_miss() -> None:
+    """Inside a copied span drafts keep passing; after a miss they mostly fail: the cap follows the run."""
+    b = DraftBudget()
+    b.observe_forward(1, 1.0)
+    b.observe_forward(9, 1.0 + 8 * 0.25)
+    for _ in range(3):  # runs of five full accepts, then runs of five verifies that accept nothing
+        for accepted in (8,) * 5 + (0,) * 5:
+            b.observe_verify(8, accepted)
+    after_miss = b.cap(8)
+    b.observe_verify(8, 8)  # now after a full accept
+    assert after_miss == 1 and b.cap(8) > 1

@@ -5,7 +5,8 @@ forward over k + 1 tokens. When a forward's cost grows with its token count (sma
 are compute-bound per token) partly accepted drafts can cost more than they save. :class:`DraftBudget`
 keeps a moving average of the time of a forward per token count (for a verify: its forward, processing
 and commit, a replay included) and of the per-draft acceptance rate
-``a``, and caps k at the value that maximises expected tokens per unit of time,
+``a``, kept apart for verifies that follow a full accept and for the others (acceptance comes in runs:
+inside a copied span the next draft is far likelier to pass than after a miss), and caps k at the value that maximises expected tokens per unit of time,
 ``(1 - a^(k+1)) / (1 - a)`` over ``(cost(k + 1) + k * d) / cost(1)``, with ``d`` the time the proposer
 takes per draft token (a draft model's forwards; next to nothing for prompt lookup). It never goes below one draft: verifies that
 accept nothing are what the loop's back-off (plain steps between attempts) is for, and one draft keeps
@@ -23,8 +24,10 @@ MIN_VERIFIES = 2
 class DraftBudget:
     def __init__(self) -> None:
         self._cost: dict[int, float] = {}  # tokens in a forward -> moving average of its seconds
-        self._accepted = 0.0  # moving sums over verifies: accepted drafts, proposed drafts
-        self._proposed = 0.0
+        # moving sums over verifies, [after a partial accept, after a full accept]: accepted, proposed drafts
+        self._accepted = [0.0, 0.0]
+        self._proposed = [0.0, 0.0]
+        self._after_full = 0  # whether the last verify accepted every draft
         self._verifies = 0
         self._draft_cost = 0.0  # moving average of the proposer's seconds per draft token
 
@@ -37,8 +40,10 @@ class DraftBudget:
         self._cost[tokens] = seconds if old is None else DECAY * old + (1.0 - DECAY) * seconds
 
     def observe_verify(self, proposed: int, accepted: int) -> None:
-        self._accepted = DECAY * self._accepted + accepted
-        self._proposed = DECAY * self._proposed + proposed
+        state = self._after_full
+        self._accepted[state] = DECAY * self._accepted[state] + accepted
+        self._proposed[state] = DECAY * self._proposed[state] + proposed
+        self._after_full = int(accepted == proposed)
         self._verifies += 1
 
     def cost(self, tokens: int) -> float | None:
@@ -56,9 +61,10 @@ class DraftBudget:
     def cap(self, k: int) -> int:
         """The number of drafts (1 to ``k``) that gives the most tokens per unit of time."""
         one = self._cost.get(1)
-        if k < 1 or one is None or self._verifies < MIN_VERIFIES or self._proposed <= 0:
+        proposed = self._proposed[self._after_full]
+        if k < 1 or one is None or self._verifies < MIN_VERIFIES or proposed <= 0:
             return k
-        rate = min(self._accepted / self._proposed, 0.999)
+        rate = min(self._accepted[self._after_full] / proposed, 0.999)
         best, best_value = 1, 0.0
         for n in range(1, k + 1):
             cost = self.cost(n + 1)
