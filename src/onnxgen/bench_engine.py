@@ -23,7 +23,6 @@ from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import load
 
 ONNXGEN = "onnxgen"
-CONSTRAINT_STATS = ("constraint_s", "constraint_masks")
 ENGINES = (ONNXGEN, GENAI)
 SPECULATIVE_STATS = (
     "proposed_draft_tokens",
@@ -31,6 +30,7 @@ SPECULATIVE_STATS = (
     "target_forward_passes",
     "state_replays",
 )
+CONSTRAINT_STATS = ("constraint_s", "constraint_masks")
 
 
 class OnnxgenEngine:

@@ -3,16 +3,17 @@
 A verify over the pending token and k drafts yields ``1 + accepted`` tokens for the price of one
 forward over k + 1 tokens. When a forward's cost grows with its token count (small models: the kernels
 are compute-bound per token) partly accepted drafts can cost more than they save. :class:`DraftBudget`
-keeps a moving average of the time of a forward per token count (for a verify: its forward, processing
-and commit, a replay included) and of the per-draft acceptance rate
-``a``, kept apart for verifies that follow a full accept and for the others (acceptance comes in runs:
-inside a copied span the next draft is far likelier to pass than after a miss), and caps k at the value that maximises expected tokens per unit of time,
-``(1 - a^(k+1)) / (1 - a)`` over ``(cost(k + 1) + k * d) / cost(1)``, with ``d`` the time the proposer
-takes per draft token (a draft model's forwards; next to nothing for prompt lookup). It never goes below one draft: verifies that
-accept nothing are what the loop's back-off (plain steps between attempts) is for, and one draft keeps
-the acceptance estimate current. It abstains (answers the loop's own k) until it has timed a plain step
-and a verify and seen ``MIN_VERIFIES`` verifies. Timing-driven: the tokens never depend on it, the
-forward count may.
+keeps moving averages of the time of a forward per token count (for a verify: its forward, processing
+and commit, a replay included), of the proposer's time per draft token ``d`` (a draft model's forwards;
+next to nothing for prompt lookup), and of the per-draft acceptance rate ``a``, kept apart for verifies
+that follow a full accept and for the others (acceptance comes in runs: inside a copied span the next
+draft is far likelier to pass than after a miss). It caps k at the value that maximises expected tokens
+per unit of time, ``(1 - a^(k+1)) / (1 - a)`` over ``(cost(k + 1) + k * d) / cost(1)``.
+
+It never goes below one draft: verifies that accept nothing are what the loop's back-off (plain steps
+between attempts) is for, and one draft keeps the acceptance estimate current. It abstains (answers the
+loop's own k) until it has timed a plain step and a verify and seen ``MIN_VERIFIES`` verifies.
+Timing-driven: the tokens never depend on it, the forward count may.
 """
 
 from __future__ import annotations
