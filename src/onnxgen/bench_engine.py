@@ -30,7 +30,7 @@ SPECULATIVE_STATS = (
     "target_forward_passes",
     "state_replays",
 )
-CONSTRAINT_STATS = ("constraint_s", "constraint_masks")
+CONSTRAINT_STATS = ("constraint_s", "constraint_masks", "constraint_unmasked")
 
 
 class OnnxgenEngine:

@@ -139,7 +139,8 @@ def summarize_constraint(
     ``slowdown`` is the median over pairs of the constrained run's decode time per token over the plain
     run's, minus one (0.05: 5% slower); ``constraint_us_per_token`` is the constraint's own time per
     generated token (following the sequence, computing and applying masks) and ``constraint_share`` its
-    median share of a constrained decode step.
+    median share of a constrained decode step; ``unmasked_share`` is the share of the last run's tokens
+    chosen without a mask (greedy argmax the grammar surely allowed).
     """
     rates = [decode_rate(r["step_ms"], skip) for r in constrained]
     plain_rates = [decode_rate(r["step_ms"], skip) for r in plain]
@@ -151,5 +152,8 @@ def summarize_constraint(
         "constraint_us_per_token": spread(own),
         "constraint_share": statistics.median(u * r / 1e6 for u, r in zip(own, rates, strict=True)),
         "constraint_masks": constrained[-1].get("constraint_masks"),
+        "constraint_unmasked": constrained[-1].get("constraint_unmasked"),
+        "unmasked_share": constrained[-1].get("constraint_unmasked", 0)
+        / max(1, len(constrained[-1]["token_ids"])),
         "peak_rss_mb": constrained[-1]["peak_rss_mb"],
     }

@@ -182,6 +182,7 @@ CONSTRAINT_COLUMNS = (
     "slowdown",
     "constraint us/token",
     "share of step",
+    "unmasked",
 )
 
 
@@ -201,6 +202,7 @@ def constraint_lines(report: dict[str, Any]) -> list[str]:
                         f"{100 * c['slowdown']:+.1f}%",
                         f"{c['constraint_us_per_token']['median']:.0f}",
                         f"{100 * c['constraint_share']:.1f}%",
+                        f"{100 * c.get('unmasked_share', 0.0):.0f}%",
                     ]
                 )
     return [
@@ -209,7 +211,8 @@ def constraint_lines(report: dict[str, Any]) -> list[str]:
         *_table(rows),
         "slowdown: median over run pairs of constrained / plain decode time per token - 1; constraint "
         "us/token: its own time (following the sequence, computing and applying masks); share: of a "
-        "constrained step",
+        "constrained step; unmasked: tokens chosen without a mask (the greedy argmax, which the grammar "
+        "surely allowed)",
     ]
 
 

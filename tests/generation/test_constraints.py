@@ -19,7 +19,9 @@ import pytest
 
 import onnxgen
 from onnxgen import GenerationError, SamplingParams
-from onnxgen.generation.constraints import ConstraintError
+from onnxgen.bench_constraints import CONSTRAINTS
+from onnxgen.generation.constraints import Constraint, ConstraintError
+from onnxgen.generation.generator import GenerationResult
 from onnxgen.generation.speculative import DraftModel, PromptLookup
 from onnxgen.llm import LLM
 from onnxgen.testing import build_model
@@ -134,7 +136,43 @@ def test_greedy_decoding_yields_a_complete_valid_output(llms: dict[str, LLM], fa
     assert result.finish_reason == "stop"
     validate(result.text)
     assert result.stats["constraint"] == kind
-    assert result.stats["constraint_masks"] == len(result.token_ids)  # one mask per chosen token
+    # each chosen token took a mask, or was the unmasked argmax and the grammar surely allowed it
+    assert result.stats["constraint_masks"] + result.stats["constraint_unmasked"] == len(result.token_ids)
+
+
+def _masked_every_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every greedy choice take the mask: allows() always answers 'unknown'."""
+    monkeypatch.setattr(Constraint, "allows", lambda self, generated, token: False)
+
+
+def test_greedy_outputs_equal_with_and_without_the_unmasked_argmax_shortcut(
+    llms: dict[str, LLM], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The greedy shortcut (keep the unmasked argmax when the grammar surely allows it) against masking
+    every token: on the random fixtures and on the bundled demo model, whose argmax the grammars often
+    allow, with this file's constraints and the benchmark's."""
+    demo = onnxgen.load(threads=1)
+    runs = [(llms[f], PROMPT, kw, 120) for f in FAMILIES for kw, _ in CASES.values()]
+    runs += [(demo, "Write the records:", kw, 160) for kw, _ in CASES.values()]
+    runs += [(demo, "Write the records:", kw, 160) for kw in CONSTRAINTS.values()]
+    runs += [(demo, "def parse(line):", {"regex": r"[a-z_ ()=:.\n]{60,200}"}, 120)]
+
+    def generate() -> list[GenerationResult]:
+        return [
+            llm.generate(prompt, SamplingParams(max_new_tokens=n, ignore_eos=True, **kw))
+            for llm, prompt, kw, n in runs
+        ]
+
+    fast = generate()
+    with monkeypatch.context() as m:
+        _masked_every_token(m)
+        slow = generate()
+    for a, b in zip(fast, slow, strict=True):
+        assert a.token_ids == b.token_ids
+        assert b.stats["constraint_unmasked"] == 0
+        assert a.stats["constraint_masks"] + a.stats["constraint_unmasked"] == len(a.token_ids)
+    unmasked = sum(r.stats["constraint_unmasked"] for r in fast)
+    assert unmasked > sum(len(r.token_ids) for r in fast) // 3  # the shortcut was taken, often
 
 
 def test_sampling_with_top_k_top_p_and_penalties_stays_in_the_language(llms: dict[str, LLM]) -> None:

@@ -15,7 +15,7 @@ from onnxgen.generation.constraints import (
     constraint_from_response_format,
 )
 from onnxgen.generation.params import SamplingParams, SamplingParamsError
-from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
+from onnxgen.generation.processors import SequenceView, apply_chain, build_chain, choose
 from onnxgen.testing import tiny_tokenizer
 from onnxgen.tokenizer import Tokenizer
 
@@ -311,3 +311,93 @@ def test_the_mask_keeps_allowed_logits_exactly_and_sets_the_rest_to_minus_inf(
         assert live(out) == allowed
         keep = sorted(allowed)
         assert out[keep].tobytes() == logits[keep].tobytes()
+
+
+# -- the greedy shortcut: Constraint.allows and choose ------------------------------------------------
+def test_allows_answers_unknown_where_the_grammar_forces_text(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    """Where the grammar forces text its mask holds the canonical token alone (here ' the'), though the
+    grammar would take shorter pieces of it: a check by try_consume_tokens alone would let those through."""
+    constraint = compiler.compile(SamplingParams(regex=r" the [a-z]+"))
+    assert constraint is not None
+    view = gen([])
+    mask = live(constraint(view, np.zeros(VOCAB, np.float32)))
+    takes = {t for t in range(VOCAB) if constraint._matcher.validate_tokens([t]) == 1}
+    assert {tok.decode([t]) for t in mask} == {" the"}
+    assert takes - mask, "the negative control needs tokens the grammar takes that its mask refuses"
+    assert not [t for t in range(VOCAB) if constraint.allows(view.generated, t)]
+    assert constraint.shortcuts == 0
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"regex": r"[a-z]{1,8}( [a-z]{1,8}){3,9}"},
+        {"regex": r"(the|they|then) [0-9]{2,5}\.[0-9]+"},
+        {
+            "json_schema": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "n": {"type": "number"}},
+            }
+        },
+        {"grammar": 'start: expr\nexpr: NAME | NAME " = " expr | "(" expr ")"\nNAME: /[a-z]{1,5}/'},
+    ],
+    ids=["words", "alternatives", "json", "grammar"],
+)
+def test_a_token_allows_says_yes_to_is_in_the_mask_and_the_grammar_has_taken_it(
+    compiler: ConstraintCompiler, kw: dict
+) -> None:
+    """Random walks through the language: at every state, every token allows() answers yes for is in the
+    mask, and the grammar state is the one after it (the next mask equals a fresh constraint's)."""
+    rng = np.random.default_rng(3)
+    yes = unknown = 0
+    for _ in range(3):
+        constraint = compiler.compile(SamplingParams(**kw))
+        assert constraint is not None
+        ids: list[int] = []
+        for _ in range(30):
+            view = gen(ids)
+            mask = live(constraint(view, np.zeros(VOCAB, np.float32)))
+            if not mask - {EOS}:
+                break
+            said = [t for t in range(VOCAB) if constraint.allows(view.generated, t)]
+            assert set(said) <= mask
+            yes, unknown = yes + len(said), unknown + len(mask - set(said))
+            if said:  # the state allows() leaves behind is the one after its token
+                t = said[int(rng.integers(len(said)))]
+                assert constraint.allows(view.generated, t)
+                fresh = compiler.compile(SamplingParams(**kw))
+                assert fresh is not None
+                nxt = np.zeros(VOCAB, np.float32)
+                assert live(constraint(gen([*ids, t]), nxt)) == live(fresh(gen([*ids, t]), nxt))
+            ids.append(int(rng.choice(sorted(mask - {EOS}))))
+    assert yes > 0 and unknown > 0  # both answers happened
+
+
+def test_greedy_choose_with_a_constraint_equals_the_argmax_of_the_masked_chain(
+    compiler: ConstraintCompiler,
+) -> None:
+    """choose() skips the mask when the argmax is a token the grammar surely allows; its token must be the
+    argmax after the full chain (penalties, then the mask) every time, ties included, shortcut or not."""
+    rng = np.random.default_rng(11)
+    params = SamplingParams(regex=r"[a-z ]{30,40}\.", repetition_penalty=1.3)
+    shortcut, masked = compiler.compile(params), compiler.compile(params)
+    assert shortcut is not None and masked is not None
+    chain, full = build_chain(params, [EOS], shortcut), build_chain(params, [EOS], masked)
+    ids = [5, 6]
+    for step in range(36):
+        logits = rng.standard_normal(VOCAB).astype(np.float32)
+        if step % 3 == 0:  # the model prefers letters: the shortcut has something to take
+            logits[ord("a") - 30 : ord("z") - 29] += 4.0
+        if step % 5 == 0:  # exact ties: the lowest id must win on both paths
+            logits[[70, 71, 72]] = logits.max() + 1.0
+        expected = int(np.argmax(apply_chain(full, SequenceView(np.array(ids), 2), logits)))
+        token = choose(chain, None, np.array(ids), 2, logits)
+        assert token == expected, step
+        ids.append(token)
+        if shortcut.complete(np.array(ids[2:])) | masked.complete(np.array(ids[2:])):
+            break
+    assert len(ids) > 20
+    assert shortcut.shortcuts > 0 and shortcut.masks > 0
+    assert masked.shortcuts == 0

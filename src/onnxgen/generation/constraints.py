@@ -17,6 +17,7 @@ JSON is generated compactly with ``", "`` and ``": "`` separators and no other w
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -113,6 +114,8 @@ def _bias_table(dtype: np.dtype) -> np.ndarray:
 
 
 _BIAS_TABLES: dict[np.dtype, np.ndarray] = {}
+_ID = struct.Struct("=q")  # one id as the bytes of a native int64
+ROW_CACHE_BYTES = 4 << 20  # additive rows a Constraint keeps by bitmask (256 rows of a 4096-token vocabulary)
 
 
 class Constraint:
@@ -123,17 +126,25 @@ class Constraint:
         self._matcher = matcher
         self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)  # llguidance's bitmask, 1 bit a token
         self._words_ptr = self._words.ctypes.data
-        self._consumed = np.zeros(64, dtype=np.int64)  # the tokens the grammar state has taken: [:_done]
-        self._done = 0
+        self._taken = b""  # the int64 ids the grammar state has taken, as bytes (cheap to compare)
         self._version = 0  # bumped whenever the grammar state changes
         self._mask_version = -1
         self._bias = np.zeros(0, dtype=np.float32)  # -0.0 where the grammar allows a token, -inf elsewhere
-        self._bias_rows = self._bias  # _bias and the token table's padding bits after it
+        # rows built before, by bitmask: a grammar's masks repeat (JSON keys and separators, a lexeme's
+        # length), and a hit skips building a row out of the bitmask
+        self._rows: dict[bytes, np.ndarray] = {}
+        self._rows_key: tuple[int, np.dtype] = (0, np.dtype(np.float32))
         self.seconds = 0.0  # time spent in this constraint: following the sequence, computing/applying masks
         self.masks = 0
+        self.shortcuts = 0  # greedy choices the grammar took without a mask (see allows)
 
     def stats(self) -> dict[str, Any]:
-        return {"constraint": self.kind, "constraint_masks": self.masks, "constraint_s": self.seconds}
+        return {
+            "constraint": self.kind,
+            "constraint_masks": self.masks,
+            "constraint_unmasked": self.shortcuts,
+            "constraint_s": self.seconds,
+        }
 
     def __call__(self, seq: Seqs, logits: np.ndarray) -> np.ndarray:
         views = (seq,) if isinstance(seq, SequenceView) else seq
@@ -151,69 +162,102 @@ class Constraint:
         self.masks += 1
         return out
 
+    def allows(self, generated: np.ndarray, token: int) -> bool:
+        """Whether the mask after ``generated`` surely holds ``token``, found without computing the mask.
+
+        True means it does, and the grammar has taken ``token`` (the caller chooses it). False means
+        *unknown*: the caller applies the mask. The grammar takes a token where its mask may refuse it only
+        where it forces text (the mask then holds the forced text's canonical token alone), and it refuses
+        eos where the mask allows it: so no forced bytes and a token the grammar takes answer True.
+        """
+        start = time.perf_counter()
+        allowed = (
+            self._follow(generated)
+            and not self._matcher.compute_ff_bytes()
+            and self._matcher.try_consume_tokens([token]) == 1
+        )
+        if allowed:
+            self._taken += _ID.pack(token)
+            self._version += 1
+            self.shortcuts += 1
+        self.seconds += time.perf_counter() - start
+        return allowed
+
     def complete(self, generated: np.ndarray) -> bool:
         """Follow ``generated`` (the ids generated so far); True when nothing but eos may follow."""
         start = time.perf_counter()
         followed = self._follow(generated)
         self.seconds += time.perf_counter() - start
         if not followed:
+            done = len(self._taken) // 8
             raise GenerationError(
-                f"token {int(generated[self._done])} (position {self._done}) is outside the {self.kind} "
+                f"token {int(generated[done])} (position {done}) is outside the {self.kind} "
                 "constraint; tokens of a constrained request must be chosen through its processor chain"
             )
         return self._matcher.is_stopped()
 
     def _follow(self, generated: np.ndarray) -> bool:
         """Bring the grammar state to ``generated``; False when some token of it is not allowed."""
-        done, n = self._done, len(generated)
-        common = done
-        if n < done or generated[:done].tobytes() != self._consumed[:done].tobytes():
-            shared = min(done, n)
-            differ = np.flatnonzero(self._consumed[:shared] != generated[:shared])
+        ids = generated.tobytes() if generated.dtype == np.int64 else generated.astype(np.int64).tobytes()
+        taken = self._taken
+        if ids == taken:
+            return True
+        if ids.startswith(taken):
+            common = len(taken) // 8
+        else:  # some ids changed (a speculative verify row, a rejected draft): roll back to the common prefix
+            done = len(taken) // 8
+            shared = min(done, len(ids) // 8)
+            differ = np.flatnonzero(
+                np.frombuffer(taken, np.int64, shared) != np.frombuffer(ids, np.int64, shared)
+            )
             common = int(differ[0]) if len(differ) else shared
             if not self._matcher.rollback(done - common):
                 raise GenerationError(f"the {self.kind} constraint could not roll back: {self._error()}")
-            self._done = common
             self._version += 1
-        if n == common:
-            return True
-        new = generated[common:]
-        taken = self._matcher.try_consume_tokens(new.tolist())
-        self._record(new[:taken])
-        return taken == len(new)
-
-    def _record(self, taken: np.ndarray) -> None:
-        """Note that the grammar state took ``taken`` after ``_consumed[:_done]``."""
-        end = self._done + len(taken)
-        if end > len(self._consumed):
-            self._consumed = np.concatenate([self._consumed, np.zeros_like(self._consumed, shape=end)])
-        self._consumed[self._done : end] = taken
-        self._done = end
+            if len(ids) == 8 * common:
+                self._taken = ids
+                return True
+        took = self._matcher.try_consume_tokens(np.frombuffer(ids, np.int64)[common:].tolist())
+        self._taken = ids[: 8 * (common + took)]
         self._version += 1
+        return 8 * (common + took) == len(ids)
 
     def _bias_now(self, width: int, dtype: np.dtype) -> np.ndarray:
         """The mask as an additive row over token ids below ``width``: -0.0 where the grammar allows the token
         next, ``-inf`` elsewhere; cached until the grammar state changes. Adding it costs one numpy call
-        (a masked copy costs two, and unpacking the bits another two)."""
-        bias = self._bias
-        if self._mask_version == self._version and len(bias) == width and bias.dtype == dtype:
-            return bias
+        (a masked copy costs two, and unpacking the bits another two). Rows are kept by bitmask (up to
+        :data:`ROW_CACHE_BYTES` of them): most masks of a request have been seen before."""
+        if self._mask_version == self._version and len(self._bias) == width and self._bias.dtype == dtype:
+            return self._bias
         self._matcher.unsafe_compute_mask_ptr(self._words_ptr, self._words.nbytes)
         if self._matcher.is_error():
             raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
+        if self._rows_key != (width, dtype):  # a new logits width or dtype: rows built before do not fit
+            self._rows = {}
+            self._rows_key = (width, dtype)
+        key = self._words.tobytes()
+        bias = self._rows.get(key)
+        if bias is None:
+            bias = self._build_row(width, dtype)
+            if (len(self._rows) + 1) * bias.nbytes > ROW_CACHE_BYTES:
+                self._rows.clear()
+            self._rows[key] = bias
+        self._bias = bias
+        self._mask_version = self._version
+        return bias
+
+    def _build_row(self, width: int, dtype: np.dtype) -> np.ndarray:
+        """The additive row of the bitmask in ``_words``; ids past the token table are never allowed."""
         n_bits = 8 * self._words.nbytes
-        if len(bias) != width or bias.dtype != dtype:  # ids past the token table are never allowed
-            self._bias_rows = np.full(max(width, n_bits), -np.inf, dtype=dtype)
-            self._bias = bias = self._bias_rows[:width]
+        rows = np.full(max(width, n_bits), -np.inf, dtype=dtype)
         np.take(
             _bias_table(dtype),
             self._words.view(np.uint8),
             axis=0,
-            out=self._bias_rows[:n_bits].reshape(-1, 8),
+            out=rows[:n_bits].reshape(-1, 8),
             mode="wrap",  # byte values always index the table: no bounds-check buffer
         )
-        self._mask_version = self._version
-        return bias
+        return rows[:width]
 
     def _error(self) -> str:
         return " ".join(self._matcher.get_error().split()) or "no message"

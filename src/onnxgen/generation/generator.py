@@ -18,7 +18,7 @@ import numpy as np
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
+from onnxgen.generation.processors import build_chain, choose
 from onnxgen.generation.sampling import Sampler
 from onnxgen.generation.speculative import PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
@@ -90,12 +90,7 @@ class TokenLoop:
         return self.checker.check(token, self.n - self.prompt_len)
 
     def _select(self, logits: np.ndarray) -> int:
-        if self.chain:
-            view = SequenceView(self.ids[: self.n], self.prompt_len)
-            logits = apply_chain(self.chain, view, logits)
-        if self.sampler is None:
-            return int(np.argmax(logits))
-        return self.sampler.sample(logits)
+        return choose(self.chain, self.sampler, self.ids[: self.n], self.prompt_len, logits)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
         """Yield (token id, finish reason or None); the last yielded token carries the reason."""

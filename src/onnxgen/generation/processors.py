@@ -246,3 +246,37 @@ def apply_chain(chain: Sequence[LogitsProcessor], seq: Seqs, logits: np.ndarray)
     for processor in chain:
         logits = processor(seq, logits)
     return logits
+
+
+class _Sampler(Protocol):
+    def sample(self, logits: np.ndarray) -> int: ...
+
+
+def choose(
+    chain: Sequence[LogitsProcessor],
+    sampler: _Sampler | None,
+    ids: np.ndarray,
+    prompt_len: int,
+    logits: np.ndarray,
+) -> int:
+    """The next token of the sequence ``ids`` (prompt then generated): ``logits`` [vocab] through ``chain``,
+    then ``sampler`` (the argmax when None).
+
+    A greedy chain that ends with a constraint first takes the argmax of the chain before it: a token the
+    grammar surely allows (``Constraint.allows``) is also the argmax after the mask (allowed logits keep
+    their values, and the lowest id still wins ties), so the mask is computed only where the grammar refuses
+    that token or cannot tell without it.
+    """
+    if not chain:
+        return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
+    view = SequenceView(ids, prompt_len)
+    allows = getattr(chain[-1], "allows", None) if sampler is None else None
+    if allows is not None:
+        for processor in chain[:-1]:
+            logits = processor(view, logits)
+        token = int(np.argmax(logits))
+        if allows(view.generated, token):
+            return token
+        return int(np.argmax(chain[-1](view, logits)))
+    logits = apply_chain(chain, view, logits)
+    return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)

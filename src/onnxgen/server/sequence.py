@@ -15,7 +15,7 @@ import numpy as np
 
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
+from onnxgen.generation.processors import build_chain, choose
 from onnxgen.generation.sampling import Sampler
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
 from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -80,11 +80,7 @@ class SequenceRun:
 
     def select(self, logits: np.ndarray) -> int:
         """The next token from this choice's logits row (processors are out-of-place)."""
-        if self.chain:
-            logits = apply_chain(self.chain, SequenceView(self.ids[: self.n], self.prompt_len), logits)
-        if self.sampler is None:
-            return int(np.argmax(logits))
-        return self.sampler.sample(logits)
+        return choose(self.chain, self.sampler, self.ids[: self.n], self.prompt_len, logits)
 
     def add(self, token: int) -> Delta:
         """Append ``token``; return its delta (the finish reason set when the choice is done)."""
