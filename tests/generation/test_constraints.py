@@ -20,6 +20,7 @@ import pytest
 import onnxgen
 from onnxgen import GenerationError, SamplingParams
 from onnxgen.bench_constraints import CONSTRAINTS
+from onnxgen.bench_prompts import synthetic_prompt
 from onnxgen.generation.constraints import Constraint, ConstraintError
 from onnxgen.generation.generator import GenerationResult
 from onnxgen.generation.speculative import DraftModel, PromptLookup
@@ -141,21 +142,24 @@ def test_greedy_decoding_yields_a_complete_valid_output(llms: dict[str, LLM], fa
 
 
 def _masked_every_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make every greedy choice take the mask: allows() always answers 'unknown'."""
-    monkeypatch.setattr(Constraint, "allows", lambda self, generated, token: False)
+    """Make every greedy choice take the mask: greedy_choice() never tells."""
+    monkeypatch.setattr(Constraint, "greedy_choice", lambda self, generated, argmax: None)
 
 
 def test_greedy_outputs_equal_with_and_without_the_unmasked_argmax_shortcut(
     llms: dict[str, LLM], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The greedy shortcut (keep the unmasked argmax when the grammar surely allows it) against masking
-    every token: on the random fixtures and on the bundled demo model, whose argmax the grammars often
-    allow, with this file's constraints and the benchmark's."""
+    """Greedy choices made without a mask (Constraint.greedy_choice) against masking every token: on the
+    random fixtures and on the bundled demo model (whose argmax the grammars often allow), with this
+    file's constraints, the benchmark's, and ones that force text (keys, separators, fixed words)."""
     demo = onnxgen.load(threads=1)
     runs = [(llms[f], PROMPT, kw, 120) for f in FAMILIES for kw, _ in CASES.values()]
     runs += [(demo, "Write the records:", kw, 160) for kw, _ in CASES.values()]
     runs += [(demo, "Write the records:", kw, 160) for kw in CONSTRAINTS.values()]
     runs += [(demo, "def parse(line):", {"regex": r"[a-z_ ()=:.\n]{60,200}"}, 120)]
+    runs += [(demo, "Write the records:", {"regex": r"(( the [a-z]{1,8})+\. then [0-9]{1,3}\.)+"}, 120)]
+    # the bench's 512-token prompt: the model repeats an 8-letter word, a space is forced after each
+    runs += [(demo, synthetic_prompt(512, demo.session.vocab_size), CONSTRAINTS["regex"], 64)]
 
     def generate() -> list[GenerationResult]:
         return [

@@ -313,12 +313,13 @@ def test_the_mask_keeps_allowed_logits_exactly_and_sets_the_rest_to_minus_inf(
         assert out[keep].tobytes() == logits[keep].tobytes()
 
 
-# -- the greedy shortcut: Constraint.allows and choose ------------------------------------------------
-def test_allows_answers_unknown_where_the_grammar_forces_text(
+# -- greedy choices without a mask: Constraint.greedy_choice and choose ------------------------------
+def test_where_forced_text_makes_a_whole_token_the_choice_is_that_token_alone(
     compiler: ConstraintCompiler, tok: Tokenizer
 ) -> None:
-    """Where the grammar forces text its mask holds the canonical token alone (here ' the'), though the
-    grammar would take shorter pieces of it: a check by try_consume_tokens alone would let those through."""
+    """Where the grammar forces ' the ' the mask holds the canonical ' the' alone, though the grammar
+    would take shorter pieces of it (' ', ' t', ' th'): keeping an argmax because the grammar takes it
+    would be wrong here."""
     constraint = compiler.compile(SamplingParams(regex=r" the [a-z]+"))
     assert constraint is not None
     view = gen([])
@@ -326,15 +327,14 @@ def test_allows_answers_unknown_where_the_grammar_forces_text(
     takes = {t for t in range(VOCAB) if constraint._matcher.validate_tokens([t]) == 1}
     assert {tok.decode([t]) for t in mask} == {" the"}
     assert takes - mask, "the negative control needs tokens the grammar takes that its mask refuses"
-    assert not [t for t in range(VOCAB) if constraint.allows(view.generated, t)]
-    assert constraint.shortcuts == 0
+    assert {constraint.greedy_choice(view.generated, t) for t in takes} == mask
 
 
 @pytest.mark.parametrize(
     "kw",
     [
         {"regex": r"[a-z]{1,8}( [a-z]{1,8}){3,9}"},
-        {"regex": r"(the|they|then) [0-9]{2,5}\.[0-9]+"},
+        {"regex": r"(the|they|then) [0-9]{2,5}\.[0-9]+( the [a-z]{1,4})*"},
         {
             "json_schema": {
                 "type": "object",
@@ -342,16 +342,19 @@ def test_allows_answers_unknown_where_the_grammar_forces_text(
             }
         },
         {"grammar": 'start: expr\nexpr: NAME | NAME " = " expr | "(" expr ")"\nNAME: /[a-z]{1,5}/'},
+        # forcing off: the mask holds every piece of forced text, not the canonical token alone
+        {"grammar": '%llguidance {"no_forcing": true}\nstart: " the " NAME " then " NAME\nNAME: /[a-z]{1,5}/'},
     ],
-    ids=["words", "alternatives", "json", "grammar"],
+    ids=["words", "forced-words", "json", "grammar", "no-forcing"],
 )
-def test_a_token_allows_says_yes_to_is_in_the_mask_and_the_grammar_has_taken_it(
+def test_greedy_choice_is_the_masked_argmax_for_every_argmax_and_leaves_the_state_after_it(
     compiler: ConstraintCompiler, kw: dict
 ) -> None:
-    """Random walks through the language: at every state, every token allows() answers yes for is in the
-    mask, and the grammar state is the one after it (the next mask equals a fresh constraint's)."""
+    """Random walks through the language; at every state and for every unmasked argmax a, greedy_choice
+    answers None, or a with a in the mask, or c with the mask {c} alone: each is the masked argmax of any
+    logits whose argmax is a. The grammar state it leaves is the one after its token."""
     rng = np.random.default_rng(3)
-    yes = unknown = 0
+    told = untold = 0
     for _ in range(3):
         constraint = compiler.compile(SamplingParams(**kw))
         assert constraint is not None
@@ -361,27 +364,31 @@ def test_a_token_allows_says_yes_to_is_in_the_mask_and_the_grammar_has_taken_it(
             mask = live(constraint(view, np.zeros(VOCAB, np.float32)))
             if not mask - {EOS}:
                 break
-            said = [t for t in range(VOCAB) if constraint.allows(view.generated, t)]
-            assert set(said) <= mask
-            yes, unknown = yes + len(said), unknown + len(mask - set(said))
-            if said:  # the state allows() leaves behind is the one after its token
-                t = said[int(rng.integers(len(said)))]
-                assert constraint.allows(view.generated, t)
+            choices = {a: constraint.greedy_choice(view.generated, a) for a in range(VOCAB)}
+            for a, c in choices.items():
+                assert c is None or (c == a and a in mask) or mask == {c}, (a, c, mask)
+            told += sum(c is not None for c in choices.values())
+            untold += sum(c is None for c in choices.values())
+            picked = [c for c in choices.values() if c is not None]
+            if picked:  # the state greedy_choice leaves behind is the one after its token
+                a = next(a for a, c in choices.items() if c is not None)
+                c = constraint.greedy_choice(view.generated, a)
+                assert c is not None
                 fresh = compiler.compile(SamplingParams(**kw))
                 assert fresh is not None
                 nxt = np.zeros(VOCAB, np.float32)
-                assert live(constraint(gen([*ids, t]), nxt)) == live(fresh(gen([*ids, t]), nxt))
+                assert live(constraint(gen([*ids, c]), nxt)) == live(fresh(gen([*ids, c]), nxt))
             ids.append(int(rng.choice(sorted(mask - {EOS}))))
-    assert yes > 0 and unknown > 0  # both answers happened
+    assert told > 0 and untold > 0  # both answers happened
 
 
 def test_greedy_choose_with_a_constraint_equals_the_argmax_of_the_masked_chain(
     compiler: ConstraintCompiler,
 ) -> None:
-    """choose() skips the mask when the argmax is a token the grammar surely allows; its token must be the
-    argmax after the full chain (penalties, then the mask) every time, ties included, shortcut or not."""
+    """choose() skips the mask where greedy_choice can tell; its token must be the argmax after the full
+    chain (penalties, then the mask) every time, ties included, with or without a mask."""
     rng = np.random.default_rng(11)
-    params = SamplingParams(regex=r"[a-z ]{30,40}\.", repetition_penalty=1.3)
+    params = SamplingParams(regex=r"([a-z ]{3,8}, then ){4,6}[a-z]{2,5}\.", repetition_penalty=1.3)
     shortcut, masked = compiler.compile(params), compiler.compile(params)
     assert shortcut is not None and masked is not None
     chain, full = build_chain(params, [EOS], shortcut), build_chain(params, [EOS], masked)

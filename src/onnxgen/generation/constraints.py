@@ -121,9 +121,18 @@ ROW_CACHE_BYTES = 4 << 20  # additive rows a Constraint keeps by bitmask (256 ro
 class Constraint:
     """One request's grammar state; a logits processor for a single sequence (see the module docstring)."""
 
-    def __init__(self, matcher: llg.LLMatcher, kind: str, n_vocab: int) -> None:
+    def __init__(
+        self,
+        matcher: llg.LLMatcher,
+        kind: str,
+        n_vocab: int,
+        eos_ids: Sequence[int] = (),
+        forcing: bool = True,
+    ) -> None:
         self.kind = kind
         self._matcher = matcher
+        self._eos_ids = frozenset(eos_ids)
+        self._forcing = forcing  # False: the grammar may turn llguidance's forcing off (greedy_choice)
         self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)  # llguidance's bitmask, 1 bit a token
         self._words_ptr = self._words.ctypes.data
         self._taken = b""  # the int64 ids the grammar state has taken, as bytes (cheap to compare)
@@ -136,7 +145,7 @@ class Constraint:
         self._rows_key: tuple[int, np.dtype] = (0, np.dtype(np.float32))
         self.seconds = 0.0  # time spent in this constraint: following the sequence, computing/applying masks
         self.masks = 0
-        self.shortcuts = 0  # greedy choices the grammar took without a mask (see allows)
+        self.shortcuts = 0  # greedy choices made without a mask (see greedy_choice)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -162,26 +171,33 @@ class Constraint:
         self.masks += 1
         return out
 
-    def allows(self, generated: np.ndarray, token: int) -> bool:
-        """Whether the mask after ``generated`` surely holds ``token``, found without computing the mask.
+    def greedy_choice(self, generated: np.ndarray, argmax: int) -> int | None:
+        """The greedy token after ``generated`` when it can be told without the mask, else None.
 
-        True means it does, and the grammar has taken ``token`` (the caller chooses it). False means
-        *unknown*: the caller applies the mask. The grammar takes a token where its mask may refuse it only
-        where it forces text (the mask then holds the forced text's canonical token alone), and it refuses
-        eos where the mask allows it: so no forced bytes and a token the grammar takes answer True.
+        ``argmax`` is the argmax of the logits before the mask. The masked argmax is the first allowed token
+        in descending logit order, which llguidance's mask computation gives without the mask:
+
+        - where forced bytes make whole tokens (``compute_ff_tokens``) the mask is the first of them alone:
+          that token is the choice, whatever ``argmax`` is;
+        - elsewhere the mask holds every token the grammar takes (and more where bytes are forced: pieces
+          of them), so a non-eos ``argmax`` the grammar takes is the choice.
+
+        A grammar that turns forcing off (``no_forcing``) gets the second rule only. The token returned has
+        been taken by the grammar state (the caller chooses it). Tests check both rules against the mask.
         """
         start = time.perf_counter()
-        allowed = (
-            self._follow(generated)
-            and not self._matcher.compute_ff_bytes()
-            and self._matcher.try_consume_tokens([token]) == 1
-        )
-        if allowed:
-            self._taken += _ID.pack(token)
-            self._version += 1
-            self.shortcuts += 1
+        choice = None
+        if self._follow(generated):
+            fast_forward = self._matcher.compute_ff_tokens() if self._forcing else None
+            choice = fast_forward[0] if fast_forward else argmax if argmax not in self._eos_ids else None
+            if choice is not None and self._matcher.try_consume_tokens([choice]) == 1:
+                self._taken += _ID.pack(choice)
+                self._version += 1
+                self.shortcuts += 1
+            else:
+                choice = None
         self.seconds += time.perf_counter() - start
-        return allowed
+        return choice
 
     def complete(self, generated: np.ndarray) -> bool:
         """Follow ``generated`` (the ids generated so far); True when nothing but eos may follow."""
@@ -293,7 +309,7 @@ class ConstraintCompiler:
             template = self._compiled.get(source)
             if template is not None:
                 self._compiled.move_to_end(source)
-                return Constraint(template.deep_copy(), kind, ll_tokenizer.vocab_size)
+                return self._constraint(template, kind, grammar)
         template = llg.LLMatcher(ll_tokenizer, grammar, log_level=0)
         if template.is_error():
             raise _compile_error(kind, template.get_error())
@@ -301,7 +317,17 @@ class ConstraintCompiler:
             self._compiled[source] = template
             while len(self._compiled) > self.cache_size:
                 self._compiled.popitem(last=False)
-            return Constraint(template.deep_copy(), kind, ll_tokenizer.vocab_size)
+            return self._constraint(template, kind, grammar)
+
+    def _constraint(self, template: llg.LLMatcher, kind: str, grammar: str) -> Constraint:
+        assert self._ll_tokenizer is not None
+        return Constraint(
+            template.deep_copy(),
+            kind,
+            self._ll_tokenizer.vocab_size,
+            self.eos_ids,
+            forcing="no_forcing" not in grammar,  # a Lark grammar's %llguidance options may turn it off
+        )
 
     def _token_table(self, kind: str) -> llg.LLTokenizer:
         if self.tokenizer is None:

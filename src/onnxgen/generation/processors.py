@@ -262,21 +262,21 @@ def choose(
     """The next token of the sequence ``ids`` (prompt then generated): ``logits`` [vocab] through ``chain``,
     then ``sampler`` (the argmax when None).
 
-    A greedy chain that ends with a constraint first takes the argmax of the chain before it: a token the
-    grammar surely allows (``Constraint.allows``) is also the argmax after the mask (allowed logits keep
-    their values, and the lowest id still wins ties), so the mask is computed only where the grammar refuses
-    that token or cannot tell without it.
+    A greedy chain that ends with a constraint first takes the argmax of the chain before it and asks the
+    constraint for the masked argmax without its mask (``Constraint.greedy_choice``: the same token,
+    allowed logits keeping their values and the lowest id winning ties); the mask is computed only where
+    it cannot tell.
     """
     if not chain:
         return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
     view = SequenceView(ids, prompt_len)
-    allows = getattr(chain[-1], "allows", None) if sampler is None else None
-    if allows is not None:
+    greedy_choice = getattr(chain[-1], "greedy_choice", None) if sampler is None else None
+    if greedy_choice is not None:
         for processor in chain[:-1]:
             logits = processor(view, logits)
-        token = int(np.argmax(logits))
-        if allows(view.generated, token):
-            return token
+        token = greedy_choice(view.generated, int(np.argmax(logits)))
+        if token is not None:
+            return int(token)
         return int(np.argmax(chain[-1](view, logits)))
     logits = apply_chain(chain, view, logits)
     return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
