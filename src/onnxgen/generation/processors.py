@@ -269,14 +269,15 @@ def choose(
     """
     if not chain:
         return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
-    view = SequenceView(ids, prompt_len)
     greedy_choice = getattr(chain[-1], "greedy_choice", None) if sampler is None else None
     if greedy_choice is not None:
+        view = SequenceView(ids, prompt_len)
         for processor in chain[:-1]:
             logits = processor(view, logits)
-        token = greedy_choice(view.generated, int(np.argmax(logits)))
+        token = greedy_choice(ids[prompt_len:], int(np.argmax(logits)))
         if token is not None:
             return int(token)
         return int(np.argmax(chain[-1](view, logits)))
+    view = SequenceView(ids, prompt_len)
     logits = apply_chain(chain, view, logits)
     return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
