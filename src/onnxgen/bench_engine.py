@@ -20,7 +20,7 @@ from onnxgen.bench_worker import serve
 from onnxgen.cli_speculative import SpeculativeSpec
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import Speculative
-from onnxgen.llm import load
+from onnxgen.llm import draft_threads, load
 
 ONNXGEN = "onnxgen"
 ENGINES = (ONNXGEN, GENAI)
@@ -50,7 +50,11 @@ class OnnxgenEngine:
         self.requested_plan = decode_plan
         self.speculative: Speculative | None = None
         if speculative is not None:
-            draft = load(speculative.draft_path, threads=threads) if speculative.draft_path else None
+            draft = (
+                load(speculative.draft_path, threads=draft_threads(threads))
+                if speculative.draft_path
+                else None
+            )
             self.speculative = speculative.build(draft)
         self._forward_ms: list[float] = []
         session = self.llm.session

@@ -343,7 +343,9 @@ def test_where_forced_text_makes_a_whole_token_the_choice_is_that_token_alone(
         },
         {"grammar": 'start: expr\nexpr: NAME | NAME " = " expr | "(" expr ")"\nNAME: /[a-z]{1,5}/'},
         # forcing off: the mask holds every piece of forced text, not the canonical token alone
-        {"grammar": '%llguidance {"no_forcing": true}\nstart: " the " NAME " then " NAME\nNAME: /[a-z]{1,5}/'},
+        {
+            "grammar": '%llguidance {"no_forcing": true}\nstart: " the " NAME " then " NAME\nNAME: /[a-z]{1,5}/'
+        },
     ],
     ids=["words", "forced-words", "json", "grammar", "no-forcing"],
 )

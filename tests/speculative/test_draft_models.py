@@ -26,6 +26,19 @@ def test_a_draft_model_given_as_a_directory_is_loaded_and_drafts_like_the_same_l
     assert result.stats["accepted_draft_tokens"] == result.stats["proposed_draft_tokens"] > 0
 
 
+def test_a_draft_directory_gets_the_cores_its_target_leaves(
+    zoo: ModelZoo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two thread pools that take turns on the same cores make both wait (each spins after its runs)."""
+    monkeypatch.setattr(onnxgen.llm, "default_threads", lambda: 8)
+    assert [onnxgen.llm.draft_threads(t) for t in (8, 6, 1, 12)] == [1, 3, 8, 1]
+    target = onnxgen.load(zoo.dir(FAMILY), threads=6)
+    target.generate(PROMPT, SamplingParams(max_new_tokens=2), speculative=DraftModel(str(zoo.dir(FAMILY))))
+    (draft,) = target._drafts.values()
+    assert draft.session.threads == 3
+    assert draft.session.session.get_session_options().intra_op_num_threads == 3
+
+
 def test_a_draft_model_with_another_vocabulary_size_is_refused_before_generating(zoo: ModelZoo) -> None:
     llm = zoo.llm(FAMILY)
     other = zoo.llm(FAMILY, spec=TinySpec(vocab_size=300))

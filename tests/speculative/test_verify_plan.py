@@ -95,6 +95,17 @@ def test_hybrid_sessions_get_the_capture_plan_by_default_and_none_when_replay_is
     assert session_with(zoo, family, "replay").verify_plan is None
 
 
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_the_commit_graph_runs_without_a_thread_pool_of_its_own(zoo: ModelZoo, family: str) -> None:
+    """A second pool would spin after every commit on the cores the model's session needs."""
+    model_dir = zoo.dir(family)
+    session = DecoderSession(model_dir / "model.onnx", ModelPackage.open(model_dir).io, threads=2)
+    plan = session.verify_plan
+    assert isinstance(plan, CapturePlan) and plan._session is not None
+    assert session.session.get_session_options().intra_op_num_threads == 2
+    assert plan._session.get_session_options().intra_op_num_threads == 1
+
+
 def test_per_position_states_are_given_on_request_where_the_export_allows_them(zoo: ModelZoo) -> None:
     assert isinstance(session_with(zoo, "hybrid-scan", "per-position").verify_plan, PerPositionPlan)
     # fused ops can emit per-position states only through the CUDA-only state_window

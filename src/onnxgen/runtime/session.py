@@ -163,7 +163,7 @@ class DecoderSession:
             ) from e
         self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.plans)
         if self.verify_plan is not None:
-            self.verify_plan.attach(self.session, opts, providers)
+            self.verify_plan.attach(self.session, providers)
         self.vocab_size = self._vocab_size()
         self._logits_dtype = self._output_dtype(io.logits)
         self._shared_kv = io.past_present_share_buffer
