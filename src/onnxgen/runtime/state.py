@@ -91,6 +91,13 @@ class DecodeState:
         self._kv = list(self._kv_empty)
         self._kv_names_in = [n for p in io.kv_pairs for n in p.inputs]
         self._kv_names_out = [n for p in io.kv_pairs for n in p.outputs]
+        # what every forward binds for KV: the shared buffers in place, or outputs onnxruntime allocates
+        self._kv_io_in = [(n, b.value) for n, b in zip(self._kv_names_in, self._kv_shared, strict=False)]
+        self._kv_io_out: list[tuple[str, ort.OrtValue | None]] = (
+            [(n, b.value) for n, b in zip(self._kv_names_out, self._kv_shared, strict=True)]
+            if shared_kv
+            else [(n, None) for n in self._kv_names_out]
+        )
         # Shared mode: which forward last wrote each position, so that restoring a snapshot whose
         # positions were overwritten since (restore earlier, run other tokens, restore later) is refused.
         self._epoch = 0
@@ -108,17 +115,13 @@ class DecodeState:
                 f"sequence would reach {self.length + new_tokens} tokens but the decode state holds "
                 f"{self.capacity}; raise the state's capacity (prompt + max_new_tokens) or shorten the prompt"
             )
-        inputs: list[tuple[str, ort.OrtValue]] = []
-        outputs: list[tuple[str, ort.OrtValue | None]] = []
         if self.shared_kv:
             self._epoch += 1  # marked before the run: a failed forward may have written too
             self._written[self.length : self.length + new_tokens] = self._epoch
-            for n_in, n_out, buf in zip(self._kv_names_in, self._kv_names_out, self._kv_shared, strict=True):
-                inputs.append((n_in, buf.value))
-                outputs.append((n_out, buf.value))
+            inputs = list(self._kv_io_in)
         else:
-            inputs.extend(zip(self._kv_names_in, self._kv, strict=True))
-            outputs.extend((n, None) for n in self._kv_names_out)
+            inputs = list(zip(self._kv_names_in, self._kv, strict=True))
+        outputs = list(self._kv_io_out)
         writes = []
         for slot in self._slots:
             spare = slot.take_spare()
