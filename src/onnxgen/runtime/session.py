@@ -314,4 +314,5 @@ class DecoderSession:
             binder.input(io.attention_mask, self._ones(batch, past + t))
         if io.position_ids is not None:
             shape = (3, batch, t) if io.position_ids_rank == 3 else (batch, t)
-            put(io.position_ids, shape, np.int64)[...] = np.arange(past, past + t)  # every row alike
+            # every row alike; a single position is a scalar fill (no range array in the decode loop)
+            put(io.position_ids, shape, np.int64)[...] = past if t == 1 else np.arange(past, past + t)
