@@ -96,6 +96,31 @@ def test_hybrid_sessions_get_the_capture_plan_by_default_and_none_when_replay_is
 
 
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_the_plan_graph_is_loaded_at_the_first_speculative_verify_and_decoding_goes_on_bit_for_bit(
+    zoo: ModelZoo, family: str
+) -> None:
+    """Its extra outputs cost plain steps too, so a session runs the plain graph until the plan is asked
+    for; a decode state then carries on across the switch exactly as on a session that never had a plan."""
+    session = session_with(zoo, family, True)
+    plain = replay_session(zoo, family)
+    n_outputs = len(session.session.get_outputs())
+    assert n_outputs == len(plain.session.get_outputs())
+    state, ref = session.new_state(40), plain.new_state(40)
+    prompt = np.array([PROMPT])
+    for i in range(6):
+        ids = prompt if i == 0 else np.array([[7 + i]])
+        if i == 3:
+            plan = session.verify_plan  # what a speculative loop's first verify does
+            assert isinstance(plan, CapturePlan)
+            assert len(session.session.get_outputs()) == n_outputs + len(plan.outputs) > n_outputs
+        got, want = session.forward(state, ids, 1), plain.forward(ref, ids, 1)
+        np.testing.assert_array_equal(got, want)
+    assert not list(mismatches(state.state_arrays(), ref.state_arrays()))
+    assert not list(mismatches(state.kv_arrays(), ref.kv_arrays()))
+    assert session.epoch == 1 and all(key[0] is session.session for key in state.bindings)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
 def test_the_commit_graph_runs_without_a_thread_pool_of_its_own(zoo: ModelZoo, family: str) -> None:
     """A second pool would spin after every commit on the cores the model's session needs."""
     model_dir = zoo.dir(family)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime.buffers import HostBuffer
+from onnxgen.runtime.plans import FOLDER_KEY
 from onnxgen.runtime.state import DecodeState
 from onnxgen.runtime.verify_plan import VerifyPlan, plan_graph
 
@@ -137,37 +139,34 @@ class DecoderSession:
             graph, self.logits_to_keep, reason = keep_last_logits(graph, io.logits)
             if self.logits_to_keep:
                 source = graph.SerializeToString()
-                opts.add_session_config_entry(
-                    "session.model_external_initializers_file_folder_path", str(model_path.parent)
-                )
+                opts.add_session_config_entry(FOLDER_KEY, str(model_path.parent))
             else:
                 log.info("logits are computed for every position: %s", reason)
         providers = list(providers or ["CPUExecutionProvider"])
         # Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
-        self.verify_plan: VerifyPlan | None = None
+        # The rewritten graph's extra outputs cost every plain step too (~7% of a Qwen3.5 int4 step), so
+        # the session runs the plain graph until the first speculative verify asks for the plan
+        # (:attr:`verify_plan`); it then runs the rewritten graph, which computes the same values.
+        self._verify_plan: VerifyPlan | None = None
+        self._pending: tuple[onnx.ModelProto, VerifyPlan] | None = None
+        self._verify_lock = threading.Lock()
         if verify and verify != "replay" and io.state_pairs:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
             strategy = "auto" if verify is True else str(verify)
-            graph, self.verify_plan, why = plan_graph(graph, io, providers, strategy)
-            if self.verify_plan is None:
+            rewritten, plan, why = plan_graph(graph, io, providers, strategy)
+            if plan is None:
                 log.info("speculative verify will commit recurrent states by replay: %s", why)
             else:
-                source = graph.SerializeToString()
+                self._pending = (rewritten, plan)
                 if not self.logits_to_keep:
-                    opts.add_session_config_entry(
-                        "session.model_external_initializers_file_folder_path", str(model_path.parent)
-                    )
-        try:
-            self.session = ort.InferenceSession(source, sess_options=opts, providers=providers)
-        except Exception as e:  # onnxruntime raises its own exception types
-            raise UnsupportedModelError(
-                f"onnxruntime could not load {model_path}: {e}. Check that the installed onnxruntime "
-                "supports every op of the export (see `onnxgen inspect`)"
-            ) from e
+                    opts.add_session_config_entry(FOLDER_KEY, str(model_path.parent))
+        self._model_path = model_path
+        self._options = opts
+        self._providers = providers
+        self.session = self._load(source)
+        self.epoch = 0  # bumped when the session is replaced; decode states drop bindings of older ones
         self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.plans)
-        if self.verify_plan is not None:
-            self.verify_plan.attach(self.session, providers)
         self.vocab_size = self._vocab_size()
         self._logits_dtype = self._output_dtype(io.logits)
         self._shared_kv = io.past_present_share_buffer
@@ -179,6 +178,37 @@ class DecoderSession:
         )
         self._ones_buf = np.ones(0, dtype=self._mask_dtype)
         self._ones_values: dict[tuple[int, int], ort.OrtValue] = {}
+
+    def _load(self, source: str | bytes) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(source, sess_options=self._options, providers=self._providers)
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise UnsupportedModelError(
+                f"onnxruntime could not load {self._model_path}: {e}. Check that the installed onnxruntime "
+                "supports every op of the export (see `onnxgen inspect`)"
+            ) from e
+
+    @property
+    def verify_plan(self) -> VerifyPlan | None:
+        """How speculative verifies commit recurrent states without a replay (None: by replay). The first
+        read moves the session onto the plan's graph (a new onnxruntime session; decode states keep their
+        buffers, bound again by name)."""
+        if self._pending is not None:
+            with self._verify_lock:
+                if self._pending is not None:
+                    graph, plan = self._pending
+                    session = self._load(graph.SerializeToString())
+                    plan.attach(session, self._providers)
+                    self.session, self._verify_plan, self._pending = session, plan, None
+                    self.epoch += 1
+        return self._verify_plan
+
+    @verify_plan.setter
+    def verify_plan(self, plan: VerifyPlan | None) -> None:
+        """Use ``plan`` (None: commit by replay) from now on, on the session as it is."""
+        with self._verify_lock:
+            self._pending = None
+            self._verify_plan = plan
 
     def _input_type(self, name: str) -> str:
         return next(i.type for i in self.session.get_inputs() if i.name == name)
@@ -261,6 +291,9 @@ class DecoderSession:
         return logits if logits.shape[1] == keep else logits[:, -keep:]
 
     def _binder(self, state: DecodeState, session: ort.InferenceSession, kind: int = 0) -> _Binder:
+        if state.bindings_epoch != self.epoch:  # the session was replaced: its bindings hold it alive
+            state.bindings.clear()
+            state.bindings_epoch = self.epoch
         key = (session, state.steps % 2 + kind)
         binder = state.bindings.get(key)
         if binder is None:

@@ -74,6 +74,7 @@ class DecodeState:
         self.steps = 0  # forwards run; its parity picks one of two cached bindings (ping-pong buffers)
         # Cached IO bindings, keyed by (session, step parity); owned by the sessions that run this state.
         self.bindings: dict[tuple[object, int], object] = {}
+        self.bindings_epoch = 0  # the DecoderSession.epoch they were made for
         self._pinned: dict[int, int] = {}
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
         self._kv_shared: list[HostBuffer] = []

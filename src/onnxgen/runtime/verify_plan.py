@@ -16,7 +16,10 @@ before the verify and replays the kept tokens: a second forward. A verify plan a
   holds 384 MB more), so "auto" picks it only for the CUDA state window, which is bounded by W <= 8.
 
 The rewritten graph only gains outputs, so one session serves every forward: ordinary forwards do not
-fetch the extra outputs, verify forwards do (``DecoderSession.forward(..., fetch=, fetched=)``). Plans bind
+fetch the extra outputs, verify forwards do (``DecoderSession.forward(..., fetch=, fetched=)``). Those
+outputs still cost every forward (~7% of a plain Qwen3.5 int4 step), so a ``DecoderSession`` loads the
+rewritten graph only when its plan is first asked for (the first speculative verify) and runs the plain
+graph until then. Plans bind
 the same state buffers by the same port names as every other forward: state continuity is by name.
 docs/speculative-commit.md has the measurements behind the choice.
 """
