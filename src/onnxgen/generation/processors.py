@@ -267,17 +267,15 @@ def choose(
     allowed logits keeping their values and the lowest id winning ties); the mask is computed only where
     it cannot tell.
     """
-    if not chain:
-        return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
-    greedy_choice = getattr(chain[-1], "greedy_choice", None) if sampler is None else None
-    if greedy_choice is not None:
+    if chain:
         view = SequenceView(ids, prompt_len)
-        for processor in chain[:-1]:
-            logits = processor(view, logits)
-        token = greedy_choice(ids[prompt_len:], int(np.argmax(logits)))
-        if token is not None:
-            return int(token)
-        return int(np.argmax(chain[-1](view, logits)))
-    view = SequenceView(ids, prompt_len)
-    logits = apply_chain(chain, view, logits)
+        greedy_choice = getattr(chain[-1], "greedy_choice", None) if sampler is None else None
+        if greedy_choice is None:
+            logits = apply_chain(chain, view, logits)
+        else:
+            logits = apply_chain(chain[:-1], view, logits)
+            token = greedy_choice(view.generated, int(np.argmax(logits)))
+            if token is not None:
+                return int(token)
+            logits = chain[-1](view, logits)
     return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)

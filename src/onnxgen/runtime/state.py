@@ -93,12 +93,11 @@ class DecodeState:
         self._kv_names_in = [n for p in io.kv_pairs for n in p.inputs]
         self._kv_names_out = [n for p in io.kv_pairs for n in p.outputs]
         # what every forward binds for KV: the shared buffers in place, or outputs onnxruntime allocates
-        self._kv_io_in = [(n, b.value) for n, b in zip(self._kv_names_in, self._kv_shared, strict=False)]
-        self._kv_io_out: list[tuple[str, ort.OrtValue | None]] = (
-            [(n, b.value) for n, b in zip(self._kv_names_out, self._kv_shared, strict=True)]
-            if shared_kv
-            else [(n, None) for n in self._kv_names_out]
-        )
+        self._kv_io_in: list[tuple[str, ort.OrtValue]] = []  # growing mode: the pasts of the last step
+        self._kv_io_out: list[tuple[str, ort.OrtValue | None]] = [(n, None) for n in self._kv_names_out]
+        if shared_kv:
+            self._kv_io_in = [(n, b.value) for n, b in zip(self._kv_names_in, self._kv_shared, strict=True)]
+            self._kv_io_out = [(n, b.value) for n, b in zip(self._kv_names_out, self._kv_shared, strict=True)]
         # Shared mode: which forward last wrote each position, so that restoring a snapshot whose
         # positions were overwritten since (restore earlier, run other tokens, restore later) is refused.
         self._epoch = 0

@@ -19,8 +19,8 @@ The rewritten graph only gains outputs, so one session serves every forward: ord
 fetch the extra outputs, verify forwards do (``DecoderSession.forward(..., fetch=, fetched=)``). Those
 outputs still cost every forward (~7% of a plain Qwen3.5 int4 step), so a ``DecoderSession`` loads the
 rewritten graph only when its plan is first asked for (the first speculative verify) and runs the plain
-graph until then. Plans bind
-the same state buffers by the same port names as every other forward: state continuity is by name.
+graph until then. Plans bind the same state buffers by the same port names as every other forward: state
+continuity is by name.
 docs/speculative-commit.md has the measurements behind the choice.
 """
 
