@@ -140,6 +140,21 @@ class _FakeWorker:
             **self._plan(),
         }
 
+    @staticmethod
+    def variant_run(
+        step_ms: list[float], total_ms: float, token_ids: list[int], **stats: Any
+    ) -> dict[str, Any]:
+        """A speculative or constrained run's reply: fixed prefill, TTFT and RSS, then these timings and stats."""
+        return {
+            "prefill_ms": 5.0,
+            "ttft_ms": 6.0,
+            "step_ms": step_ms,
+            "total_ms": total_ms,
+            "token_ids": token_ids,
+            "peak_rss_mb": 150.0,
+            **stats,
+        }
+
     def _plan(self) -> dict[str, str]:
         if self.engine != "onnxgen":
             return {}
@@ -350,16 +365,13 @@ class _ConstrainingWorker(_FakeWorker):
             return {**super().run(prompt, new_tokens), "step_ms": [100.0] + [2.0] * (new_tokens - 2)}
         self.order.append(f"{self.label}+{constraint}")
         step = 2.0 * self.SLOWER[constraint]
-        return {
-            "prefill_ms": 5.0,
-            "ttft_ms": 6.0,
-            "step_ms": [100.0] + [step] * (new_tokens - 2),
-            "total_ms": 50.0,
-            "token_ids": [3] * new_tokens,
-            "constraint_s": 1e-4 * new_tokens,
-            "constraint_masks": new_tokens,
-            "peak_rss_mb": 150.0,
-        }
+        return self.variant_run(
+            [100.0] + [step] * (new_tokens - 2),
+            50.0,
+            [3] * new_tokens,
+            constraint_s=1e-4 * new_tokens,
+            constraint_masks=new_tokens,
+        )
 
 
 def test_bench_constraints_alternate_with_plain_runs_and_report_the_paired_slowdown(
@@ -435,19 +447,16 @@ class _SpeculatingWorker(_FakeWorker):
         self.spec_calls += 1
         self.order.append(f"{self.label}+spec")
         ids = [7] * new_tokens if self.spec_calls < 4 else [7, 7, 7, 9] + [7] * (new_tokens - 4)
-        return {
-            "prefill_ms": 5.0,
-            "ttft_ms": 6.0,
-            "step_ms": [0.5] * (new_tokens - 1),
-            "total_ms": self.SPEC_MS[self.spec_calls - 1],
-            "token_ids": ids,
-            "forward_passes": 4,
-            "proposed_draft_tokens": 10,
-            "accepted_draft_tokens": 6,
-            "target_forward_passes": 4,
-            "state_replays": 1,
-            "peak_rss_mb": 150.0,
-        }
+        return self.variant_run(
+            [0.5] * (new_tokens - 1),
+            self.SPEC_MS[self.spec_calls - 1],
+            ids,
+            forward_passes=4,
+            proposed_draft_tokens=10,
+            accepted_draft_tokens=6,
+            target_forward_passes=4,
+            state_replays=1,
+        )
 
 
 def test_bench_speculative_alternates_with_plain_runs_and_reports_the_paired_speedup(
