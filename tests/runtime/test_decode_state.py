@@ -230,6 +230,36 @@ def test_reset_gives_zero_states_length_zero_and_a_fresh_start(
     state.release(snap)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_reset_state_decodes_like_a_fresh_one_and_shared_kv_states_keep_their_bindings(
+    sessions: dict[str, DecoderSession], family: str
+) -> None:
+    session = sessions[family]
+
+    def run(state: DecodeState) -> list[np.ndarray]:
+        out = [session.forward(state, ids(PROMPT))]
+        snap = state.snapshot()  # pinned across the reset below: reset must not hand it out again
+        out += [session.forward(state, ids([t])) for t in CONTINUATION[:3]]
+        out.append(session.forward(state, ids(MORE)))  # a multi-token forward, as a verify is
+        state.restore(snap)
+        out += [session.forward(state, ids([t])) for t in CONTINUATION[3:]]
+        return out
+
+    want = run(session.new_state(64))
+    state = session.new_state(64)
+    run(state)
+    binders = dict(state.bindings)
+    state.reset()
+    if family in SHARED_FAMILIES:  # bound buffers are the state's own: kept for the next run
+        assert state.bindings == binders and binders
+    else:  # growing KV: bindings would keep the last run's pasts alive
+        assert not state.bindings
+    for _ in range(2):
+        for got, expected in zip(run(state), want, strict=True):
+            np.testing.assert_array_equal(got, expected)
+        state.reset()
+
+
 def test_hybrid_fixtures_carry_nonzero_recurrent_states(sessions: dict[str, DecoderSession]) -> None:
     # The zero-state and bit-identity checks above would be vacuous on states that stay zero.
     for family in HYBRID_FAMILIES:
