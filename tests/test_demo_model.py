@@ -176,6 +176,28 @@ def test_copy_windows_write_every_span_twice_in_a_row() -> None:
         i += 2 * n
 
 
+def test_quote_windows_repeat_one_long_span_two_to_four_times_inside_text() -> None:
+    from onnxgen.demo.data import quote_window
+
+    stream = np.arange(60_000, dtype=np.uint16)  # distinct ids: ids seen twice in a row belong to the span
+    copies, lengths, gaps = set(), set(), set()
+    for seed in range(40):
+        row = quote_window(stream, 513, np.random.default_rng(seed))
+        assert row.shape == (513,)
+        ids, counts = np.unique(row, return_counts=True)
+        span = ids[counts >= 2]
+        assert 16 <= len(span) <= 513 // 3 and np.all(np.diff(span) == 1)  # one span of the stream
+        starts = np.flatnonzero(row == span[0])
+        for at in starts[:-1]:  # every copy but the last (which the row may cut) is the whole span
+            assert np.array_equal(row[at : at + len(span)], span)
+        copies.add(len(starts))
+        lengths.add(len(span))
+        gaps.update(int(b - a - len(span)) for a, b in zip(starts, starts[1:], strict=False))
+    assert copies >= {2, 3} and copies <= {2, 3, 4}
+    assert 0 in gaps and max(gaps) > 16 and max(gaps) <= 64  # copies adjacent or apart
+    assert min(lengths) < 60 and max(lengths) > 120
+
+
 def test_training_batches_depend_on_seed_and_step_only_and_mix_in_copy_windows() -> None:
     from onnxgen.demo.data import batch_at
 
@@ -200,6 +222,20 @@ def test_random_copy_rows_repeat_spans_of_random_ordinary_ids() -> None:
     assert 4 <= int(random_rows.sum()) <= 32  # about a quarter of 64 rows
     copies = ~random_rows & ~np.all(np.diff(a, axis=1) == 1, axis=1)
     assert 4 <= int(copies.sum()) <= 32
+
+
+def test_batches_mix_in_quote_windows_by_share() -> None:
+    from onnxgen.demo.config import DemoConfig
+    from onnxgen.demo.data import batch_at
+
+    stream = np.arange(50_000, dtype=np.uint16)
+    a = batch_at(stream, 7, 64, 128, 0, quote_share=0.5)
+    quoted = ~np.all(np.diff(a, axis=1) == 1, axis=1)
+    assert 16 <= int(quoted.sum()) <= 48
+    for row in a[quoted]:
+        assert np.unique(row).size < row.size  # a span recurs
+    cfg = DemoConfig(steps=10, copy_phase_steps=5, copy_phase_quote_share=0.25)
+    assert cfg.row_shares(9)[2] == 0.0 and cfg.row_shares(10)[2] == 0.25
 
 
 def test_the_bundled_model_continues_a_repeated_span_of_random_ids() -> None:

@@ -35,11 +35,13 @@ class DemoConfig:
     # training
     seed: int = 0
     steps: int = 2000
-    # then a copy phase at min_lr: copy-heavy rows sharpen copying of real text (the 4.7M model otherwise
-    # lets its own guess override a span it has seen; see docs/demo-model.md)
-    copy_phase_steps: int = 300
-    copy_phase_window_share: float = 0.375
-    copy_phase_random_share: float = 0.375
+    # then a copy phase at a constant rate: copy-heavy rows sharpen copying of real text (the 4.7M model
+    # otherwise lets its own guess override a span it has seen; see docs/demo-model.md)
+    copy_phase_steps: int = 800
+    copy_phase_window_share: float = 0.125
+    copy_phase_random_share: float = 0.25
+    copy_phase_quote_share: float = 0.375  # rows where a long span recurs (data.quote_window)
+    copy_phase_lr: float = 3e-4
     batch: int = 4
     seq_len: int = 512
     lr: float = 3e-3
@@ -55,11 +57,11 @@ class DemoConfig:
     def total_steps(self) -> int:
         return self.steps + self.copy_phase_steps
 
-    def row_shares(self, step: int) -> tuple[float, float]:
-        """(copy window share, random copy share) of the rows of training step ``step``."""
+    def row_shares(self, step: int) -> tuple[float, float, float]:
+        """(copy window, random copy, quote window) shares of the rows of training step ``step``."""
         if step < self.steps:
-            return self.copy_window_share, self.random_copy_share
-        return self.copy_phase_window_share, self.copy_phase_random_share
+            return self.copy_window_share, self.random_copy_share, 0.0
+        return self.copy_phase_window_share, self.copy_phase_random_share, self.copy_phase_quote_share
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

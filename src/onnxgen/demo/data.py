@@ -85,6 +85,7 @@ def batch_at(
     repeat_share: float = 0.0,
     random_share: float = 0.0,
     id_range: tuple[int, int] = (0, 0),
+    quote_share: float = 0.0,
 ) -> np.ndarray:
     """``[batch, seq_len + 1]`` windows at random offsets drawn from ``(seed, step)`` alone, so a
     resumed run sees exactly the batches an uninterrupted one would.
@@ -92,7 +93,8 @@ def batch_at(
     A ``repeat_share`` of the rows are copy windows instead (:func:`copy_window`): spans of the stream
     each written twice in a row, so half of such a row is predictable only by copying. A further
     ``random_share`` are copy windows of random ids from ``id_range`` (:func:`random_copy_window`), which
-    only copying predicts at all.
+    only copying predicts at all. A ``quote_share`` are quote windows (:func:`quote_window`): text in
+    which one longer span recurs 2-4 times, near or far apart.
     """
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, stream.size - seq_len - 1, size=batch)
@@ -103,6 +105,8 @@ def batch_at(
             rows.append(copy_window(stream, seq_len + 1, rng))
         elif kind < repeat_share + random_share:
             rows.append(random_copy_window(seq_len + 1, id_range, rng))
+        elif kind < repeat_share + random_share + quote_share:
+            rows.append(quote_window(stream, seq_len + 1, rng))
         else:
             rows.append(stream[start : start + seq_len + 1])
     return np.stack(rows).astype(np.int64)
@@ -128,6 +132,30 @@ def random_copy_window(width: int, id_range: tuple[int, int], rng: np.random.Gen
     predictable except a span's second copy from its first, the pure signal for an induction circuit
     (on real text a model can lean on n-gram statistics instead and copy only what it would have guessed)."""
     return copy_window(rng.integers(id_range[0], id_range[1], size=width), width, rng)
+
+
+def quote_window(stream: np.ndarray, width: int, rng: np.random.Generator) -> np.ndarray:
+    """``width`` ids of text in which one span of 16 to ``width // 3`` ids recurs 2-4 times: some text
+    of its own, the span, and again the span after a gap of other text (none half the time; otherwise
+    up to 64 ids), then the text that followed the last gap. What a prompt that quotes code or text
+    looks like: copying must hold over the whole span, across distances up to most of the row and past
+    several earlier copies, which the short adjacent spans of :func:`copy_window` do not teach."""
+    n = int(rng.integers(16, max(17, width // 3)))
+    span_at = int(rng.integers(0, stream.size - n))
+    span = stream[span_at : span_at + n]
+
+    def text(length: int) -> np.ndarray:
+        at = int(rng.integers(0, stream.size - length - 1))
+        return stream[at : at + length]
+
+    parts = [text(int(rng.integers(0, width // 4)))]
+    for _ in range(int(rng.integers(2, 5))):
+        parts.append(span)
+        parts.append(text(0 if rng.random() < 0.5 else int(rng.integers(1, 65))))
+    filled = sum(p.size for p in parts)
+    if filled < width:
+        parts.append(text(width - filled))
+    return np.concatenate(parts)[:width]
 
 
 def val_windows(stream: np.ndarray, seq_len: int, limit: int | None = None) -> np.ndarray:

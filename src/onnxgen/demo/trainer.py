@@ -24,6 +24,8 @@ CHECKPOINT = "last.pt"
 
 
 def learning_rate(config: DemoConfig, step: int) -> float:
+    if step >= config.steps:  # the copy phase
+        return config.copy_phase_lr
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
     progress = (step - config.warmup) / max(1, config.steps - config.warmup)
@@ -98,7 +100,7 @@ def train(
         for step in range(start, config.total_steps):
             for group in opt.param_groups:
                 group["lr"] = learning_rate(config, step)
-            window_share, random_share = config.row_shares(step)
+            window_share, random_share, quote_share = config.row_shares(step)
             batch = batch_at(
                 train_ids,
                 step,
@@ -108,6 +110,7 @@ def train(
                 window_share,
                 random_share,
                 (FIRST_ORDINARY_ID, config.vocab_size),
+                quote_share,
             )
             loss = token_losses(model, batch).mean()
             loss.backward()
