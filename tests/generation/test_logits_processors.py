@@ -16,6 +16,7 @@ from onnxgen.generation.processors import (
     TopP,
     apply_chain,
     build_chain,
+    choose,
 )
 
 NEG_INF = -np.inf
@@ -58,6 +59,37 @@ def test_min_new_tokens_masks_eos_until_enough_tokens_were_generated() -> None:
     np.testing.assert_array_equal(early, f32([2.0, -1.0, 0.5, NEG_INF, NEG_INF]))
     late = processor(view([0, 1], [2, 2]), LOGITS)
     np.testing.assert_array_equal(late, LOGITS)
+
+
+def test_greedy_choose_under_min_new_tokens_is_the_argmax_of_the_masked_logits_without_masking_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """choose() takes the raw argmax when it is not an eos id still held back, and masks only when it is;
+    the token equals the masked argmax either way, exact ties included (the lowest id wins)."""
+    calls = []
+    call = MinNewTokens.__call__
+    monkeypatch.setattr(MinNewTokens, "__call__", lambda self, seq, x: calls.append(1) or call(self, seq, x))
+    chain = build_chain(SamplingParams(min_new_tokens=3), [4, 1])
+    rng = np.random.default_rng(5)
+    masked_runs = 0
+    for case in range(300):
+        logits = rng.standard_normal(6).astype(np.float32).round(1)  # rounding makes ties common
+        if case % 4 == 0:
+            logits[rng.choice([1, 4])] = logits.max() + 1.0  # an eos id is the raw argmax
+        if case % 7 == 0:  # an eos id ties with the best other id, below or above it
+            logits[[1, 2]] = logits[[4, 5]] = logits.max() + 0.5
+        generated = [0] * (case % 5)  # min_new_tokens=3: eos held back for 0-2 tokens, then not
+        ids = np.array([3, 3, *generated], dtype=np.int64)
+        expected = int(np.argmax(apply_chain(chain, SequenceView(ids, 2), logits)))
+        calls.clear()
+        assert choose(chain, None, ids, 2, logits) == expected, case
+        raw = int(np.argmax(logits))
+        if raw in (1, 4) and len(generated) < 3:
+            assert calls and expected not in (1, 4)
+            masked_runs += 1
+        else:  # the row was not masked (nor copied)
+            assert not calls and expected == raw
+    assert masked_runs > 20
 
 
 def test_temperature_divides_the_logits() -> None:

@@ -117,6 +117,10 @@ class MinNewTokens:
         self.min_new_tokens = min_new_tokens
         self.eos_ids = np.array(sorted(set(eos_ids)), dtype=np.int64)
 
+    def masked_ids(self, view: SequenceView) -> np.ndarray | None:
+        """The ids this processor sets to ``-inf`` for ``view`` and changes nothing else (None: none)."""
+        return self.eos_ids if view.num_generated < self.min_new_tokens else None
+
     def __call__(self, seq: Seqs, logits: np.ndarray) -> np.ndarray:
         if all(view.num_generated >= self.min_new_tokens for view in _views(seq)):
             return logits
@@ -265,17 +269,31 @@ def choose(
     A greedy chain that ends with a constraint first takes the argmax of the chain before it and asks the
     constraint for the masked argmax without its mask (``Constraint.greedy_choice``: the same token,
     allowed logits keeping their values and the lowest id winning ties); the mask is computed only where
-    it cannot tell.
+    it cannot tell. Where the rest of a greedy chain only masks ids (``masked_ids``: ``min_new_tokens``
+    holding eos back), the argmax of the raw logits is the answer unless it is a masked id (the
+    first maximum stays first when other ids are lowered), so the row is not copied.
     """
     if chain:
         view = SequenceView(ids, prompt_len)
         greedy_choice = getattr(chain[-1], "greedy_choice", None) if sampler is None else None
         if greedy_choice is None:
+            if sampler is None:
+                return _masked_argmax(chain, view, logits)
             logits = apply_chain(chain, view, logits)
         else:
-            logits = apply_chain(chain[:-1], view, logits)
-            token = greedy_choice(view.generated, int(np.argmax(logits)))
+            token = greedy_choice(view.generated, _masked_argmax(chain[:-1], view, logits))
             if token is not None:
                 return int(token)
-            logits = chain[-1](view, logits)
+            logits = chain[-1](view, apply_chain(chain[:-1], view, logits))
     return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
+
+
+def _masked_argmax(chain: Sequence[LogitsProcessor], view: SequenceView, logits: np.ndarray) -> int:
+    """``argmax(apply_chain(chain, view, logits))``, without running a chain that only masks ids
+    unless the raw argmax is one of them."""
+    masks = [getattr(p, "masked_ids", None) for p in chain]
+    if all(m is not None for m in masks):
+        token = int(np.argmax(logits))
+        if not any(token in ids for m in masks if (ids := m(view)) is not None):
+            return token
+    return int(np.argmax(apply_chain(chain, view, logits)))
