@@ -137,7 +137,7 @@ def random_copy_window(width: int, id_range: tuple[int, int], rng: np.random.Gen
 def quote_window(stream: np.ndarray, width: int, rng: np.random.Generator) -> np.ndarray:
     """``width`` ids of text in which one span of 16 to ``width // 3`` ids recurs 2-4 times: some text
     of its own, the span, and again the span after a gap of other text (none half the time; otherwise
-    up to 64 ids), then the text that followed the last gap. What a prompt that quotes code or text
+    up to 64 ids), then other text to the end of the row. What a prompt that quotes code or text
     looks like: copying must hold over the whole span, across distances up to most of the row and past
     several earlier copies, which the short adjacent spans of :func:`copy_window` do not teach."""
     n = int(rng.integers(16, max(17, width // 3)))
