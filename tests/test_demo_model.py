@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -192,7 +193,7 @@ def test_quote_windows_repeat_one_long_span_two_to_four_times_inside_text() -> N
             assert np.array_equal(row[at : at + len(span)], span)
         copies.add(len(starts))
         lengths.add(len(span))
-        gaps.update(int(b - a - len(span)) for a, b in zip(starts, starts[1:], strict=False))
+        gaps.update(int(b - a - len(span)) for a, b in itertools.pairwise(starts))
     assert copies >= {2, 3} and copies <= {2, 3, 4}
     assert 0 in gaps and max(gaps) > 16 and max(gaps) <= 64  # copies adjacent or apart
     assert min(lengths) < 60 and max(lengths) > 120

@@ -41,6 +41,8 @@ class DemoConfig:
     copy_phase_window_share: float = 0.125
     copy_phase_random_share: float = 0.25
     copy_phase_quote_share: float = 0.375  # rows where a long span recurs (data.quote_window)
+    quote_span: int = 0  # longest quoted span (0: a third of the row)
+    quote_gap: int = 64  # longest gap between copies
     copy_phase_lr: float = 3e-4
     batch: int = 4
     seq_len: int = 512

@@ -86,6 +86,8 @@ def batch_at(
     random_share: float = 0.0,
     id_range: tuple[int, int] = (0, 0),
     quote_share: float = 0.0,
+    quote_span: int = 0,
+    quote_gap: int = 64,
 ) -> np.ndarray:
     """``[batch, seq_len + 1]`` windows at random offsets drawn from ``(seed, step)`` alone, so a
     resumed run sees exactly the batches an uninterrupted one would.
@@ -106,7 +108,7 @@ def batch_at(
         elif kind < repeat_share + random_share:
             rows.append(random_copy_window(seq_len + 1, id_range, rng))
         elif kind < repeat_share + random_share + quote_share:
-            rows.append(quote_window(stream, seq_len + 1, rng))
+            rows.append(quote_window(stream, seq_len + 1, rng, quote_span, quote_gap))
         else:
             rows.append(stream[start : start + seq_len + 1])
     return np.stack(rows).astype(np.int64)
@@ -134,13 +136,16 @@ def random_copy_window(width: int, id_range: tuple[int, int], rng: np.random.Gen
     return copy_window(rng.integers(id_range[0], id_range[1], size=width), width, rng)
 
 
-def quote_window(stream: np.ndarray, width: int, rng: np.random.Generator) -> np.ndarray:
-    """``width`` ids of text in which one span of 16 to ``width // 3`` ids recurs 2-4 times: some text
-    of its own, the span, and again the span after a gap of other text (none half the time; otherwise
-    up to 64 ids), then other text to the end of the row. What a prompt that quotes code or text
-    looks like: copying must hold over the whole span, across distances up to most of the row and past
-    several earlier copies, which the short adjacent spans of :func:`copy_window` do not teach."""
-    n = int(rng.integers(16, max(17, width // 3)))
+def quote_window(
+    stream: np.ndarray, width: int, rng: np.random.Generator, max_span: int = 0, max_gap: int = 64
+) -> np.ndarray:
+    """``width`` ids of text in which one span of 16 to ``max_span`` (default ``width // 3``) ids recurs
+    2-4 times: some text of its own, the span, and again the span after a gap of other text (none half
+    the time; otherwise up to ``max_gap`` ids), then other text to the end of the row. What a prompt that
+    quotes code or text looks like: copying must hold over the whole span, across distances up to most of
+    the row and past several earlier copies, which the short adjacent spans of :func:`copy_window` do not
+    teach."""
+    n = int(rng.integers(16, max(17, max_span or width // 3)))
     span_at = int(rng.integers(0, stream.size - n))
     span = stream[span_at : span_at + n]
 
@@ -151,7 +156,7 @@ def quote_window(stream: np.ndarray, width: int, rng: np.random.Generator) -> np
     parts = [text(int(rng.integers(0, width // 4)))]
     for _ in range(int(rng.integers(2, 5))):
         parts.append(span)
-        parts.append(text(0 if rng.random() < 0.5 else int(rng.integers(1, 65))))
+        parts.append(text(0 if rng.random() < 0.5 else int(rng.integers(1, max_gap + 1))))
     filled = sum(p.size for p in parts)
     if filled < width:
         parts.append(text(width - filled))

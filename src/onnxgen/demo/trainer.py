@@ -111,6 +111,8 @@ def train(
                 random_share,
                 (FIRST_ORDINARY_ID, config.vocab_size),
                 quote_share,
+                config.quote_span,
+                config.quote_gap,
             )
             loss = token_losses(model, batch).mean()
             loss.backward()
