@@ -116,10 +116,11 @@ class MinNewTokens:
     def __init__(self, min_new_tokens: int, eos_ids: Iterable[int]) -> None:
         self.min_new_tokens = min_new_tokens
         self.eos_ids = np.array(sorted(set(eos_ids)), dtype=np.int64)
+        self._eos_set = frozenset(int(i) for i in self.eos_ids)
 
-    def masked_ids(self, view: SequenceView) -> np.ndarray | None:
+    def masked_ids(self, view: SequenceView) -> frozenset[int] | None:
         """The ids this processor sets to ``-inf`` for ``view`` and changes nothing else (None: none)."""
-        return self.eos_ids if view.num_generated < self.min_new_tokens else None
+        return self._eos_set if view.num_generated < self.min_new_tokens else None
 
     def __call__(self, seq: Seqs, logits: np.ndarray) -> np.ndarray:
         if all(view.num_generated >= self.min_new_tokens for view in _views(seq)):
@@ -293,7 +294,7 @@ def _masked_argmax(chain: Sequence[LogitsProcessor], view: SequenceView, logits:
     unless the raw argmax is one of them."""
     masks = [getattr(p, "masked_ids", None) for p in chain]
     if all(m is not None for m in masks):
-        token = int(np.argmax(logits))
+        token = int(logits.argmax())
         if not any(token in ids for m in masks if (ids := m(view)) is not None):
             return token
     return int(np.argmax(apply_chain(chain, view, logits)))
