@@ -279,22 +279,28 @@ def choose(
         greedy_choice = getattr(chain[-1], "greedy_choice", None) if sampler is None else None
         if greedy_choice is None:
             if sampler is None:
-                return _masked_argmax(chain, view, logits)
+                return _greedy_argmax(chain, view, logits)[0]
             logits = apply_chain(chain, view, logits)
         else:
-            token = greedy_choice(view.generated, _masked_argmax(chain[:-1], view, logits))
+            argmax, processed = _greedy_argmax(chain[:-1], view, logits)
+            token = greedy_choice(view.generated, argmax)
             if token is not None:
                 return int(token)
-            logits = chain[-1](view, apply_chain(chain[:-1], view, logits))
+            if processed is None:
+                processed = apply_chain(chain[:-1], view, logits)
+            logits = chain[-1](view, processed)
     return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
 
 
-def _masked_argmax(chain: Sequence[LogitsProcessor], view: SequenceView, logits: np.ndarray) -> int:
-    """``argmax(apply_chain(chain, view, logits))``, without running a chain that only masks ids
-    unless the raw argmax is one of them."""
+def _greedy_argmax(
+    chain: Sequence[LogitsProcessor], view: SequenceView, logits: np.ndarray
+) -> tuple[int, np.ndarray | None]:
+    """``argmax(apply_chain(chain, view, logits))`` and the processed logits when they were computed
+    (None: a chain that only masks ids was not run, the raw argmax being none of them)."""
     masks = [getattr(p, "masked_ids", None) for p in chain]
     if all(m is not None for m in masks):
         token = int(logits.argmax())
         if not any(token in ids for m in masks if (ids := m(view)) is not None):
-            return token
-    return int(np.argmax(apply_chain(chain, view, logits)))
+            return token, None
+    processed = apply_chain(chain, view, logits)
+    return int(np.argmax(processed)), processed
