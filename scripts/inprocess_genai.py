@@ -105,11 +105,10 @@ def bare_variant(session: DecoderSession, prompt: list[int]) -> Callable[[], np.
         if session.logits_to_keep:
             keep = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
             binding.bind_ortvalue_input(LOGITS_TO_KEEP, keep)
-        for name_in, name_out, buf in zip(
-            state._kv_names_in, state._kv_names_out, state._kv_shared, strict=True
-        ):
-            binding.bind_ortvalue_input(name_in, buf.value)
-            binding.bind_ortvalue_output(name_out, buf.value)
+        for name, value in state._kv_io_in:  # the shared KV buffers, read and written in place
+            binding.bind_ortvalue_input(name, value)
+        for name, out in state._kv_io_out:
+            binding.bind_ortvalue_output(name, out)
         logits = np.empty((1, 1, session.vocab_size), dtype=np.float32)
         binding.bind_ortvalue_output(io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
         length = len(prompt)
