@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from onnxgen.generation.speculative.budget import DraftBudget
+import pytest
+
+from onnxgen.generation.speculative.budget import STALE, DraftBudget
 
 
 def budget_with(cost_per_extra_token: float, acceptance: float, verifies: int = 4, k: int = 8) -> DraftBudget:
@@ -76,3 +78,21 @@ def test_acceptance_after_a_full_accept_is_kept_apart_from_acceptance_after_a_mi
     after_miss = b.cap(8)
     b.observe_verify(8, 8)  # now after a full accept
     assert after_miss == 1 and b.cap(8) > 1
+
+
+def test_a_verify_size_timed_once_while_slow_is_forgotten_once_other_sizes_are_timed() -> None:
+    """Only chosen sizes are timed again: a size that was slow once (the first forward of that size, a
+    busy moment) must not keep the cap below it for the rest of the request."""
+    b = DraftBudget()
+    b.observe_forward(1, 1.0)
+    b.observe_forward(9, 20.0)  # one slow 9-token verify
+    for _ in range(4):
+        b.observe_verify(8, 8)
+    b.observe_forward(2, 1.1)
+    assert b.cost(9) == 20.0 and b.cap(8) < 8  # fresh: it counts
+    for _ in range(STALE):
+        b.observe_forward(2, 1.1)  # cheap 2-token verifies, all accepted
+    assert b.cost(9) == pytest.approx(1.0 + 8 * 0.1)  # read off the fresh 2-token cost
+    assert b.cap(8) == 8
+    b.observe_forward(9, 1.5)  # timed again: starts over, not blended with the forgotten 20 s
+    assert b.cost(9) == 1.5

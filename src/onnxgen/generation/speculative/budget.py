@@ -10,6 +10,11 @@ that follow a full accept and for the others (acceptance comes in runs: inside a
 draft is far likelier to pass than after a miss). It caps k at the value that maximises expected tokens
 per unit of time, ``(1 - a^(k+1)) / (1 - a)`` over ``(cost(k + 1) + k * d) / cost(1)``.
 
+A count's average is forgotten once ``STALE`` forwards of other counts have been timed since its last
+forward (the count of one token is always kept): the cap then reads that count's cost off fresher ones.
+Without that, a verify size timed once while slow (the first forward of a size, a busy machine) would
+keep the cap below it for the rest of the request, since only chosen sizes are timed again.
+
 It never goes below one draft: verifies that accept nothing are what the loop's back-off (plain steps
 between attempts) is for, and one draft keeps the acceptance estimate current. It abstains (answers the
 loop's own k) until it has timed a plain step and a verify and seen ``MIN_VERIFIES`` verifies.
@@ -20,11 +25,14 @@ from __future__ import annotations
 
 DECAY = 0.8  # weight of the past in the moving averages
 MIN_VERIFIES = 2
+STALE = 16  # forwards after which a count's timing no longer counts, unless timed again
 
 
 class DraftBudget:
     def __init__(self) -> None:
         self._cost: dict[int, float] = {}  # tokens in a forward -> moving average of its seconds
+        self._timed: dict[int, int] = {}  # tokens in a forward -> index of its latest timed forward
+        self._forwards = 0
         # moving sums over verifies, [after a partial accept, after a full accept]: accepted, proposed drafts
         self._accepted = [0.0, 0.0]
         self._proposed = [0.0, 0.0]
@@ -38,7 +46,11 @@ class DraftBudget:
 
     def observe_forward(self, tokens: int, seconds: float) -> None:
         old = self._cost.get(tokens)
+        if old is not None and self._forwards - self._timed[tokens] > STALE:
+            old = None  # forgotten: start over rather than blend with a stale average
         self._cost[tokens] = seconds if old is None else DECAY * old + (1.0 - DECAY) * seconds
+        self._timed[tokens] = self._forwards
+        self._forwards += 1
 
     def observe_verify(self, proposed: int, accepted: int) -> None:
         state = self._after_full
@@ -48,16 +60,12 @@ class DraftBudget:
         self._verifies += 1
 
     def cost(self, tokens: int) -> float | None:
-        """Seconds of a forward over ``tokens`` tokens: measured, else interpolated linearly from one
-        token and the nearest measured larger count (None before both are known)."""
-        if tokens in self._cost:
-            return self._cost[tokens]
-        one = self._cost.get(1)
-        larger = [t for t in self._cost if t > 1]
-        if one is None or not larger:
-            return None
-        ref = min(larger, key=lambda t: abs(t - tokens))
-        return one + (tokens - 1) * (self._cost[ref] - one) / (ref - 1)
+        """Seconds of a forward over ``tokens`` tokens: measured (and not stale), else interpolated
+        linearly from one token and the nearest freshly measured larger count (None before both are known)."""
+        return _estimate(self._fresh(), tokens)
+
+    def _fresh(self) -> dict[int, float]:
+        return {t: c for t, c in self._cost.items() if t == 1 or self._forwards - self._timed[t] <= STALE}
 
     def cap(self, k: int) -> int:
         """The number of drafts (1 to ``k``) that gives the most tokens per unit of time."""
@@ -66,12 +74,24 @@ class DraftBudget:
         if k < 1 or one is None or self._verifies < MIN_VERIFIES or proposed <= 0:
             return k
         rate = min(self._accepted[self._after_full] / proposed, 0.999)
+        fresh = self._fresh()
         best, best_value = 1, 0.0
         for n in range(1, k + 1):
-            cost = self.cost(n + 1)
+            cost = _estimate(fresh, n + 1)
             if cost is None or cost <= 0:
                 return k
             value = (1.0 - rate ** (n + 1)) / (1.0 - rate) / ((cost + n * self._draft_cost) / one)
             if value > best_value:
                 best, best_value = n, value
         return best
+
+
+def _estimate(costs: dict[int, float], tokens: int) -> float | None:
+    if tokens in costs:
+        return costs[tokens]
+    one = costs.get(1)
+    larger = [t for t in costs if t > 1]
+    if one is None or not larger:
+        return None
+    ref = min(larger, key=lambda t: abs(t - tokens))
+    return one + (tokens - 1) * (costs[ref] - one) / (ref - 1)
