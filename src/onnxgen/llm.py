@@ -39,6 +39,7 @@ class LLM:
         threads: int | None = None,
         providers: Sequence[str] | None = None,
         decode_plan: str = "auto",
+        huge_pages: bool | None = None,
     ) -> None:
         self.package = package
         self.io = package.io
@@ -49,6 +50,7 @@ class LLM:
             threads=threads,
             providers=providers,
             graph=self.decode_plan.graph,
+            huge_pages=huge_pages,
         )
         self.decode_plan.plan.attach(self.session)
         self.tokenizer: Tokenizer | None = None
@@ -177,11 +179,14 @@ def load(
     threads: int | None = None,
     providers: Sequence[str] | None = None,
     decode_plan: str = "auto",
+    huge_pages: bool | None = None,
 ) -> LLM:
     """Open a model directory (or the bundled default model when ``model`` is None) and get it ready.
 
     ``decode_plan`` (``"auto"``, ``"scan"`` or ``"inline"``) picks how single-token steps of a Scan-based
-    hybrid run; see :mod:`onnxgen.runtime.plans`.
+    hybrid run; see :mod:`onnxgen.runtime.plans`. ``huge_pages`` (default: on unless the environment sets
+    ``ONNXGEN_HUGE_PAGES=0``) backs the weights with transparent huge pages on Linux, which makes decode
+    steps faster and loading slower (:mod:`onnxgen.runtime.hugepages`).
     """
     package = ModelPackage.open(model if model is not None else default_model_dir())
-    return LLM(package, threads=threads, providers=providers, decode_plan=decode_plan)
+    return LLM(package, threads=threads, providers=providers, decode_plan=decode_plan, huge_pages=huge_pages)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from onnxgen.runtime.hugepages import advise
+
 _NP_DTYPES = {
     "float32": np.float32,
     "float16": np.float16,
@@ -42,7 +44,9 @@ class HostBuffer:
 
     @classmethod
     def zeros(cls, shape: tuple[int, ...], dtype: np.dtype) -> HostBuffer:
-        return cls.wrap(np.zeros(shape, dtype=dtype))
+        array = np.zeros(shape, dtype=dtype)
+        advise((array,))  # large buffers (KV caches): huge pages from their first write
+        return cls.wrap(array)
 
     @classmethod
     def wrap(cls, array: np.ndarray) -> HostBuffer:

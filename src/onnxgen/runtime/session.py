@@ -21,6 +21,7 @@ import onnxruntime as ort
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
+from onnxgen.runtime import hugepages
 from onnxgen.runtime.buffers import HostBuffer
 from onnxgen.runtime.plans import FOLDER_KEY
 from onnxgen.runtime.state import DecodeState
@@ -126,8 +127,13 @@ class DecoderSession:
         graph: onnx.ModelProto | None = None,
         last_logits: bool = True,
         verify: bool | str = True,
+        huge_pages: bool | None = None,
     ) -> None:
         self.io = io
+        # back the weights with transparent huge pages (onnxgen.runtime.hugepages); host memory only
+        self._huge_pages = (hugepages.default_enabled() if huge_pages is None else huge_pages) and (
+            not providers or providers[0] == "CPUExecutionProvider"
+        )
         self.threads = threads or default_threads()
         opts = options or make_session_options(self.threads)
         model_path = Path(model_path)
@@ -181,7 +187,8 @@ class DecoderSession:
 
     def _load(self, source: str | bytes) -> ort.InferenceSession:
         try:
-            return ort.InferenceSession(source, sess_options=self._options, providers=self._providers)
+            with hugepages.collapsing(self._huge_pages):
+                return ort.InferenceSession(source, sess_options=self._options, providers=self._providers)
         except Exception as e:  # onnxruntime raises its own exception types
             raise UnsupportedModelError(
                 f"onnxruntime could not load {self._model_path}: {e}. Check that the installed onnxruntime "

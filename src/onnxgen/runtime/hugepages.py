@@ -1,0 +1,155 @@
+"""Back a session's weights with transparent huge pages (Linux).
+
+A decode step reads every weight once. With 4 KiB pages a 240 MB fp32 model spans ~60k pages, far more
+than the TLB holds, so each step walks page tables for most of its weight reads; with 2 MiB pages it spans
+~120. Linux's transparent huge pages give those pages only to memory that asks (``madvise`` mode, the
+usual default) or whose mapping happens to be aligned (``always``), and onnxruntime allocates its weights
+(and the prepacked copies of them) through plain ``malloc``, which does not ask.
+
+:func:`collapse_new_memory` asks after the fact: given the anonymous mappings that existed before a
+session was created, it marks the mappings the session added or grew (the heap among them)
+``MADV_HUGEPAGE`` and collapses them into huge pages now (``MADV_COLLAPSE``, Linux 6.1+), skipping
+mappings that are mostly unpopulated (collapsing those would
+make their holes resident). It copies the memory once (roughly 0.2-0.5 s per 100 MB on a 2-core
+machine). Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a
+large buffer before it is first written, so its pages are huge from the start at no copy.
+
+Everything here is advice: where the kernel, the platform or the settings refuse, nothing changes
+(measured benefit and costs: README, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+HUGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages) PMD size
+MADV_HUGEPAGE = 14
+MADV_COLLAPSE = 25
+MIN_POPULATED = 0.75  # share of a mapping that must be resident before it is collapsed
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+ENV = "ONNXGEN_HUGE_PAGES"  # "0" turns the default off (``onnxgen.load(..., huge_pages=)`` overrides)
+
+
+def default_enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    name: str
+
+
+def thp_mode() -> str | None:
+    """The system's transparent huge page mode (``always``, ``madvise``, ``never``), None off Linux."""
+    try:
+        text = THP_ENABLED.read_text()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")] if "[" in text else None
+
+
+def _madvise():  # type: ignore[no-untyped-def]
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _madvise()
+
+
+def available() -> bool:
+    return _MADVISE is not None and thp_mode() in ("always", "madvise")
+
+
+def anonymous_mappings(smaps: str | None = None) -> dict[int, tuple[Mapping, int]]:
+    """Private read-write anonymous mappings of this process (the heap included): start -> (mapping,
+    resident bytes), read from ``/proc/self/smaps`` (or ``smaps``, its text)."""
+    if smaps is None:
+        try:
+            smaps = Path("/proc/self/smaps").read_text()
+        except OSError:
+            return {}
+    found: dict[int, tuple[Mapping, int]] = {}
+    current: Mapping | None = None
+    for line in smaps.splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            current = None
+            perms, inode = head[1], head[4]
+            name = head[5].strip() if len(head) > 5 else ""
+            if perms.startswith("rw") and perms.endswith("p") and inode == "0" and name in ("", "[heap]"):
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                current = Mapping(start, end, name)
+        elif current is not None and head and head[0] == "Rss:":
+            found[current.start] = (current, int(head[1]) * 1024)
+            current = None
+    return found
+
+
+def _aligned(start: int, end: int) -> tuple[int, int]:
+    return (start + HUGE - 1) // HUGE * HUGE, end // HUGE * HUGE
+
+
+def collapse_new_memory(before: dict[int, tuple[Mapping, int]]) -> int:
+    """Collapse into huge pages the anonymous mappings that are new or grew since ``before`` (an
+    :func:`anonymous_mappings` result; a grown one, such as the heap, whole), where mostly resident.
+    Returns the bytes collapsed (0 where huge pages are unavailable)."""
+    if not available():
+        return 0
+    done = 0
+    for start, (mapping, resident) in anonymous_mappings().items():
+        old = before.get(start)
+        if old is not None and old[0].end >= mapping.end:
+            continue
+        if resident >= MIN_POPULATED * (mapping.end - mapping.start):
+            done += _collapse(mapping.start, mapping.end)
+    log.debug("collapsed %.1f MB of new session memory into huge pages", done / 2**20)
+    return done
+
+
+@contextmanager
+def collapsing(enabled: bool = True) -> Iterator[None]:
+    """Collapse into huge pages the anonymous memory added while the block runs (a session's creation)."""
+    before = anonymous_mappings() if enabled and available() else None
+    yield
+    if before is not None:
+        collapse_new_memory(before)
+
+
+def _collapse(start: int, end: int) -> int:
+    lo, hi = _aligned(start, end)
+    if hi - lo < HUGE or _MADVISE is None:
+        return 0
+    _MADVISE(lo, hi - lo, MADV_HUGEPAGE)
+    return hi - lo if _MADVISE(lo, hi - lo, MADV_COLLAPSE) == 0 else 0
+
+
+def advise(arrays: Iterable[np.ndarray]) -> None:
+    """Ask for huge pages under large arrays not yet written (their first writes then fault huge pages)."""
+    if _MADVISE is None:
+        return
+    for a in arrays:
+        if a.nbytes >= 2 * HUGE:
+            lo, hi = _aligned(a.ctypes.data, a.ctypes.data + a.nbytes)
+            if hi > lo:
+                _MADVISE(lo, hi - lo, MADV_HUGEPAGE)

@@ -1,0 +1,114 @@
+"""Transparent huge pages under session memory: what is collapsed, what is left alone, nothing changes."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import onnxgen
+from onnxgen.runtime import hugepages
+from onnxgen.testing import build_model
+
+SMAPS = """\
+55d0a0000000-55d0a4000000 rw-p 00000000 00:00 0                          [heap]
+Size:              65536 kB
+Rss:               65000 kB
+AnonHugePages:         0 kB
+7f0000000000-7f0001000000 rw-p 00000000 00:00 0
+Size:              16384 kB
+Rss:                 128 kB
+7f0002000000-7f0003000000 r--p 00000000 fe:00 1234                       /data/model.onnx.data
+Size:              16384 kB
+Rss:               16384 kB
+7f0004000000-7f0005000000 rw-s 00000000 00:01 99                         /dev/zero (deleted)
+Size:              16384 kB
+Rss:               16384 kB
+7ffc00000000-7ffc00100000 rw-p 00000000 00:00 0                          [stack]
+Size:               1024 kB
+Rss:                  64 kB
+"""
+
+
+def test_only_private_writable_anonymous_mappings_and_the_heap_are_candidates() -> None:
+    found = hugepages.anonymous_mappings(SMAPS)
+    assert sorted((m.name, resident) for m, resident in found.values()) == [
+        ("", 128 * 1024),
+        ("[heap]", 65000 * 1024),
+    ]
+
+
+def _huge_kb(start: int, end: int) -> int:
+    """AnonHugePages (kB) of this process's mappings that overlap [start, end)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = lo < end and start < hi
+        elif inside and head and head[0] == "AnonHugePages:":
+            total += int(head[1])
+    return total
+
+
+def _private_anonymous(size: int) -> mmap.mmap:
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
+needs_thp = pytest.mark.skipif(
+    not hugepages.available(), reason="no transparent huge pages (madvise/always) here"
+)
+
+
+@needs_thp
+def test_new_resident_memory_is_collapsed_and_keeps_its_contents() -> None:
+    before = hugepages.anonymous_mappings()
+    buf = _private_anonymous(16 << 20)  # a new mapping, as a session's weights would make
+    data = np.frombuffer(buf, dtype=np.uint8)
+    pattern = np.tile(np.arange(251, dtype=np.uint8), data.size // 251 + 1)[: data.size]
+    data[:] = pattern
+    address = data.ctypes.data
+    assert _huge_kb(address, address + data.size) == 0
+    assert hugepages.collapse_new_memory(before) >= 12 << 20
+    assert _huge_kb(address, address + data.size) >= 12 << 10
+    np.testing.assert_array_equal(data, pattern)
+    del data
+    buf.close()
+
+
+@needs_thp
+def test_mostly_unpopulated_memory_is_not_collapsed() -> None:
+    """Collapsing a sparse mapping would make its holes resident: such mappings are skipped."""
+    before = hugepages.anonymous_mappings()
+    buf = _private_anonymous(16 << 20)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    data[:: 1 << 20] = 1  # one page in 256
+    address = data.ctypes.data
+    hugepages.collapse_new_memory(before)
+    assert _huge_kb(address, address + data.size) == 0
+    del data
+    buf.close()
+
+
+@needs_thp
+def test_large_state_buffers_fault_huge_pages_from_their_first_write() -> None:
+    a = np.zeros(8 << 20, dtype=np.uint8)
+    hugepages.advise([a])
+    a[:] = 1
+    assert _huge_kb(a.ctypes.data, a.ctypes.data + a.nbytes) > 0
+
+
+def test_sessions_with_and_without_huge_pages_compute_the_same_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = build_model(tmp_path / "m", "hybrid-genai")
+    with_pages = onnxgen.load(model, huge_pages=True)
+    monkeypatch.setenv(hugepages.ENV, "0")
+    without = onnxgen.load(model)
+    assert with_pages.session._huge_pages
+    assert not without.session._huge_pages  # the environment turns the default off
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    got = [llm.session.forward(llm.session.new_state(16), ids) for llm in (with_pages, without)]
+    np.testing.assert_array_equal(got[0], got[1])
