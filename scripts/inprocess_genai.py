@@ -11,8 +11,9 @@ benchmark's onnxruntime-genai side uses ``min_length``) of:
 - ``genai``: ``Generator.generate_next_token`` (its forward and token choice);
 - ``stream``: ``LLM.stream`` (everything a user gets: processors, detokenizer, stop checks, events);
 - ``forward``: ``DecoderSession.forward`` plus an argmax (onnxgen's runtime without the generation loop);
-- ``bare`` (shared-KV exports without recurrent states): the same session run from a loop that only
-  writes the token, binds the attention mask and takes the argmax (what any Python loop pays).
+- ``bare`` (shared-KV exports): the same session run from a loop that only writes the token and
+  position, binds the attention mask and takes the argmax, recurrent states ping-ponging between two
+  bindings (what any Python loop pays).
 
 Prints each variant's median ms/token and the median over rounds of genai's step time over the
 variant's (> 1: faster than onnxruntime-genai). Needs onnxruntime-genai.
@@ -86,9 +87,10 @@ def forward_variant(session: DecoderSession, prompt: list[int]) -> Callable[[], 
 
 
 def bare_variant(session: DecoderSession, prompt: list[int]) -> Callable[[], np.ndarray] | None:
-    """A loop over the session's own onnxruntime session with everything bound once but the mask."""
+    """A loop over the session's own onnxruntime session with everything bound once but the mask: two
+    bindings, one per step parity, whose recurrent states ping-pong between two buffers."""
     io = session.io
-    if io.state_pairs or io.position_ids is not None or io.attention_mask is None:
+    if io.attention_mask is None:
         return None
     capacity = len(prompt) + NEW_TOKENS
     ones = np.ones(capacity + 1, dtype=np.int64)
@@ -99,23 +101,36 @@ def bare_variant(session: DecoderSession, prompt: list[int]) -> Callable[[], np.
         if not state.shared_kv:
             raise SystemExit("the bare loop needs a shared-KV (GroupQueryAttention) export")
         token = int(session.forward(state, np.array([prompt]), 1)[0, -1].argmax())
-        binding = session.session.io_binding()
         ids = np.zeros((1, 1), dtype=np.int64)
-        binding.bind_ortvalue_input(io.token_input, ort.OrtValue.ortvalue_from_numpy(ids))
-        if session.logits_to_keep:
-            keep = ort.OrtValue.ortvalue_from_numpy(np.ones(1, dtype=np.int64))
-            binding.bind_ortvalue_input(LOGITS_TO_KEEP, keep)
-        for name, value in state._kv_io_in:  # the shared KV buffers, read and written in place
-            binding.bind_ortvalue_input(name, value)
-        for name, out in state._kv_io_out:
-            binding.bind_ortvalue_output(name, out)
+        shape = (3, 1, 1) if io.position_ids_rank == 3 else (1, 1)
+        positions = np.zeros(shape, dtype=np.int64)
         logits = np.empty((1, 1, session.vocab_size), dtype=np.float32)
-        binding.bind_ortvalue_output(io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
+        fixed = [(io.token_input, ids)] + ([(io.position_ids, positions)] if io.position_ids else [])
+        if session.logits_to_keep:
+            fixed.append((LOGITS_TO_KEEP, np.ones(1, dtype=np.int64)))
+        ping = [slot.current.value for slot in state._slots]  # the states after the prompt
+        pong = [ort.OrtValue.ortvalue_from_numpy(np.zeros(slot.shape, slot.dtype)) for slot in state._slots]
+        bindings = []
+        for src, dst in ((ping, pong), (pong, ping)):
+            binding = session.session.io_binding()
+            for name, array in fixed:
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
+            for name, value in state._kv_io_in:  # the shared KV buffers, read and written in place
+                binding.bind_ortvalue_input(name, value)
+            for name, out in state._kv_io_out:
+                binding.bind_ortvalue_output(name, out)
+            for slot, a, b in zip(state._slots, src, dst, strict=True):
+                binding.bind_ortvalue_input(slot.pair.input, a)
+                binding.bind_ortvalue_output(slot.pair.output, b)
+            binding.bind_ortvalue_output(io.logits, ort.OrtValue.ortvalue_from_numpy(logits))
+            bindings.append(binding)
         length = len(prompt)
         stamps = [time.perf_counter()]
-        for _ in range(NEW_TOKENS - 1):
+        for step in range(NEW_TOKENS - 1):
             ids[0, 0] = token
+            positions[...] = length
             length += 1
+            binding = bindings[step % 2]
             binding.bind_ortvalue_input(io.attention_mask, masks[length])
             session.session.run_with_iobinding(binding)
             token = int(logits[0, -1].argmax())
