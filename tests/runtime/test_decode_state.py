@@ -332,3 +332,56 @@ def test_a_later_snapshot_can_be_restored_again_while_nothing_overwrote_it(
             state.restore(late)
         state.restore(early)  # an untouched snapshot still restores
         assert state.length == len(PROMPT)
+
+
+def _scripted_run(
+    session: DecoderSession,
+) -> tuple[list[np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray], int]:
+    """Steady single-token steps interrupted by everything that moves buffers; returns every forward's
+    logits, the final states and KV, and how many steps ran on the steady cycle."""
+    cycled = 0
+    prepare = DecodeState.prepare
+
+    def counting(self: DecodeState, new_tokens: int) -> state_module.StepIO:
+        nonlocal cycled
+        step = prepare(self, new_tokens)
+        cycled += step.cycled
+        return step
+
+    out: list[np.ndarray] = []
+    state = session.new_state(64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DecodeState, "prepare", counting)
+        out.append(session.forward(state, ids(PROMPT), 1))
+        out += [session.forward(state, ids(t)) for t in CONTINUATION]
+        snap = state.snapshot()  # pins the current buffers: steps must not write them
+        out += [session.forward(state, ids(t)) for t in MORE]
+        state.restore(snap)
+        out += [session.forward(state, ids(t)) for t in MORE[::-1]]
+        state.release(snap)
+        out += [session.forward(state, ids(t)) for t in CONTINUATION]
+        out.append(session.forward(state, ids([5, 6, 7])))  # a longer forward (all its logits kept)
+        out += [session.forward(state, ids(t)) for t in MORE]
+        with pytest.raises(GenerationError):
+            session.forward(state, ids([session.vocab_size + 5]))
+        out += [session.forward(state, ids(t)) for t in CONTINUATION]
+    return out, state.state_arrays(), state.kv_arrays(), cycled
+
+
+@pytest.mark.parametrize("family", SHARED_FAMILIES)
+def test_steady_single_token_steps_match_steps_that_rebuild_their_bindings(
+    sessions: dict[str, DecoderSession], family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steady cycle (two fixed StepIO, buffers swapped) against the path that takes spares every
+    step, through snapshots, restores, a longer forward and a failed step: bit for bit."""
+    session = sessions[family]
+    fast, fast_states, fast_kv, cycled = _scripted_run(session)
+    assert cycled >= 10  # the cycle carried most single-token steps
+    monkeypatch.setattr(DecodeState, "_start_cycle", lambda self: None)
+    slow, slow_states, slow_kv, none = _scripted_run(session)
+    assert none == 0
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert_same_arrays(fast_states, slow_states)
+    assert_same_arrays(fast_kv, slow_kv)

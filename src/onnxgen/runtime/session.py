@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,7 @@ class _Binder:
         # Token/position/logits-to-keep inputs of small forwards by (name, shape): written in place and
         # bound once, so a steady run of single-token steps binds none of them again.
         self.step_inputs: dict[tuple[str, tuple[int, ...]], HostBuffer] = {}
+        self.single: dict[int, _SingleInputs] = {}  # by batch: the one-token forward's inputs
         # Extra outputs of verify forwards (one binder per token count), bound from their second run on.
         self.fetch_buffers: dict[str, HostBuffer] = {}
         # The KV/state bindings last made through this binder (a StepIO's lists): equal lists are bound
@@ -98,6 +100,9 @@ class _Binder:
             self._allocated = [n for n, v in self._outputs.items() if v is None]
             self.allocates = bool(self._allocated)
 
+    def bound_input(self, name: str) -> ort.OrtValue | None:
+        return self._inputs.get(name)
+
     def step_input(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """The persistent input buffer ``(name, shape)``, bound; the caller writes its values in place."""
         buf = self.step_inputs.get((name, shape))
@@ -111,6 +116,20 @@ class _Binder:
         values = self.binding.get_outputs()
         names = list(self._outputs)
         return {n: v for n, v in zip(names, values, strict=True) if self._outputs[n] is None}
+
+
+@dataclass
+class _SingleInputs:
+    """A binder's bound token / position buffers of one-token forwards, and what they were bound as."""
+
+    tokens: np.ndarray
+    positions: np.ndarray | None
+    keep: np.ndarray | None  # logits-to-keep: shared with longer forwards of the binder, so written each step
+    bound_as: list[tuple[str, ort.OrtValue | None]]
+
+    def bound(self, binder: _Binder) -> bool:
+        """Whether the binder still has these buffers bound (a longer forward rebinds the names)."""
+        return all(binder.bound_input(name) is value for name, value in self.bound_as)
 
 
 class DecoderSession:
@@ -264,11 +283,14 @@ class DecoderSession:
         binder = self._binder(state, session, 2 * (t + 1) if persistent else 2 if fetch else 0)
         self._bind_step_inputs(binder, state.length, ids, keep)
         step = state.prepare(t)
-        if step.inputs != binder.state_inputs:  # steady decoding: the same buffers as two steps ago
+        # steady decoding: the same buffers as two steps ago (the very same lists in the steady cycle)
+        if step.inputs is not binder.state_inputs and step.inputs != binder.state_inputs:
             for name, value in step.inputs:
                 binder.input(name, value)
             binder.state_inputs = step.inputs
-        if step.outputs != binder.state_outputs or binder.allocates:
+        if (
+            step.outputs is not binder.state_outputs and step.outputs != binder.state_outputs
+        ) or binder.allocates:
             for name, out in step.outputs:
                 binder.output(name, out)
             binder.state_outputs = step.outputs
@@ -334,10 +356,38 @@ class DecoderSession:
         )
         return value
 
+    def _single_inputs(self, binder: _Binder, batch: int) -> _SingleInputs:
+        """Bind the binder's persistent buffers of a one-token forward."""
+        io = self.io
+        names = [io.token_input]
+        tokens = binder.step_input(io.token_input, (batch, 1), self._token_dtype)
+        positions = None
+        if io.position_ids is not None:
+            shape = (3, batch, 1) if io.position_ids_rank == 3 else (batch, 1)
+            positions = binder.step_input(io.position_ids, shape, np.int64)
+            names.append(io.position_ids)
+        keep = None
+        if self.logits_to_keep:
+            keep = binder.step_input(LOGITS_TO_KEEP, (1,), np.int64)
+            names.append(LOGITS_TO_KEEP)
+        return _SingleInputs(tokens, positions, keep, [(n, binder.bound_input(n)) for n in names])
+
     def _bind_step_inputs(self, binder: _Binder, past: int, ids: np.ndarray, keep: int) -> None:
         """Bind the token, mask, position and logits-to-keep inputs of a forward of ``ids`` after ``past``."""
         io = self.io
         batch, t = ids.shape
+        if t == 1 and keep == 1:  # a decode step: write into the bound single-token buffers
+            single = binder.single.get(batch)
+            if single is None or not single.bound(binder):
+                single = binder.single[batch] = self._single_inputs(binder, batch)
+            single.tokens[...] = ids
+            if single.keep is not None:
+                single.keep[0] = 1
+            if single.positions is not None:
+                single.positions.fill(past)
+            if io.attention_mask is not None:
+                binder.input(io.attention_mask, self._ones(batch, past + 1))
+            return
 
         def put(name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
             """A bound buffer to write the input into: the binder's persistent one for small forwards."""

@@ -12,6 +12,13 @@ Recurrent states are fixed-shape, zero at start, and double-buffered: a forward 
 buffer and writes a spare one, then they swap. Because the current buffer is never written, a
 snapshot is a set of references (the snapshotted buffers are pinned so they are not reused as spares)
 and restoring it is free.
+
+Steady decoding (shared KV, single-token steps, no snapshot held) alternates
+between two fixed sets of bindings: the state keeps both :class:`StepIO` of that cycle and a step takes
+and commits one by swapping each state's two buffers, instead of rebuilding its lists (the decode loop's
+bookkeeping runs with caches the forward just evicted, so what it touches per token counts). Anything
+else that moves buffers (a snapshot, restore, release, commit, reset, a multi-token forward) ends the
+cycle; the next steps rebuild it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class StepIO:
     inputs: list[tuple[str, ort.OrtValue]]
     outputs: list[tuple[str, ort.OrtValue | None]]
     writes: list[tuple[_StateSlot, HostBuffer]]
+    cycled: bool = False  # one of the steady cycle's two steps (committed by swapping buffers)
 
 
 class _StateSlot:
@@ -77,6 +85,8 @@ class DecodeState:
         self.bindings_epoch = 0  # the DecoderSession.epoch they were made for
         self._pinned: dict[int, int] = {}
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
+        # the steady cycle's StepIO for each step parity (see the module docstring), while valid
+        self._cycle: list[StepIO | None] = [None, None]
         self._kv_shared: list[HostBuffer] = []
         self._kv: list[ort.OrtValue] = []
         self._kv_empty: list[ort.OrtValue] = []
@@ -110,6 +120,13 @@ class DecodeState:
         Outputs bound to ``None`` are allocated by onnxruntime (growing KV). :meth:`advance` commits
         the step, :meth:`discard` undoes it after a failed forward.
         """
+        if new_tokens == 1:
+            cycled = self._cycle[self.steps & 1]
+            if cycled is not None and self.length < self.capacity:
+                self._epoch += 1
+                self._written[self.length] = self._epoch
+                return cycled
+        self._cycle = [None, None]
         if self.length + new_tokens > self.capacity:
             raise GenerationError(
                 f"sequence would reach {self.length + new_tokens} tokens but the decode state holds "
@@ -142,6 +159,10 @@ class DecodeState:
         """
         self.length += new_tokens
         self.steps += 1
+        if step.cycled:
+            for slot in self._slots:
+                slot.current, slot.free[-1] = slot.free[-1], slot.current
+            return
         if not self.shared_kv:
             self._kv = [allocated[n] for n in self._kv_names_out]
         for slot, spare in step.writes:
@@ -149,15 +170,34 @@ class DecodeState:
             slot.current = spare
             if id(old) not in self._pinned:
                 slot.free.append(old)
+        if new_tokens == 1 and self.shared_kv and not self._pinned and all(s.free for s in self._slots):
+            self._start_cycle()
+
+    def _start_cycle(self) -> None:
+        """Make the two StepIO of steady decoding from here: each state swaps its current buffer with the
+        spare a step would take next (the last free one), as taking it and freeing the old one would."""
+        kv_in, kv_out = list(self._kv_io_in), list(self._kv_io_out)
+        pairs = [(slot.current, slot.free[-1]) for slot in self._slots]
+        for parity, flip in ((self.steps & 1, False), ((self.steps + 1) & 1, True)):
+            inputs, outputs, writes = list(kv_in), list(kv_out), []
+            for slot, (now, spare) in zip(self._slots, pairs, strict=True):
+                read, write = (spare, now) if flip else (now, spare)
+                inputs.append((slot.pair.input, read.value))
+                outputs.append((slot.pair.output, write.value))
+                writes.append((slot, write))
+            self._cycle[parity] = StepIO(inputs, outputs, writes, cycled=True)
 
     def discard(self, step: StepIO) -> None:
         """Undo :meth:`prepare` after a failed forward (returns the spares)."""
+        if step.cycled:  # nothing was taken; the written KV positions are marked in _written
+            return
         for slot, spare in step.writes:
             slot.free.append(spare)
 
     # -- snapshot / restore / rewind ------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """Remember this point (free: references, not copies). Pair with :meth:`release`."""
+        self._cycle = [None, None]  # pinned buffers must not be written: steps take spares again
         states = tuple(slot.current for slot in self._slots)
         for buf in states:
             self._pinned[id(buf)] = self._pinned.get(id(buf), 0) + 1
@@ -166,6 +206,7 @@ class DecodeState:
 
     def restore(self, snap: Snapshot) -> None:
         """Go back to ``snap``: length, KV and recurrent states exactly as they were."""
+        self._cycle = [None, None]
         if self.shared_kv and snap.length and int(self._written[: snap.length].max()) > snap.epoch:
             raise GenerationError(
                 f"cannot restore a snapshot at length {snap.length}: forwards since it was taken have "
@@ -182,6 +223,7 @@ class DecodeState:
 
     def release(self, snap: Snapshot) -> None:
         """Forget ``snap``; its buffers become reusable once nothing else pins them."""
+        self._cycle = [None, None]
         for slot, buf in zip(self._slots, snap.states, strict=True):
             n = self._pinned.get(id(buf), 0) - 1
             if n > 0:
@@ -214,6 +256,7 @@ class DecodeState:
 
     def spare_states(self) -> list[HostBuffer]:
         """A free buffer per recurrent state (``io.state_pairs`` order), to fill and pass to :meth:`commit`."""
+        self._cycle = [None, None]
         return [slot.take_spare() for slot in self._slots]
 
     def commit(self, length: int, states: list[HostBuffer]) -> None:
@@ -224,6 +267,7 @@ class DecodeState:
                 f"commit needs a length in [0, {self.length}] and {len(self._slots)} states "
                 f"(got {length} and {len(states)})"
             )
+        self._cycle = [None, None]
         if length != self.length:
             self._truncate_kv(length)
         for slot, buf in zip(self._slots, states, strict=True):
@@ -256,6 +300,7 @@ class DecodeState:
         # of a token count seen before binds nothing new (re-making them cost every request's first
         # verify of each draft length; speculative requests ran 2-17% slower).
         self.length = 0
+        self._cycle = [None, None]
         for slot in self._slots:
             if id(slot.current) in self._pinned:
                 slot.current = slot.take_spare()
