@@ -120,16 +120,18 @@ class _Binder:
 
 @dataclass
 class _SingleInputs:
-    """A binder's bound token / position buffers of one-token forwards, and what they were bound as."""
+    """A binder's bound token / position / logits-to-keep buffers of one-token forwards."""
 
     tokens: np.ndarray
     positions: np.ndarray | None
     keep: np.ndarray | None  # logits-to-keep: shared with longer forwards of the binder, so written each step
-    bound_as: list[tuple[str, ort.OrtValue | None]]
+    token_input: str
+    token_value: ort.OrtValue
 
     def bound(self, binder: _Binder) -> bool:
-        """Whether the binder still has these buffers bound (a longer forward rebinds the names)."""
-        return all(binder.bound_input(name) is value for name, value in self.bound_as)
+        """Whether the binder still has these buffers bound: a longer forward rebinds the token input
+        (another shape) whenever it rebinds the others, so that one is checked."""
+        return binder.bound_input(self.token_input) is self.token_value
 
 
 class DecoderSession:
@@ -359,18 +361,15 @@ class DecoderSession:
     def _single_inputs(self, binder: _Binder, batch: int) -> _SingleInputs:
         """Bind the binder's persistent buffers of a one-token forward."""
         io = self.io
-        names = [io.token_input]
         tokens = binder.step_input(io.token_input, (batch, 1), self._token_dtype)
         positions = None
         if io.position_ids is not None:
             shape = (3, batch, 1) if io.position_ids_rank == 3 else (batch, 1)
             positions = binder.step_input(io.position_ids, shape, np.int64)
-            names.append(io.position_ids)
-        keep = None
-        if self.logits_to_keep:
-            keep = binder.step_input(LOGITS_TO_KEEP, (1,), np.int64)
-            names.append(LOGITS_TO_KEEP)
-        return _SingleInputs(tokens, positions, keep, [(n, binder.bound_input(n)) for n in names])
+        keep = binder.step_input(LOGITS_TO_KEEP, (1,), np.int64) if self.logits_to_keep else None
+        token_value = binder.bound_input(io.token_input)
+        assert token_value is not None
+        return _SingleInputs(tokens, positions, keep, io.token_input, token_value)
 
     def _bind_step_inputs(self, binder: _Binder, past: int, ids: np.ndarray, keep: int) -> None:
         """Bind the token, mask, position and logits-to-keep inputs of a forward of ``ids`` after ``past``."""
