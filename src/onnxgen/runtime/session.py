@@ -66,7 +66,6 @@ class _Binder:
         self.binding = binding
         self._inputs: dict[str, ort.OrtValue] = {}
         self._outputs: dict[str, ort.OrtValue | None] = {}
-        self._allocated: list[str] = []
         self.allocates = False
         # Logits output buffers by (batch, rows): per binder, hence per state, so that forwards of
         # different states on other threads never write into the logits one is still copying out.
@@ -90,15 +89,16 @@ class _Binder:
         """Bind ``value``, or let onnxruntime allocate the output (``None``; rebound every run)."""
         if value is None:
             self.binding.bind_output(name, "cpu")
-            if name not in self._outputs or self._outputs[name] is not None:
+            if self._outputs.get(name, self) is not None:  # new, or was a buffer
                 self._outputs[name] = None
-                self._allocated = [n for n, v in self._outputs.items() if v is None]
                 self.allocates = True
-        elif self._outputs.get(name) is not value:
-            self.binding.bind_ortvalue_output(name, value)
-            self._outputs[name] = value
-            self._allocated = [n for n, v in self._outputs.items() if v is None]
-            self.allocates = bool(self._allocated)
+        else:
+            old = self._outputs.get(name, self)
+            if old is not value:
+                self.binding.bind_ortvalue_output(name, value)
+                self._outputs[name] = value
+                if old is None:  # one allocated output fewer
+                    self.allocates = any(v is None for v in self._outputs.values())
 
     def bound_input(self, name: str) -> ort.OrtValue | None:
         return self._inputs.get(name)
