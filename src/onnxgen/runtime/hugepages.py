@@ -9,9 +9,8 @@ usual default) or whose mapping happens to be aligned (``always``), and onnxrunt
 :func:`collapse_new_memory` asks after the fact: given the anonymous mappings that existed before a
 session was created, it marks the mappings the session added or grew (the heap among them)
 ``MADV_HUGEPAGE`` and collapses them into huge pages now (``MADV_COLLAPSE``, Linux 6.1+), skipping
-mappings that are mostly unpopulated (collapsing those would
-make their holes resident). It copies the memory once (roughly 0.2-0.5 s per 100 MB on a 2-core
-machine). Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a
+mappings that are mostly unpopulated (collapsing those would make their holes resident). It copies the
+memory once (roughly 0.3-0.4 s per 100 MB on a 2-core machine). Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a
 large buffer before it is first written, so its pages are huge from the start at no copy.
 
 Everything here is advice: where the kernel, the platform or the settings refuse, nothing changes
