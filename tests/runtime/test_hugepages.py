@@ -79,6 +79,27 @@ def test_new_resident_memory_is_collapsed_and_keeps_its_contents() -> None:
 
 
 @needs_thp
+def test_more_than_the_load_time_limit_is_collapsed_on_a_background_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A big model's load is not held up by the copy: it runs on a thread, and wait() joins it."""
+    monkeypatch.setattr(hugepages, "SYNC_LIMIT", 4 << 20)
+    before = hugepages.anonymous_mappings()
+    buf = _private_anonymous(16 << 20)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    data[:] = 7
+    address = data.ctypes.data
+    assert hugepages.collapse_new_memory(before) >= 12 << 20
+    assert [w.name for w in hugepages._WORKERS] == ["onnxgen-hugepages"]  # pruned only by wait()
+    assert hugepages.wait(timeout=60)
+    assert not hugepages._WORKERS
+    assert _huge_kb(address, address + data.size) >= 12 << 10
+    assert int(data.min()) == int(data.max()) == 7
+    del data
+    buf.close()
+
+
+@needs_thp
 def test_mostly_unpopulated_memory_is_not_collapsed() -> None:
     """Collapsing a sparse mapping would make its holes resident: such mappings are skipped."""
     before = hugepages.anonymous_mappings()

@@ -10,7 +10,9 @@ usual default) or whose mapping happens to be aligned (``always``), and onnxrunt
 session was created, it marks the mappings the session added or grew (the heap among them)
 ``MADV_HUGEPAGE`` and collapses them into huge pages now (``MADV_COLLAPSE``, Linux 6.1+), skipping
 mappings that are mostly unpopulated (collapsing those would make their holes resident). It copies the
-memory once (roughly 0.3-0.4 s per 100 MB on a 2-core machine). Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a
+memory once (roughly 0.3-0.4 s per 100 MB on a 2-core machine): up to ``SYNC_LIMIT`` bytes before the
+session is returned, a larger model on a background thread (``madvise`` releases the GIL), so loading a
+big model is not held up by seconds and its steps speed up once the collapse is done (:func:`wait`). Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a
 large buffer before it is first written, so its pages are huge from the start at no copy.
 
 Everything here is advice: where the kernel, the platform or the settings refuse, nothing changes
@@ -23,6 +25,7 @@ import ctypes
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 MIN_POPULATED = 0.75  # share of a mapping that must be resident before it is collapsed
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+SYNC_LIMIT = 256 << 20  # bytes collapsed while loading; more is collapsed on a background thread
 ENV = "ONNXGEN_HUGE_PAGES"  # "0" turns the default off (``onnxgen.load(..., huge_pages=)`` overrides)
 
 
@@ -111,17 +115,48 @@ def _aligned(start: int, end: int) -> tuple[int, int]:
 
 def collapse_new_memory(before: dict[int, tuple[Mapping, int]]) -> int:
     """Collapse into huge pages the anonymous mappings that are new or grew since ``before`` (an
-    :func:`anonymous_mappings` result; a grown one, such as the heap, whole), where mostly resident.
-    Returns the bytes collapsed (0 where huge pages are unavailable)."""
+    :func:`anonymous_mappings` result; a grown one, such as the heap, whole), where mostly resident: now,
+    or on a background thread when they hold more than ``SYNC_LIMIT`` bytes. Returns the bytes asked to
+    be collapsed (0 where huge pages are unavailable)."""
     if not available():
         return 0
-    done = 0
+    ranges = []
     for start, (mapping, resident) in anonymous_mappings().items():
         old = before.get(start)
         if old is not None and old[0].end >= mapping.end:
             continue
         if resident >= MIN_POPULATED * (mapping.end - mapping.start):
-            done += _collapse(mapping.start, mapping.end)
+            lo, hi = _aligned(mapping.start, mapping.end)
+            if hi - lo >= HUGE:
+                ranges.append((lo, hi))
+    total = sum(hi - lo for lo, hi in ranges)
+    if total > SYNC_LIMIT:
+        worker = threading.Thread(target=_collapse_all, args=(ranges,), name="onnxgen-hugepages", daemon=True)
+        with _LOCK:
+            _WORKERS.append(worker)
+        worker.start()
+    else:
+        _collapse_all(ranges)
+    return total
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait for background collapses to finish; False if one is still running after ``timeout``."""
+    with _LOCK:
+        workers = list(_WORKERS)
+    for worker in workers:
+        worker.join(timeout)
+    with _LOCK:
+        _WORKERS[:] = [w for w in _WORKERS if w.is_alive()]
+        return not _WORKERS
+
+
+_LOCK = threading.Lock()
+_WORKERS: list[threading.Thread] = []
+
+
+def _collapse_all(ranges: list[tuple[int, int]]) -> int:
+    done = sum(_collapse(lo, hi) for lo, hi in ranges)
     log.debug("collapsed %.1f MB of new session memory into huge pages", done / 2**20)
     return done
 
