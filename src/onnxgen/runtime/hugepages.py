@@ -12,8 +12,9 @@ session was created, it marks the mappings the session added or grew (the heap a
 mappings that are mostly unpopulated (collapsing those would make their holes resident). It copies the
 memory once (roughly 0.3-0.4 s per 100 MB on a 2-core machine): up to ``SYNC_LIMIT`` bytes before the
 session is returned, a larger model on a background thread (``madvise`` releases the GIL), so loading a
-big model is not held up by seconds and its steps speed up once the collapse is done (:func:`wait`). Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a
-large buffer before it is first written, so its pages are huge from the start at no copy.
+big model is not held up by seconds and its steps speed up once the collapse is done (:func:`wait`).
+Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a large
+buffer before it is first written, so its pages are huge from the start at no copy.
 
 Everything here is advice: where the kernel, the platform or the settings refuse, nothing changes
 (measured benefit and costs: README, docs/benchmarks.md).
@@ -78,6 +79,8 @@ def _madvise():  # type: ignore[no-untyped-def]
 
 
 _MADVISE = _madvise()
+_LOCK = threading.Lock()
+_WORKERS: list[threading.Thread] = []  # background collapses not yet joined by wait()
 
 
 def available() -> bool:
@@ -151,11 +154,8 @@ def wait(timeout: float | None = None) -> bool:
         return not _WORKERS
 
 
-_LOCK = threading.Lock()
-_WORKERS: list[threading.Thread] = []
-
-
 def _collapse_all(ranges: list[tuple[int, int]]) -> int:
+    """Collapse each huge-page-aligned ``(lo, hi)`` range; the bytes collapsed."""
     done = sum(_collapse(lo, hi) for lo, hi in ranges)
     log.debug("collapsed %.1f MB of new session memory into huge pages", done / 2**20)
     return done
@@ -170,9 +170,8 @@ def collapsing(enabled: bool = True) -> Iterator[None]:
         collapse_new_memory(before)
 
 
-def _collapse(start: int, end: int) -> int:
-    lo, hi = _aligned(start, end)
-    if hi - lo < HUGE or _MADVISE is None:
+def _collapse(lo: int, hi: int) -> int:
+    if _MADVISE is None:
         return 0
     _MADVISE(lo, hi - lo, MADV_HUGEPAGE)
     return hi - lo if _MADVISE(lo, hi - lo, MADV_COLLAPSE) == 0 else 0

@@ -358,14 +358,17 @@ class DecoderSession:
         )
         return value
 
+    def _position_shape(self, batch: int, tokens: int) -> tuple[int, ...]:
+        """Position ids of ``tokens`` tokens per row: ``[batch, T]``, or ``[3, batch, T]`` (mRoPE)."""
+        return (3, batch, tokens) if self.io.position_ids_rank == 3 else (batch, tokens)
+
     def _single_inputs(self, binder: _Binder, batch: int) -> _SingleInputs:
         """Bind the binder's persistent buffers of a one-token forward."""
         io = self.io
         tokens = binder.step_input(io.token_input, (batch, 1), self._token_dtype)
         positions = None
         if io.position_ids is not None:
-            shape = (3, batch, 1) if io.position_ids_rank == 3 else (batch, 1)
-            positions = binder.step_input(io.position_ids, shape, np.int64)
+            positions = binder.step_input(io.position_ids, self._position_shape(batch, 1), np.int64)
         keep = binder.step_input(LOGITS_TO_KEEP, (1,), np.int64) if self.logits_to_keep else None
         token_value = binder.bound_input(io.token_input)
         assert token_value is not None
@@ -402,6 +405,7 @@ class DecoderSession:
         if io.attention_mask is not None:
             binder.input(io.attention_mask, self._ones(batch, past + t))
         if io.position_ids is not None:
-            shape = (3, batch, t) if io.position_ids_rank == 3 else (batch, t)
             # every row alike; a single position is a scalar fill (no range array in the decode loop)
-            put(io.position_ids, shape, np.int64)[...] = past if t == 1 else np.arange(past, past + t)
+            put(io.position_ids, self._position_shape(batch, t), np.int64)[...] = (
+                past if t == 1 else np.arange(past, past + t)
+            )

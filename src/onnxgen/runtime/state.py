@@ -126,7 +126,7 @@ class DecodeState:
                 self._epoch += 1
                 self._written[self.length] = self._epoch
                 return cycled
-        self._cycle = [None, None]
+        self._end_cycle()
         if self.length + new_tokens > self.capacity:
             raise GenerationError(
                 f"sequence would reach {self.length + new_tokens} tokens but the decode state holds "
@@ -173,6 +173,10 @@ class DecodeState:
         if new_tokens == 1 and self.shared_kv and not self._pinned and all(s.free for s in self._slots):
             self._start_cycle()
 
+    def _end_cycle(self) -> None:
+        """Something moved buffers outside the steady cycle: the next steps take spares again."""
+        self._cycle = [None, None]
+
     def _start_cycle(self) -> None:
         """Make the two StepIO of steady decoding from here: each state swaps its current buffer with the
         spare a step would take next (the last free one), as taking it and freeing the old one would."""
@@ -197,7 +201,7 @@ class DecodeState:
     # -- snapshot / restore / rewind ------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """Remember this point (free: references, not copies). Pair with :meth:`release`."""
-        self._cycle = [None, None]  # pinned buffers must not be written: steps take spares again
+        self._end_cycle()  # pinned buffers must not be written: steps take spares again
         states = tuple(slot.current for slot in self._slots)
         for buf in states:
             self._pinned[id(buf)] = self._pinned.get(id(buf), 0) + 1
@@ -206,7 +210,7 @@ class DecodeState:
 
     def restore(self, snap: Snapshot) -> None:
         """Go back to ``snap``: length, KV and recurrent states exactly as they were."""
-        self._cycle = [None, None]
+        self._end_cycle()
         if self.shared_kv and snap.length and int(self._written[: snap.length].max()) > snap.epoch:
             raise GenerationError(
                 f"cannot restore a snapshot at length {snap.length}: forwards since it was taken have "
@@ -223,7 +227,7 @@ class DecodeState:
 
     def release(self, snap: Snapshot) -> None:
         """Forget ``snap``; its buffers become reusable once nothing else pins them."""
-        self._cycle = [None, None]
+        self._end_cycle()
         for slot, buf in zip(self._slots, snap.states, strict=True):
             n = self._pinned.get(id(buf), 0) - 1
             if n > 0:
@@ -256,7 +260,7 @@ class DecodeState:
 
     def spare_states(self) -> list[HostBuffer]:
         """A free buffer per recurrent state (``io.state_pairs`` order), to fill and pass to :meth:`commit`."""
-        self._cycle = [None, None]
+        self._end_cycle()
         return [slot.take_spare() for slot in self._slots]
 
     def commit(self, length: int, states: list[HostBuffer]) -> None:
@@ -267,7 +271,7 @@ class DecodeState:
                 f"commit needs a length in [0, {self.length}] and {len(self._slots)} states "
                 f"(got {length} and {len(states)})"
             )
-        self._cycle = [None, None]
+        self._end_cycle()
         if length != self.length:
             self._truncate_kv(length)
         for slot, buf in zip(self._slots, states, strict=True):
@@ -300,7 +304,7 @@ class DecodeState:
         # of a token count seen before binds nothing new (re-making them cost every request's first
         # verify of each draft length; speculative requests ran 2-17% slower).
         self.length = 0
-        self._cycle = [None, None]
+        self._end_cycle()
         for slot in self._slots:
             if id(slot.current) in self._pinned:
                 slot.current = slot.take_spare()
