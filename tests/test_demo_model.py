@@ -1,4 +1,4 @@
-"""The bundled default model (the trained demo model, int4 onnxruntime-genai export) and its tooling."""
+"""The bundled default model (the trained demo model, fp32 onnxruntime-genai export) and its tooling."""
 
 from __future__ import annotations
 
@@ -51,15 +51,16 @@ def test_the_bundled_model_is_small_and_complete() -> None:
         "chat_template.jinja",
     ):
         assert name in files
-    assert sum(files.values()) < 6_000_000
+    assert sum(files.values()) < 22_000_000  # the fp32 export: 19.6 MB
     genai = json.loads((default_model_dir() / "genai_config.json").read_text())
     assert genai["model"]["type"] == "qwen3_5_text"
 
 
-def test_inspect_reports_a_quantized_hybrid_with_state_pairs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_reports_a_hybrid_with_state_pairs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(default_model_dir()), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["family"].startswith("hybrid")
+    assert "MatMulNBits" not in out["ops"].get("com.microsoft", {})  # the fp32 export (BUNDLED_EXPORT)
     assert [p["layer"] for p in out["kv_pairs"]] == [3, 7]  # one full-attention layer in four
     kinds = {(p["layer"], p["kind"]) for p in out["state_pairs"]}
     assert kinds == {(i, k) for i in (0, 1, 2, 4, 5, 6) for k in ("conv", "recurrent")}

@@ -6,7 +6,7 @@ Stages, each writing under ``--out`` (default ``./demo-model``):
 2. ``train/``: training on the CPU with checkpoints every 50 steps; rerunning resumes (:mod:`.trainer`);
 3. ``hf/``: the ``Qwen3_5ForConditionalGeneration`` checkpoint; ``fp32/`` and ``int4/``: the
    onnxruntime-genai builder's exports (:mod:`.export`);
-4. with ``--install``: ``int4/`` replaces ``src/onnxgen/data/default_model/``.
+4. with ``--install``: ``fp32/`` (``export.BUNDLED_EXPORT``) replaces ``src/onnxgen/data/default_model/``.
 
 ``metrics.json`` records the settings, the corpus digest, the final validation loss and timings.
 Needs torch, transformers and onnxruntime-genai (``pip install -e .[external]``).
@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", type=Path, default=Path("demo-model"), help="work directory (default ./demo-model)"
     )
-    p.add_argument("--install", action="store_true", help="install the int4 export as the bundled default")
+    p.add_argument("--install", action="store_true", help="install the fp32 export as the bundled default")
     p.add_argument("--steps", type=int, help=f"training steps (default {DemoConfig.steps})")
     p.add_argument("--seed", type=int, help=f"seed (default {DemoConfig.seed})")
     p.add_argument("--threads", type=int, help=f"torch threads (default {DemoConfig.threads})")
@@ -47,7 +47,13 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) -> dict[str, Any]:
     # import everything first: a long run must not depend on the source tree staying importable
     from onnxgen.demo.data import prepare
-    from onnxgen.demo.export import directory_size, export, install_default, save_hf_checkpoint
+    from onnxgen.demo.export import (
+        BUNDLED_EXPORT,
+        directory_size,
+        export,
+        install_default,
+        save_hf_checkpoint,
+    )
     from onnxgen.demo.gdn import fast_gated_delta_rule  # noqa: F401
     from onnxgen.demo.trainer import evaluate, train
     from onnxgen.testing.hf import export_with_genai_builder  # noqa: F401
@@ -62,7 +68,7 @@ def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) 
     hf_dir = save_hf_checkpoint(model, config, streams.tokenizer_dir, out / "hf")
     sizes = {p: directory_size(export(hf_dir, out / p, p)) for p in ("fp32", "int4")}
     if install:
-        installed = install_default(out / "int4")
+        installed = install_default(out / BUNDLED_EXPORT)
         log(f"installed {len(installed)} files into {installed[0].parent}")
     metrics = {
         "config": config.to_dict(),
