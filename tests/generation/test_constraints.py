@@ -102,17 +102,19 @@ def llms(model_dirs: dict[str, Path]) -> dict[str, LLM]:
 
 
 def biased(monkeypatch: pytest.MonkeyPatch, llm: LLM, token: int, bias: float) -> list[int]:
-    """Add ``bias`` to one token's logits in every forward; the returned list counts forwards."""
+    """Add ``bias`` to one token's logits in every forward and decode step; the returned list counts
+    them."""
     calls: list[int] = []
-    forward = llm.session.forward
+    for name in ("forward", "step"):
+        inner = getattr(llm.session, name)
 
-    def wrapped(*args: Any, **kw: Any) -> np.ndarray:
-        calls.append(1)
-        logits = np.array(forward(*args, **kw))
-        logits[..., token] += bias
-        return logits
+        def wrapped(*args: Any, _inner: Any = inner, **kw: Any) -> np.ndarray:
+            calls.append(1)
+            logits = np.array(_inner(*args, **kw))
+            logits[..., token] += bias
+            return logits
 
-    monkeypatch.setattr(llm.session, "forward", wrapped)
+        monkeypatch.setattr(llm.session, name, wrapped)
     return calls
 
 

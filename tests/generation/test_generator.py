@@ -57,15 +57,16 @@ def plain_greedy_loop(model_dir: Path, prompt: list[int], steps: int) -> list[in
 
 
 def count_forwards(monkeypatch: pytest.MonkeyPatch, llm: LLM) -> list[int]:
-    """Wrap the session's forward; the returned list grows by one entry per forward."""
+    """Wrap the session's forward and decode step; the returned list grows by one entry per forward."""
     calls: list[int] = []
-    forward: Callable[..., np.ndarray] = llm.session.forward
+    for name in ("forward", "step"):
+        inner: Callable[..., np.ndarray] = getattr(llm.session, name)
 
-    def counted(*args: Any, **kw: Any) -> np.ndarray:
-        calls.append(1)
-        return forward(*args, **kw)
+        def counted(*args: Any, _inner: Callable[..., np.ndarray] = inner, **kw: Any) -> np.ndarray:
+            calls.append(1)
+            return _inner(*args, **kw)
 
-    monkeypatch.setattr(llm.session, "forward", counted)
+        monkeypatch.setattr(llm.session, name, counted)
     return calls
 
 

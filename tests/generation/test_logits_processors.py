@@ -6,6 +6,7 @@ import pytest
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import (
     FrequencyPenalty,
+    GreedyChoice,
     MinNewTokens,
     MinP,
     PresencePenalty,
@@ -90,6 +91,36 @@ def test_greedy_choose_under_min_new_tokens_is_the_argmax_of_the_masked_logits_w
         else:  # the row was not masked (nor copied)
             assert not calls and expected == raw
     assert masked_runs > 20
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(),
+        SamplingParams(min_new_tokens=3),
+        SamplingParams(min_new_tokens=3, presence_penalty=0.7),
+    ],
+    ids=["empty chain", "min_new_tokens", "with a penalty"],
+)
+def test_greedy_choice_resolved_once_equals_the_argmax_of_the_whole_chain(params: SamplingParams) -> None:
+    """GreedyChoice answers with one set lookup where the chain only masks ids it declared (eos here),
+    and through choose() otherwise; the token is always the processed argmax, exact ties included."""
+    chain = build_chain(params, [4, 1])
+    greedy = GreedyChoice(chain)
+    assert (greedy.maskable is None) == (params.presence_penalty != 0.0)
+    rng = np.random.default_rng(9)
+    eos_argmax = 0
+    for case in range(300):
+        logits = rng.standard_normal(6).astype(np.float32).round(1)
+        if case % 3 == 0:
+            logits[rng.choice([1, 4])] = logits.max() + 1.0  # an eos id is the raw argmax
+            eos_argmax += 1
+        if case % 7 == 0:
+            logits[[1, 2]] = logits[[4, 5]] = logits.max() + 0.5  # eos ids tie with other ids
+        ids = np.array([3, 3, *[0, 2, 5][: case % 4]], dtype=np.int64)  # 0-3 generated tokens
+        expected = int(np.argmax(apply_chain(chain, SequenceView(ids, 2), logits)))
+        assert greedy(ids, 2, logits) == expected, case
+    assert eos_argmax > 50
 
 
 def test_temperature_divides_the_logits() -> None:

@@ -27,13 +27,14 @@ N = 24
 def count_forwards(monkeypatch: pytest.MonkeyPatch, llm: LLM) -> Callable[[], int]:
     """Count the forwards run on ``llm``'s own session (independently of the loop's counters)."""
     calls = [0]
-    forward = llm.session.forward
+    for name in ("forward", "step"):
+        inner = getattr(llm.session, name)
 
-    def counted(*args: object, **kwargs: object) -> np.ndarray:
-        calls[0] += 1
-        return forward(*args, **kwargs)  # type: ignore[arg-type]
+        def counted(*args: object, _inner: Callable[..., np.ndarray] = inner, **kwargs: object) -> np.ndarray:
+            calls[0] += 1
+            return _inner(*args, **kwargs)
 
-    monkeypatch.setattr(llm.session, "forward", counted)
+        monkeypatch.setattr(llm.session, name, counted)
     return lambda: calls[0]
 
 

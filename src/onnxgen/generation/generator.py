@@ -18,7 +18,7 @@ import numpy as np
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import build_chain, choose
+from onnxgen.generation.processors import GreedyChoice, build_chain, choose
 from onnxgen.generation.sampling import Sampler
 from onnxgen.generation.speculative import PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
@@ -67,6 +67,7 @@ class TokenLoop:
         self.n = len(prompt)
         self.chain = build_chain(params, eos_ids, constraint)
         self.sampler = None if params.is_greedy else Sampler(params.seed)
+        self._greedy = GreedyChoice(self.chain) if self.sampler is None else None
         self.checker = StopChecker(params, eos_ids)
         self.forward_passes = 0
         self.prefill_s = 0.0
@@ -90,6 +91,8 @@ class TokenLoop:
         return self.checker.check(token, self.n - self.prompt_len)
 
     def _select(self, logits: np.ndarray) -> int:
+        if self._greedy is not None:
+            return self._greedy(self.ids[: self.n], self.prompt_len, logits)
         return choose(self.chain, self.sampler, self.ids[: self.n], self.prompt_len, logits)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
@@ -103,9 +106,7 @@ class TokenLoop:
             yield token, reason
             if reason is not None:
                 return
-            logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1, copy=False)[
-                0, -1
-            ]
+            logits = self.session.step(self.state, token)
             self.forward_passes += 1
 
 

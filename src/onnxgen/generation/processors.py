@@ -117,6 +117,7 @@ class MinNewTokens:
         self.min_new_tokens = min_new_tokens
         self.eos_ids = np.array(sorted(set(eos_ids)), dtype=np.int64)
         self._eos_set = frozenset(int(i) for i in self.eos_ids)
+        self.maskable = self._eos_set  # every id masked_ids may return
 
     def masked_ids(self, view: SequenceView) -> frozenset[int] | None:
         """The ids this processor sets to ``-inf`` for ``view`` and changes nothing else (None: none)."""
@@ -290,6 +291,27 @@ def choose(
                 processed = apply_chain(chain[:-1], view, logits)
             logits = chain[-1](view, processed)
     return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
+
+
+class GreedyChoice:
+    """:func:`choose` for one greedy request's ``chain``, resolved once: where every processor only masks
+    ids and declares all it may ever mask (``maskable``, e.g. :class:`MinNewTokens`' eos ids), the argmax
+    of the raw logits is the answer unless it is one of them, which one set lookup tells; otherwise (and
+    for such an argmax) :func:`choose` decides."""
+
+    def __init__(self, chain: Sequence[LogitsProcessor]) -> None:
+        self.chain = chain
+        sets = [getattr(p, "maskable", None) for p in chain]
+        self.maskable: frozenset[int] | None = (
+            frozenset().union(*sets) if all(m is not None for m in sets) else None  # type: ignore[arg-type]
+        )
+
+    def __call__(self, ids: np.ndarray, prompt_len: int, logits: np.ndarray) -> int:
+        if self.maskable is not None:
+            token = int(logits.argmax())
+            if token not in self.maskable:
+                return token
+        return choose(self.chain, None, ids, prompt_len, logits)
 
 
 def _greedy_argmax(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +25,7 @@ from onnxgen.model.io import DecoderIO
 from onnxgen.runtime import hugepages
 from onnxgen.runtime.buffers import HostBuffer
 from onnxgen.runtime.plans import FOLDER_KEY
-from onnxgen.runtime.state import DecodeState
+from onnxgen.runtime.state import DecodeState, StepIO
 from onnxgen.runtime.verify_plan import VerifyPlan, plan_graph
 
 if TYPE_CHECKING:
@@ -79,6 +79,7 @@ class _Binder:
         # The KV/state bindings last made through this binder (a StepIO's lists): equal lists are bound
         self.state_inputs: list[tuple[str, ort.OrtValue]] = []
         self.state_outputs: list[tuple[str, ort.OrtValue | None]] = []
+        self.touched = 0  # forwards through this binder (a lane made after one is valid until the next)
 
     def input(self, name: str, value: ort.OrtValue) -> None:
         if self._inputs.get(name) is not value:
@@ -99,6 +100,10 @@ class _Binder:
                 self._outputs[name] = value
                 if old is None:  # one allocated output fewer
                     self.allocates = any(v is None for v in self._outputs.values())
+
+    def record_input(self, name: str, value: ort.OrtValue) -> None:
+        """Note that ``value`` was bound to ``name`` past :meth:`input` (a lane binds it directly)."""
+        self._inputs[name] = value
 
     def bound_input(self, name: str) -> ort.OrtValue | None:
         return self._inputs.get(name)
@@ -132,6 +137,25 @@ class _SingleInputs:
         """Whether the binder still has these buffers bound: a longer forward rebinds the token input
         (another shape) whenever it rebinds the others, so that one is checked."""
         return binder.bound_input(self.token_input) is self.token_value
+
+
+@dataclass(eq=False)
+class _Lane:
+    """A prepared steady decode step of a batch-1 state (:meth:`DecoderSession.step`): one binder of the
+    steady cycle with everything bound but the attention mask, driven through onnxruntime's own binding
+    objects. Valid while the state's next step is ``cycle`` and no other forward went through ``binder``
+    (the forward that made it is the binder's ``touched``-th)."""
+
+    session: ort.InferenceSession
+    binder: _Binder
+    touched: int
+    cycle: StepIO
+    run: Callable[[object, ort.RunOptions], None]  # onnxruntime's run_with_iobinding, below its wrapper
+    binding: object  # the binder's IOBinding, as ``run`` takes it
+    bind_input: Callable[[str, object], None]  # bind an OrtValue's C object to an input of ``binding``
+    tokens: np.ndarray  # the bound [1, 1] token buffer
+    positions: np.ndarray | None  # the bound position buffer ([1, 1] or [3, 1, 1])
+    logits: np.ndarray  # [vocab]: the bound logits buffer's row
 
 
 class DecoderSession:
@@ -205,6 +229,7 @@ class DecoderSession:
         )
         self._ones_buf = np.ones(0, dtype=self._mask_dtype)
         self._ones_values: dict[tuple[int, int], ort.OrtValue] = {}
+        self._run_options = ort.RunOptions()  # what the wrapper's run_with_iobinding passes by default
 
     def _load(self, source: str | bytes) -> ort.InferenceSession:
         try:
@@ -282,7 +307,9 @@ class DecoderSession:
         # verify forwards (``fetch``) of t tokens keep a binder per t, whose fetched outputs become
         # persistent buffers after the first run (their shapes depend on batch and t only)
         persistent = bool(fetch) and t <= SMALL_STEP
+        parity = state.steps & 1
         binder = self._binder(state, session, 2 * (t + 1) if persistent else 2 if fetch else 0)
+        binder.touched += 1
         self._bind_step_inputs(binder, state.length, ids, keep)
         step = state.prepare(t)
         # steady decoding: the same buffers as two steps ago (the very same lists in the steady cycle)
@@ -308,6 +335,15 @@ class DecoderSession:
             raise GenerationError(f"forward over {t} tokens at position {state.length} failed: {e}") from e
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
+        if (
+            step.cycled
+            and batch == 1
+            and keep == 1
+            and not fetch
+            and logits_buf is not None
+            and not binder.allocates
+        ):
+            state.lanes[parity] = self._lane(session, binder, step, logits_buf)
         if logits_buf is not None:
             logits = logits_buf.array.copy() if copy else logits_buf.array
         else:
@@ -320,6 +356,67 @@ class DecoderSession:
             if fetched is not None:
                 fetched.update(got)
         return logits if logits.shape[1] == keep else logits[:, -keep:]
+
+    def step(self, state: DecodeState, token: int) -> np.ndarray:
+        """One decode step of a batch-1 ``state``: the logits ``[vocab]`` after ``token``, a view of a
+        buffer that the step after next on this state overwrites (consume it first).
+
+        In steady decoding (shared KV, the state's steady cycle running; see :mod:`onnxgen.runtime.state`)
+        the step takes the lane the last forward of its parity left: it writes the token and position into
+        the bound buffers, binds the attention mask and runs, calling onnxruntime's binding objects
+        directly (their Python wrappers re-check every call what a lane checked once; what runs between
+        two forwards runs with caches the forward evicted, so each call counts). Any other step is an
+        ordinary :meth:`forward` (the class's, not a wrapper set on the instance), which makes the lane.
+        """
+        lane = state.lanes[state.steps & 1]
+        if (
+            lane is not None
+            and lane.touched == lane.binder.touched
+            and state.steady() is lane.cycle
+            and lane.session is (self.session if self.plan is None else self.plan.session_for(1))
+        ):
+            past = state.length
+            lane.tokens[0, 0] = token
+            if lane.positions is not None:
+                lane.positions.fill(past)
+            if self.io.attention_mask is not None:
+                mask = self._ones(1, past + 1)
+                lane.bind_input(self.io.attention_mask, mask._ortvalue)
+                lane.binder.record_input(self.io.attention_mask, mask)
+            step = state.prepare(1)
+            try:
+                lane.run(lane.binding, self._run_options)
+            except Exception as e:
+                state.discard(step)
+                raise GenerationError(f"forward over 1 tokens at position {past} failed: {e}") from e
+            state.advance(1, step, {})
+            return lane.logits
+        ids = np.full((1, 1), token, dtype=np.int64)
+        # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``
+        return type(self).forward(self, state, ids, 1, copy=False)[0, -1]
+
+    def _lane(
+        self, session: ort.InferenceSession, binder: _Binder, step: StepIO, logits: HostBuffer
+    ) -> _Lane | None:
+        """The lane of a single-token forward that just ran through ``binder`` on the steady cycle's
+        ``step``; None where onnxruntime's binding objects are not the ones this version knows."""
+        single = binder.single.get(1)
+        run = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
+        raw = getattr(binder.binding, "_iobinding", None)
+        if single is None or run is None or raw is None or not hasattr(single.token_value, "_ortvalue"):
+            return None
+        return _Lane(
+            session=session,
+            binder=binder,
+            touched=binder.touched,
+            cycle=step,
+            run=run,
+            binding=raw,
+            bind_input=raw.bind_ortvalue_input,
+            tokens=single.tokens,
+            positions=single.positions,
+            logits=logits.array[0, -1],
+        )
 
     def _binder(self, state: DecodeState, session: ort.InferenceSession, kind: int = 0) -> _Binder:
         if state.bindings_epoch != self.epoch:  # the session was replaced: its bindings hold it alive

@@ -87,6 +87,9 @@ class DecodeState:
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
         # the steady cycle's StepIO for each step parity (see the module docstring), while valid
         self._cycle: list[StepIO | None] = [None, None]
+        # Per step parity: a session's prepared steady step over this state (DecoderSession.step), valid
+        # while it runs the very StepIO that :meth:`steady` returns; owned by the session, like bindings.
+        self.lanes: list[object | None] = [None, None]
         self._kv_shared: list[HostBuffer] = []
         self._kv: list[ort.OrtValue] = []
         self._kv_empty: list[ort.OrtValue] = []
@@ -146,6 +149,11 @@ class DecodeState:
             outputs.append((slot.pair.output, spare.value))
             writes.append((slot, spare))
         return StepIO(inputs, outputs, writes)
+
+    def steady(self) -> StepIO | None:
+        """The steady cycle's StepIO that :meth:`prepare` returns for the next single-token step, or None
+        when that step leaves the cycle (no cycle running, or the state is full)."""
+        return self._cycle[self.steps & 1] if self.length < self.capacity else None
 
     def advance(
         self,

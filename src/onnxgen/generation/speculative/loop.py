@@ -103,9 +103,7 @@ class SpeculativeLoop(TokenLoop):
                 self.budget.observe_proposal(len(drafts), time.perf_counter() - started)
             if not drafts:  # nothing to verify: a plain step
                 started = time.perf_counter()
-                logits = self.session.forward(self.state, self.ids[None, self.n - 1 : self.n], 1, copy=False)[
-                    0, -1
-                ]
+                logits = self.session.step(self.state, int(self.ids[self.n - 1]))
                 if self.budget is not None:
                     self.budget.observe_forward(1, time.perf_counter() - started)
                 self.forward_passes += 1

@@ -1,0 +1,126 @@
+"""DecoderSession.step: steady decode steps through a prepared lane, against ordinary forwards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from runtime_helpers import PROMPT, ids, open_session
+
+from onnxgen.errors import GenerationError
+from onnxgen.runtime.session import DecoderSession, _Lane
+from onnxgen.runtime.state import DecodeState
+
+SHARED_FAMILIES = ("genai-dense", "hybrid-genai")  # GroupQueryAttention: the steady cycle runs
+STEPS = [40, 7, 300, 41, 2, 99, 3, 4, 5, 17]
+
+
+def _script(session: DecoderSession, single: bool) -> tuple[list[np.ndarray], dict[str, np.ndarray], int]:
+    """Single-token steps (through ``step`` when ``single``, else ``forward``) interrupted by everything
+    that moves buffers or rebinds a lane's binder; returns each step's logits row, the final states and
+    KV, and how many steps ran on a lane."""
+    lane_runs = 0
+    make = DecoderSession._lane
+
+    def counting_lane(self: DecoderSession, *args: object) -> _Lane | None:
+        lane = make(self, *args)  # type: ignore[arg-type]
+        if lane is None:
+            return None
+        run = lane.run
+
+        def counted(binding: object, options: object) -> None:
+            nonlocal lane_runs
+            lane_runs += 1
+            run(binding, options)  # type: ignore[arg-type]
+
+        lane.run = counted
+        return lane
+
+    def one(state: DecodeState, token: int) -> np.ndarray:
+        if single:
+            return session.step(state, token).copy()
+        return session.forward(state, ids(token))[0, -1]
+
+    out: list[np.ndarray] = []
+    state = session.new_state(128)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DecoderSession, "_lane", counting_lane)
+        out.append(session.forward(state, ids(PROMPT), 1)[0, -1])
+        out += [one(state, t) for t in STEPS]
+        snap = state.snapshot()  # ends the cycle: lanes must not run on the pinned buffers
+        out += [one(state, t) for t in STEPS[:3]]
+        state.restore(snap)
+        out += [one(state, t) for t in STEPS[3:6]]
+        state.release(snap)
+        out += [one(state, t) for t in STEPS]
+        out.append(session.forward(state, ids([5, 6]))[0, -1])  # rebinds the token input of a lane's binder
+        out += [one(state, t) for t in STEPS]
+        out.append(session.forward(state, ids([8, 9, 10]), 2)[0, -1])  # logits-to-keep 2 in the shared buffer
+        out += [one(state, t) for t in STEPS]
+        with pytest.raises(GenerationError, match="forward over 1 tokens"):
+            one(state, session.vocab_size + 5)  # fails inside onnxruntime; nothing is committed
+        out += [one(state, t) for t in STEPS]
+        state.reset()
+        out.append(session.forward(state, ids(PROMPT), 1)[0, -1])
+        out += [one(state, t) for t in STEPS]
+    return out, {**state.state_arrays(), **state.kv_arrays()}, lane_runs
+
+
+@pytest.mark.parametrize("family", SHARED_FAMILIES)
+def test_lane_steps_equal_ordinary_forwards_bit_for_bit(
+    sessions: dict[str, DecoderSession], family: str
+) -> None:
+    session = sessions[family]
+    stepped, stepped_state, lane_runs = _script(session, single=True)
+    assert lane_runs >= 40  # most steady steps ran on a lane
+    forwarded, forwarded_state, none = _script(session, single=False)
+    assert none == 0  # forward never takes a lane
+    assert len(stepped) == len(forwarded)
+    for i, (a, b) in enumerate(zip(stepped, forwarded, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {i}")
+    assert stepped_state.keys() == forwarded_state.keys()
+    for name in stepped_state:
+        np.testing.assert_array_equal(stepped_state[name], forwarded_state[name], err_msg=name)
+
+
+@pytest.mark.parametrize("family", SHARED_FAMILIES)
+def test_a_lane_that_does_not_bind_the_grown_mask_is_caught(
+    sessions: dict[str, DecoderSession], family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: a lane that leaves the attention mask of its last run bound diverges from
+    forward (the mask tells attention how many positions the shared KV buffer holds)."""
+    session = sessions[family]
+    make = DecoderSession._lane
+
+    def stale_mask(self: DecoderSession, *args: object) -> _Lane | None:
+        lane = make(self, *args)  # type: ignore[arg-type]
+        if lane is not None:
+            lane.bind_input = lambda name, value: None
+        return lane
+
+    monkeypatch.setattr(DecoderSession, "_lane", stale_mask)
+    state, reference = session.new_state(32), session.new_state(32)
+    session.forward(state, ids(PROMPT), 1)
+    session.forward(reference, ids(PROMPT), 1)
+    differs = False
+    for t in STEPS:
+        got = session.step(state, t).copy()
+        differs |= not np.array_equal(got, session.forward(reference, ids(t))[0, -1])
+    assert differs
+
+
+def test_lanes_follow_the_session_onto_its_verify_plan_graph(family_dirs: dict) -> None:
+    """The first speculative verify moves the session onto another onnxruntime session: lanes of the old
+    one are not run again, and steps on the new one match forwards there."""
+    session, reference = open_session(family_dirs["hybrid-genai"]), open_session(family_dirs["hybrid-genai"])
+    state, ref_state = session.new_state(64), reference.new_state(64)
+    for s, st in ((session, state), (reference, ref_state)):
+        s.forward(st, ids(PROMPT), 1)
+    for t in STEPS:
+        np.testing.assert_array_equal(session.step(state, t), reference.forward(ref_state, ids(t))[0, -1])
+    old = session.session
+    assert session.verify_plan is not None and reference.verify_plan is not None
+    assert session.session is not old
+    for t in STEPS:
+        np.testing.assert_array_equal(session.step(state, t), reference.forward(ref_state, ids(t))[0, -1])
+    lanes = [lane for lane in state.lanes if lane is not None]
+    assert lanes and all(lane.session is session.session for lane in lanes)  # type: ignore[attr-defined]
