@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from runtime_helpers import PROMPT, ids, open_session
 
 from onnxgen.errors import GenerationError
+from onnxgen.model.package import ModelPackage
 from onnxgen.runtime.session import DecoderSession, _Lane
 from onnxgen.runtime.state import DecodeState
 
@@ -56,8 +59,8 @@ def _script(session: DecoderSession, single: bool) -> tuple[list[np.ndarray], di
         out += [one(state, t) for t in STEPS]
         out.append(session.forward(state, ids([8, 9, 10]), 2)[0, -1])  # logits-to-keep 2 in the shared buffer
         out += [one(state, t) for t in STEPS]
-        with pytest.raises(GenerationError, match="forward over 1 tokens"):
-            one(state, session.vocab_size + 5)  # fails inside onnxruntime; nothing is committed
+        with pytest.raises(GenerationError, match="outside the model's vocabulary"):
+            one(state, session.vocab_size + 5)  # refused before running; nothing is committed
         out += [one(state, t) for t in STEPS]
         state.reset()
         out.append(session.forward(state, ids(PROMPT), 1)[0, -1])
@@ -108,7 +111,7 @@ def test_a_lane_that_does_not_bind_the_grown_mask_is_caught(
     assert differs
 
 
-def test_lanes_follow_the_session_onto_its_verify_plan_graph(family_dirs: dict) -> None:
+def test_lanes_follow_the_session_onto_its_verify_plan_graph(family_dirs: dict[str, Path]) -> None:
     """The first speculative verify moves the session onto another onnxruntime session: lanes of the old
     one are not run again, and steps on the new one match forwards there."""
     session, reference = open_session(family_dirs["hybrid-genai"]), open_session(family_dirs["hybrid-genai"])
@@ -124,3 +127,101 @@ def test_lanes_follow_the_session_onto_its_verify_plan_graph(family_dirs: dict) 
         np.testing.assert_array_equal(session.step(state, t), reference.forward(ref_state, ids(t))[0, -1])
     lanes = [lane for lane in state.lanes if lane is not None]
     assert lanes and all(lane.session is session.session for lane in lanes)  # type: ignore[attr-defined]
+
+
+def _session(model_dir: Path, inplace: bool) -> DecoderSession:
+    return DecoderSession(
+        model_dir / "model.onnx", ModelPackage.open(model_dir).io, threads=1, inplace=inplace
+    )
+
+
+def test_states_updated_in_place_equal_double_buffered_states(family_dirs: dict[str, Path]) -> None:
+    """The fused hybrid's LinearAttention states are bound in place in the steady cycle; everything the
+    script does (snapshots, restores, longer forwards, a refused step, reset) gives the same logits and
+    states bit for bit as the session that double-buffers them."""
+    inplace, buffered = (
+        _session(family_dirs["hybrid-genai"], True),
+        _session(family_dirs["hybrid-genai"], False),
+    )
+    assert len(inplace._inplace) == 3 and not buffered._inplace
+    got, got_state, _ = _script(inplace, single=True)
+    want, want_state, _ = _script(buffered, single=True)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {i}")
+    for name in want_state:
+        np.testing.assert_array_equal(got_state[name], want_state[name], err_msg=name)
+
+
+def test_a_snapshot_taken_inside_an_in_place_cycle_would_be_overwritten(
+    family_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: snapshots end the cycle because in-place steps write the current buffers; a
+    snapshot that left the cycle running restores states that later steps overwrote."""
+    session = _session(family_dirs["hybrid-genai"], True)
+
+    def restore_wrong(script_session: DecoderSession) -> bool:
+        state = script_session.new_state(64)
+        script_session.forward(state, ids(PROMPT), 1)
+        for t in STEPS[:4]:
+            script_session.step(state, t)
+        snap = state.snapshot()
+        expected = script_session.step(state, 9).copy()
+        for t in STEPS[4:8]:
+            script_session.step(state, t)
+        state.restore(snap)
+        return not np.array_equal(script_session.step(state, 9), expected)
+
+    assert not restore_wrong(session)
+    monkeypatch.setattr(DecodeState, "snapshot", _snapshot_keeping_the_cycle())
+    assert restore_wrong(_session(family_dirs["hybrid-genai"], True))
+
+
+def _snapshot_keeping_the_cycle():  # type: ignore[no-untyped-def]
+    original = DecodeState.snapshot
+
+    def snapshot(self: DecodeState):  # type: ignore[no-untyped-def]
+        cycle = list(self._cycle)
+        snap = original(self)
+        self._cycle = cycle  # the steady cycle goes on writing the pinned buffers
+        return snap
+
+    return snapshot
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_a_step_that_fails_inside_onnxruntime_commits_nothing_or_asks_for_a_reset(
+    family_dirs: dict[str, Path], inplace: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lane step that fails after onnxruntime ran: double-buffered states are untouched (the next step
+    equals a run that never failed); states updated in place may be half-written, so the state refuses
+    to run until reset, and after reset() decodes as a fresh one."""
+    session = _session(family_dirs["hybrid-genai"], inplace)
+    state, reference = session.new_state(64), session.new_state(64)
+    for st in (state, reference):
+        session.forward(st, ids(PROMPT), 1)
+    for t in STEPS[:4]:
+        session.step(state, t)
+        session.forward(reference, ids(t))
+    lane = state.lanes[state.steps & 1]
+    assert lane is not None
+    run = lane.run  # type: ignore[attr-defined]
+
+    def fail_after_running(binding: object, options: object) -> None:
+        run(binding, options)
+        raise RuntimeError("simulated failure after the kernels ran")
+
+    monkeypatch.setattr(lane, "run", fail_after_running)
+    with pytest.raises(GenerationError, match="forward over 1 tokens"):
+        session.step(state, 7)
+    monkeypatch.undo()
+    if not inplace:
+        np.testing.assert_array_equal(session.step(state, 7), session.forward(reference, ids(7))[0, -1])
+        return
+    with pytest.raises(GenerationError, match="reset"):
+        session.step(state, 7)
+    state.reset()
+    fresh = session.new_state(64)
+    for st in (state, fresh):
+        session.forward(st, ids(PROMPT), 1)
+    for t in STEPS:
+        np.testing.assert_array_equal(session.step(state, t), session.step(fresh, t))

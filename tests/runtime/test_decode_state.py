@@ -268,13 +268,29 @@ def test_hybrid_fixtures_carry_nonzero_recurrent_states(sessions: dict[str, Deco
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_failed_forward_leaves_the_state_usable(sessions: dict[str, DecoderSession], family: str) -> None:
+@pytest.mark.parametrize("how", ["refused", "fails in onnxruntime"])
+def test_a_failed_forward_leaves_the_state_usable(
+    sessions: dict[str, DecoderSession], family: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     session = sessions[family]
     state = prefilled(session)
     before = (state.state_arrays(), state.kv_arrays())
-    bad_id = session.vocab_size + 5
-    with pytest.raises(GenerationError, match=f"position {len(PROMPT)} failed"):
-        session.forward(state, ids([7, bad_id]))
+    if how == "refused":  # an id outside the vocabulary is refused before anything runs
+        with pytest.raises(
+            GenerationError, match=f"position {len(PROMPT)} are outside the model's vocabulary"
+        ):
+            session.forward(state, ids([7, session.vocab_size + 5]))
+    else:  # onnxruntime ran (writing the spare state buffers and the shared KV) and then failed
+        run = session.session.run_with_iobinding
+
+        def fail_after_running(*args: object) -> None:
+            run(*args)  # type: ignore[arg-type]
+            raise RuntimeError("simulated failure after the kernels ran")
+
+        monkeypatch.setattr(session.session, "run_with_iobinding", fail_after_running)
+        with pytest.raises(GenerationError, match=f"position {len(PROMPT)} failed"):
+            session.forward(state, ids([7, 8]))
+        monkeypatch.undo()
     assert state.length == len(PROMPT)
     assert_same_arrays(state.state_arrays(), before[0])
     assert_same_arrays(state.kv_arrays(), before[1])

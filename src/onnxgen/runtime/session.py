@@ -55,6 +55,29 @@ def make_session_options(threads: int | None) -> ort.SessionOptions:
     return opts
 
 
+def inplace_states(graph: onnx.ModelProto, io: DecoderIO) -> frozenset[str]:
+    """The recurrent-state inputs that a forward may update in place (input and output bound to one
+    buffer): each is read by one node only, a ``com.microsoft::LinearAttention`` without a state window
+    that writes the state's present output itself. onnxruntime's CPU kernel of that op copies the past
+    state into the present one and then updates the present one alone, so it gives the same result when
+    both are one buffer (tests check it bit for bit against double buffering). Other state ops are left
+    double-buffered (CausalConvWithState in place measured no faster)."""
+    consumers: dict[str, int] = {}
+    for node in graph.graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    found = set()
+    for node in graph.graph.node:
+        if node.domain != "com.microsoft" or node.op_type != "LinearAttention" or len(node.input) < 4:
+            continue
+        if any(a.name == "state_window" and a.i for a in node.attribute) or len(node.output) < 2:
+            continue
+        for pair in io.state_pairs:
+            if node.input[3] == pair.input and node.output[1] == pair.output and consumers[pair.input] == 1:
+                found.add(pair.input)
+    return frozenset(found)
+
+
 class _Binder:
     """One IOBinding plus what is bound to it, so unchanged KV/state buffers are not bound again.
 
@@ -173,6 +196,7 @@ class DecoderSession:
         last_logits: bool = True,
         verify: bool | str = True,
         huge_pages: bool | None = None,
+        inplace: bool | None = None,
     ) -> None:
         self.io = io
         # back the weights with transparent huge pages (onnxgen.runtime.hugepages); host memory only
@@ -194,6 +218,13 @@ class DecoderSession:
             else:
                 log.info("logits are computed for every position: %s", reason)
         providers = list(providers or ["CPUExecutionProvider"])
+        # recurrent states the steady decode cycle updates in place (DecodeState); onnxruntime's CPU
+        # kernels only, where the ops' reads were checked (tests compare against double buffering)
+        self._inplace: frozenset[str] = frozenset()
+        if (inplace is None or inplace) and io.state_pairs and providers[0] == "CPUExecutionProvider":
+            if graph is None:
+                graph = onnx.load(str(model_path), load_external_data=False)
+            self._inplace = inplace_states(graph, io)
         # Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
         # The rewritten graph's extra outputs cost every plain step too (~7% of a Qwen3.5 int4 step), so
         # the session runs the plain graph until the first speculative verify asks for the plan
@@ -276,7 +307,9 @@ class DecoderSession:
 
     def new_state(self, capacity: int, batch: int = 1) -> DecodeState:
         """An empty decode state holding up to ``capacity`` tokens per row."""
-        return DecodeState(self.io, batch=batch, capacity=capacity, shared_kv=self._shared_kv)
+        return DecodeState(
+            self.io, batch=batch, capacity=capacity, shared_kv=self._shared_kv, inplace=self._inplace
+        )
 
     def forward(
         self,
@@ -303,6 +336,8 @@ class DecoderSession:
         keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
+        if self.vocab_size > 0 and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            self._bad_ids(ids, state.length)
         session = self.session if self.plan is None or fetch else self.plan.session_for(t)
         # verify forwards (``fetch``) of t tokens keep a binder per t, whose fetched outputs become
         # persistent buffers after the first run (their shapes depend on batch and t only)
@@ -369,6 +404,8 @@ class DecoderSession:
         ordinary :meth:`forward` (the class's, not a wrapper set on the instance), which makes the lane.
         """
         lane = state.lanes[state.steps & 1]
+        if not 0 <= token < self.vocab_size and self.vocab_size > 0:
+            self._bad_ids(np.array([token]), state.length)
         if (
             lane is not None
             and lane.touched == lane.binder.touched
@@ -394,6 +431,14 @@ class DecoderSession:
         ids = np.full((1, 1), token, dtype=np.int64)
         # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``
         return type(self).forward(self, state, ids, 1, copy=False)[0, -1]
+
+    def _bad_ids(self, ids: np.ndarray, past: int) -> None:
+        """Refuse ids outside the vocabulary before running (onnxruntime would fail mid-forward)."""
+        bad = sorted({int(i) for i in ids.ravel() if not 0 <= int(i) < self.vocab_size})
+        raise GenerationError(
+            f"token ids {bad[:5]} at position {past} are outside the model's vocabulary [0, {self.vocab_size}); "
+            "nothing was run"
+        )
 
     def _lane(
         self, session: ort.InferenceSession, binder: _Binder, step: StepIO, logits: HostBuffer

@@ -19,10 +19,18 @@ and commits one by swapping each state's two buffers, instead of rebuilding its 
 bookkeeping runs with caches the forward just evicted, so what it touches per token counts). Anything
 else that moves buffers (a snapshot, restore, release, commit, reset, a multi-token forward) ends the
 cycle; the next steps rebuild it.
+
+In the steady cycle, states named in ``inplace`` (those whose op reads its whole past state before it
+writes the present one, see :func:`onnxgen.runtime.session.inplace_states`) are bound as input and output
+of the same buffer instead of swapping: the op then updates one buffer where it copied one into the
+other (Qwen3.5 int4: 3-4% of a step). Nothing else sees the difference, since no snapshot is held in the
+cycle; but a step that fails inside onnxruntime may have written such a state, so the state is then
+unusable until :meth:`reset` or :meth:`restore` (ids outside the vocabulary are refused before running).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +79,9 @@ class _StateSlot:
 class DecodeState:
     """KV buffers, recurrent-state buffers and the number of tokens already in them."""
 
-    def __init__(self, io: DecoderIO, *, batch: int = 1, capacity: int, shared_kv: bool) -> None:
+    def __init__(
+        self, io: DecoderIO, *, batch: int = 1, capacity: int, shared_kv: bool, inplace: Collection[str] = ()
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 (got {capacity})")
         self.io = io
@@ -85,6 +95,9 @@ class DecodeState:
         self.bindings_epoch = 0  # the DecoderSession.epoch they were made for
         self._pinned: dict[int, int] = {}
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
+        self._inplace = frozenset(inplace)
+        self._swapped = self._slots  # the states whose two buffers a cycled step swaps
+        self._broken: str | None = None  # why a failed in-place step left the states unusable
         # the steady cycle's StepIO for each step parity (see the module docstring), while valid
         self._cycle: list[StepIO | None] = [None, None]
         # Per step parity: a session's prepared steady step over this state (DecoderSession.step), valid
@@ -123,6 +136,8 @@ class DecodeState:
         Outputs bound to ``None`` are allocated by onnxruntime (growing KV). :meth:`advance` commits
         the step, :meth:`discard` undoes it after a failed forward.
         """
+        if self._broken is not None:
+            raise GenerationError(self._broken)
         if new_tokens == 1:
             cycled = self._cycle[self.steps & 1]
             if cycled is not None and self.length < self.capacity:
@@ -168,7 +183,7 @@ class DecodeState:
         self.length += new_tokens
         self.steps += 1
         if step.cycled:
-            for slot in self._slots:
+            for slot in self._swapped:
                 slot.current, slot.free[-1] = slot.free[-1], slot.current
             return
         if not self.shared_kv:
@@ -190,10 +205,14 @@ class DecodeState:
         spare a step would take next (the last free one), as taking it and freeing the old one would."""
         kv_in, kv_out = list(self._kv_io_in), list(self._kv_io_out)
         pairs = [(slot.current, slot.free[-1]) for slot in self._slots]
+        self._swapped = [slot for slot in self._slots if slot.pair.input not in self._inplace]
         for parity, flip in ((self.steps & 1, False), ((self.steps + 1) & 1, True)):
             inputs, outputs, writes = list(kv_in), list(kv_out), []
             for slot, (now, spare) in zip(self._slots, pairs, strict=True):
-                read, write = (spare, now) if flip else (now, spare)
+                if slot.pair.input in self._inplace:
+                    read = write = now
+                else:
+                    read, write = (spare, now) if flip else (now, spare)
                 inputs.append((slot.pair.input, read.value))
                 outputs.append((slot.pair.output, write.value))
                 writes.append((slot, write))
@@ -202,6 +221,11 @@ class DecodeState:
     def discard(self, step: StepIO) -> None:
         """Undo :meth:`prepare` after a failed forward (returns the spares)."""
         if step.cycled:  # nothing was taken; the written KV positions are marked in _written
+            if len(self._swapped) < len(self._slots):
+                self._broken = (
+                    f"a forward at position {self.length} failed after it may have updated recurrent states "
+                    "in place; reset() the decode state (or restore a snapshot) before running it again"
+                )
             return
         for slot, spare in step.writes:
             slot.free.append(spare)
@@ -226,6 +250,7 @@ class DecodeState:
                 "the tokens instead"
             )
         self.length = snap.length
+        self._broken = None  # the snapshot's buffers were pinned: no in-place step wrote them
         if snap.kv is not None:
             self._kv = list(snap.kv)
         for slot, buf in zip(self._slots, snap.states, strict=True):
@@ -312,6 +337,7 @@ class DecodeState:
         # of a token count seen before binds nothing new (re-making them cost every request's first
         # verify of each draft length; speculative requests ran 2-17% slower).
         self.length = 0
+        self._broken = None
         self._end_cycle()
         for slot in self._slots:
             if id(slot.current) in self._pinned:
