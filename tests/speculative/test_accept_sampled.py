@@ -14,7 +14,7 @@ import numpy as np
 from speculative_helpers import chi2_critical, chi2_statistic
 
 from onnxgen.generation.sampling import Sampler, probs
-from onnxgen.generation.speculative.accept import accept_greedy, accept_sampled
+from onnxgen.generation.speculative.accept import accept_greedy, accept_greedy_lazily, accept_sampled
 
 TRIALS = 6_000
 P0 = np.array([0.30, 0.25, 0.20, 0.15, 0.10, 0.00])  # token 5 masked (top-k / top-p)
@@ -131,3 +131,18 @@ def test_greedy_acceptance_keeps_the_longest_prefix_of_argmax_matches_then_the_t
     assert accept_greedy(rows, [0, 5]) == (1, 2)
     assert accept_greedy(rows, [1, 2]) == (0, 0)
     assert accept_greedy(rows[:1], []) == (0, 0)
+
+
+def test_lazy_greedy_acceptance_asks_for_no_position_past_the_first_mismatch() -> None:
+    targets = [4, 7, 1, 9, 2]
+    asked: list[int] = []
+
+    def choose(i: int) -> int:
+        asked.append(i)
+        return targets[i]
+
+    assert accept_greedy_lazily(choose, [4, 7, 5, 9]) == (2, 1)
+    assert asked == [0, 1, 2]
+    asked.clear()
+    assert accept_greedy_lazily(choose, [4, 7, 1, 9]) == (4, 2)  # a full accept asks for the bonus position
+    assert asked == [0, 1, 2, 3, 4]

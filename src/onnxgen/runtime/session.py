@@ -99,6 +99,8 @@ class _Binder:
         self.single: dict[int, _SingleInputs] = {}  # by batch: the one-token forward's inputs
         # Extra outputs of verify forwards (one binder per token count), bound from their second run on.
         self.fetch_buffers: dict[str, HostBuffer] = {}
+        # once all of them are bound: the fetch list they serve and their values by name
+        self.fetch_bound: tuple[Sequence[str], dict[str, ort.OrtValue]] | None = None
         # The KV/state bindings last made through this binder (a StepIO's lists): equal lists are bound
         self.state_inputs: list[tuple[str, ort.OrtValue]] = []
         self.state_outputs: list[tuple[str, ort.OrtValue | None]] = []
@@ -358,9 +360,14 @@ class DecoderSession:
             for name, out in step.outputs:
                 binder.output(name, out)
             binder.state_outputs = step.outputs
-        for name in fetch:
-            kept = binder.fetch_buffers.get(name) if persistent else None
-            binder.output(name, kept.value if kept is not None else None)
+        bound = binder.fetch_bound if fetch else None
+        if fetch and (bound is None or bound[0] is not fetch):
+            bound = None
+            for name in fetch:
+                kept = binder.fetch_buffers.get(name) if persistent else None
+                binder.output(name, kept.value if kept is not None else None)
+            if persistent and all(name in binder.fetch_buffers for name in fetch):
+                binder.fetch_bound = (fetch, {n: binder.fetch_buffers[n].value for n in fetch})
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
@@ -383,7 +390,10 @@ class DecoderSession:
             logits = logits_buf.array.copy() if copy else logits_buf.array
         else:
             logits = allocated[self.io.logits].numpy()
-        if fetch:
+        if bound is not None:  # every fetched output is a persistent buffer bound earlier
+            if fetched is not None:
+                fetched.update(bound[1])
+        elif fetch:
             got = {n: allocated[n] if n in allocated else binder.fetch_buffers[n].value for n in fetch}
             if persistent:
                 for name in allocated.keys() & set(fetch):  # first run at this t: keep buffers like these

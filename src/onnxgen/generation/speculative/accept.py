@@ -7,7 +7,7 @@ the target emits after them (the correction at the first rejection, or a bonus a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -16,11 +16,17 @@ from onnxgen.generation.sampling import Sampler, probs
 
 def accept_greedy(target_logits: Sequence[np.ndarray], drafts: Sequence[int]) -> tuple[int, int]:
     """Longest prefix where the target's argmax equals the draft, then the target's own token."""
+    return accept_greedy_lazily(lambda i: int(np.argmax(target_logits[i])), drafts)
+
+
+def accept_greedy_lazily(choose: Callable[[int], int], drafts: Sequence[int]) -> tuple[int, int]:
+    """:func:`accept_greedy` with the target's token at verify position i given by ``choose(i)``, asked
+    only up to the first mismatch (positions after it are never processed)."""
     for i, d in enumerate(drafts):
-        top = int(np.argmax(target_logits[i]))
+        top = choose(i)
         if top != d:
             return i, top
-    return len(drafts), int(np.argmax(target_logits[len(drafts)]))
+    return len(drafts), choose(len(drafts))
 
 
 def accept_sampled(

@@ -25,7 +25,7 @@ from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.generator import TokenLoop
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, apply_chain
-from onnxgen.generation.speculative.accept import accept_greedy, accept_sampled
+from onnxgen.generation.speculative.accept import accept_greedy_lazily, accept_sampled
 from onnxgen.generation.speculative.budget import DraftBudget
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
@@ -131,10 +131,12 @@ class SpeculativeLoop(TokenLoop):
         ids = self.ids[None, n - 1 : n + k]
         logits = self.session.forward(self.state, ids, k + 1, fetch=fetch, fetched=fetched)[0]
         self.forward_passes += 1
-        rows = [self._process(logits[i], n + i) for i in range(k + 1)]
-        if self.sampler is None:
-            j, token = accept_greedy(rows, drafts)
+        if self._greedy is not None:  # each position's token as plain greedy picks it, up to the first miss
+            j, token = accept_greedy_lazily(
+                lambda i: self._greedy(self.ids[: n + i], self.prompt_len, logits[i]), drafts
+            )
         else:
+            rows = [self._process(logits[i], n + i) for i in range(k + 1)]
             j, token = accept_sampled(rows, drafts, q, self.sampler)
         if j < k:
             if snap is None:
