@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 import onnx
@@ -442,7 +442,7 @@ class DecoderSession:
         # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``
         return type(self).forward(self, state, ids, 1, copy=False)[0, -1]
 
-    def _bad_ids(self, ids: np.ndarray, past: int) -> None:
+    def _bad_ids(self, ids: np.ndarray, past: int) -> NoReturn:
         """Refuse ids outside the vocabulary before running (onnxruntime would fail mid-forward)."""
         bad = sorted({int(i) for i in ids.ravel() if not 0 <= int(i) < self.vocab_size})
         raise GenerationError(
