@@ -260,3 +260,38 @@ def test_invariant_min_rows_pads_only_exports_whose_kernels_compute_a_lone_row_d
     assert invariant_min_rows(onnx.load(str(int4 / "model.onnx"), load_external_data=False)) == 1
     int8 = int8_activation_model(tmp_path / "int8")
     assert invariant_min_rows(onnx.load(str(int8 / "model.onnx"), load_external_data=False)) == 2
+
+
+@pytest.mark.parametrize("family", ["hybrid-genai", "hybrid-mobius"])
+def test_rows_updated_in_place_equal_double_buffered_rows_bit_for_bit(
+    family_dirs: dict[str, Path], family: str
+) -> None:
+    """Batched steps over a session that updates its LinearAttention states in place give the logits and
+    row states of one that double-buffers them, through admissions at different steps and a retirement."""
+    from onnxgen.model.package import ModelPackage
+
+    io = ModelPackage.open(family_dirs[family]).io
+    model = family_dirs[family] / "model.onnx"
+    runs = []
+    for inplace in (True, False):
+        session = DecoderSession(model, io, threads=1, inplace=inplace)
+        assert bool(session.inplace_states) == inplace
+        driver = Driver(session, 3)
+        driver.admit(0)
+        driver.admit(1)
+        for _ in range(3):
+            driver.step()
+        driver.admit(2)
+        driver.retire(0)  # the last row moves into row 0
+        for _ in range(3):
+            driver.step()
+        states = [driver.batch.row_states(r) for r in range(driver.batch.n)]
+        runs.append((driver.logits, states))
+    (got, got_states), (want, want_states) = runs
+    assert got.keys() == want.keys()
+    for k in want:
+        for a, b in zip(got[k], want[k], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"sequence {k}")
+    for a, b in zip(got_states, want_states, strict=True):
+        for name in b:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)

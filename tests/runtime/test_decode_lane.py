@@ -143,7 +143,7 @@ def test_states_updated_in_place_equal_double_buffered_states(family_dirs: dict[
         _session(family_dirs["hybrid-genai"], True),
         _session(family_dirs["hybrid-genai"], False),
     )
-    assert len(inplace._inplace) == 3 and not buffered._inplace
+    assert len(inplace.inplace_states) == 3 and not buffered.inplace_states
     got, got_state, _ = _script(inplace, single=True)
     want, want_state, _ = _script(buffered, single=True)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):

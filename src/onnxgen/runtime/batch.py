@@ -108,6 +108,8 @@ class BatchState:
         self._state_out = [pair.output for pair in io.state_pairs]
         self._states: list[RowBuffer] = []
         self._spares: list[RowBuffer] = []
+        # states the session's ops update in place (input and output bound to one buffer, never swapped)
+        self._inplace = [pair.input in session.inplace_states for pair in io.state_pairs]
         for pair in io.state_pairs:
             shape = (max_batch, *(int(d) for d in pair.shape[1:]))  # type: ignore[arg-type]
             self._states.append(RowBuffer(shape, dtype_of(pair.dtype)))
@@ -229,7 +231,8 @@ class BatchState:
             )
         run = self.session.session if self.session.plan is None else self.session.plan.session_for(1)
         binder = self._binders.get((run, self.steps % 2))
-        if binder is None:  # two per session: the recurrent states ping-pong between two buffers
+        if binder is None:  # two per session: the recurrent states ping-pong between two buffers (but
+            # the ones updated in place)
             binder = self._binders[(run, self.steps % 2)] = _Binder(run.io_binding())
         small = self._bind_small_inputs(binder.binding, tokens)
         self._bind_caches(binder, m)
@@ -281,11 +284,11 @@ class BatchState:
             for n_in, n_out, value in zip(self._kv_in, self._kv_out, self._kv_grown, strict=True):
                 binder.input(n_in, value.value if isinstance(value, HostBuffer) else value)
                 binder.output(n_out, None)
-        for n_in, n_out, cur, spare in zip(
-            self._state_in, self._state_out, self._states, self._spares, strict=True
+        for n_in, n_out, cur, spare, inplace in zip(
+            self._state_in, self._state_out, self._states, self._spares, self._inplace, strict=True
         ):
             binder.input(n_in, cur.rows(n))
-            binder.output(n_out, spare.rows(n))
+            binder.output(n_out, cur.rows(n) if inplace else spare.rows(n))
 
     def _advance(self, n: int, allocated: dict[str, ort.OrtValue]) -> None:
         self.lengths[:n] += 1
@@ -293,7 +296,9 @@ class BatchState:
         if not self.shared_kv:
             self._past += 1
             self._kv_grown = [allocated[name] for name in self._kv_out]
-        self._states, self._spares = self._spares, self._states
+        for i, inplace in enumerate(self._inplace):
+            if not inplace:
+                self._states[i], self._spares[i] = self._spares[i], self._states[i]
 
     # -- inspection (tests, debugging) --------------------------------------------------------------------
     def row_kv(self, row: int) -> dict[str, np.ndarray]:

@@ -220,13 +220,14 @@ class DecoderSession:
             else:
                 log.info("logits are computed for every position: %s", reason)
         providers = list(providers or ["CPUExecutionProvider"])
-        # recurrent states the steady decode cycle updates in place (DecodeState); onnxruntime's CPU
-        # kernels only, where the ops' reads were checked (tests compare against double buffering)
-        self._inplace: frozenset[str] = frozenset()
+        # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
+        # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
+        # against double buffering)
+        self.inplace_states: frozenset[str] = frozenset()
         if (inplace is None or inplace) and io.state_pairs and providers[0] == "CPUExecutionProvider":
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
-            self._inplace = inplace_states(graph, io)
+            self.inplace_states = inplace_states(graph, io)
         # Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
         # The rewritten graph's extra outputs cost every plain step too (~7% of a Qwen3.5 int4 step), so
         # the session runs the plain graph until the first speculative verify asks for the plan
@@ -310,7 +311,7 @@ class DecoderSession:
     def new_state(self, capacity: int, batch: int = 1) -> DecodeState:
         """An empty decode state holding up to ``capacity`` tokens per row."""
         return DecodeState(
-            self.io, batch=batch, capacity=capacity, shared_kv=self._shared_kv, inplace=self._inplace
+            self.io, batch=batch, capacity=capacity, shared_kv=self._shared_kv, inplace=self.inplace_states
         )
 
     def forward(
