@@ -6,13 +6,13 @@ import pytest
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import (
     FrequencyPenalty,
-    GreedyChoice,
     MinNewTokens,
     MinP,
     PresencePenalty,
     RepetitionPenalty,
     SequenceView,
     Temperature,
+    TokenChoice,
     TopK,
     TopP,
     apply_chain,
@@ -103,10 +103,10 @@ def test_greedy_choose_under_min_new_tokens_is_the_argmax_of_the_masked_logits_w
     ids=["empty chain", "min_new_tokens", "with a penalty"],
 )
 def test_greedy_choice_resolved_once_equals_the_argmax_of_the_whole_chain(params: SamplingParams) -> None:
-    """GreedyChoice answers with one set lookup where the chain only masks ids it declared (eos here),
+    """TokenChoice answers with one set lookup where the chain only masks ids it declared (eos here),
     and through choose() otherwise; the token is always the processed argmax, exact ties included."""
     chain = build_chain(params, [4, 1])
-    greedy = GreedyChoice(chain)
+    greedy = TokenChoice(chain, None)
     assert (greedy.maskable is None) == (params.presence_penalty != 0.0)
     rng = np.random.default_rng(9)
     eos_argmax = 0

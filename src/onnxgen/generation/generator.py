@@ -18,7 +18,7 @@ import numpy as np
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import GreedyChoice, build_chain, choose
+from onnxgen.generation.processors import TokenChoice, build_chain
 from onnxgen.generation.sampling import Sampler
 from onnxgen.generation.speculative import PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
@@ -67,7 +67,7 @@ class TokenLoop:
         self.n = len(prompt)
         self.chain = build_chain(params, eos_ids, constraint)
         self.sampler = None if params.is_greedy else Sampler(params.seed)
-        self._greedy = GreedyChoice(self.chain) if self.sampler is None else None
+        self.choose = TokenChoice(self.chain, self.sampler)
         self.checker = StopChecker(params, eos_ids)
         self.forward_passes = 0
         self.prefill_s = 0.0
@@ -91,9 +91,7 @@ class TokenLoop:
         return self.checker.check(token, self.n - self.prompt_len)
 
     def _select(self, logits: np.ndarray) -> int:
-        if self._greedy is not None:
-            return self._greedy(self.ids[: self.n], self.prompt_len, logits)
-        return choose(self.chain, self.sampler, self.ids[: self.n], self.prompt_len, logits)
+        return self.choose(self.ids[: self.n], self.prompt_len, logits)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
         """Yield (token id, finish reason or None); the last yielded token carries the reason."""

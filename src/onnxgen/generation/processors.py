@@ -293,17 +293,20 @@ def choose(
     return int(np.argmax(logits)) if sampler is None else sampler.sample(logits)
 
 
-class GreedyChoice:
-    """:func:`choose` for one greedy request's ``chain``, resolved once: where every processor only masks
-    ids and declares all it may ever mask (``maskable``, e.g. :class:`MinNewTokens`' eos ids), the argmax
-    of the raw logits is the answer unless it is one of them, which one set lookup tells; otherwise (and
-    for such an argmax) :func:`choose` decides."""
+class TokenChoice:
+    """:func:`choose` for one request's ``chain`` and ``sampler``, resolved once. Greedy, where every
+    processor only masks ids and declares all it may ever mask (``maskable``, e.g. :class:`MinNewTokens`'
+    eos ids), the argmax of the raw logits is the answer unless it is one of them, which one set lookup
+    tells; otherwise (and for such an argmax, or when sampling) :func:`choose` decides."""
 
-    def __init__(self, chain: Sequence[LogitsProcessor]) -> None:
+    def __init__(self, chain: Sequence[LogitsProcessor], sampler: _Sampler | None) -> None:
         self.chain = chain
+        self.sampler = sampler
         sets = [getattr(p, "maskable", None) for p in chain]
         self.maskable: frozenset[int] | None = (
-            frozenset().union(*sets) if all(m is not None for m in sets) else None  # type: ignore[arg-type]
+            frozenset().union(*sets)  # type: ignore[arg-type]
+            if sampler is None and all(m is not None for m in sets)
+            else None
         )
 
     def __call__(self, ids: np.ndarray, prompt_len: int, logits: np.ndarray) -> int:
@@ -311,7 +314,7 @@ class GreedyChoice:
             token = int(logits.argmax())
             if token not in self.maskable:
                 return token
-        return choose(self.chain, None, ids, prompt_len, logits)
+        return choose(self.chain, self.sampler, ids, prompt_len, logits)
 
 
 def _greedy_argmax(

@@ -55,6 +55,10 @@ def make_session_options(threads: int | None) -> ort.SessionOptions:
     return opts
 
 
+def _run_failed(tokens: int, past: int, error: Exception) -> GenerationError:
+    return GenerationError(f"forward over {tokens} tokens at position {past} failed: {error}")
+
+
 def inplace_states(graph: onnx.ModelProto, io: DecoderIO) -> frozenset[str]:
     """The recurrent-state inputs that a forward may update in place (input and output bound to one
     buffer): each is read by one node only, a ``com.microsoft::LinearAttention`` without a state window
@@ -201,10 +205,10 @@ class DecoderSession:
         inplace: bool | None = None,
     ) -> None:
         self.io = io
+        providers = list(providers or ["CPUExecutionProvider"])
+        on_cpu = providers[0] == "CPUExecutionProvider"
         # back the weights with transparent huge pages (onnxgen.runtime.hugepages); host memory only
-        self._huge_pages = (hugepages.default_enabled() if huge_pages is None else huge_pages) and (
-            not providers or providers[0] == "CPUExecutionProvider"
-        )
+        self._huge_pages = (hugepages.default_enabled() if huge_pages is None else huge_pages) and on_cpu
         self.threads = threads or default_threads()
         opts = options or make_session_options(self.threads)
         model_path = Path(model_path)
@@ -219,12 +223,11 @@ class DecoderSession:
                 opts.add_session_config_entry(FOLDER_KEY, str(model_path.parent))
             else:
                 log.info("logits are computed for every position: %s", reason)
-        providers = list(providers or ["CPUExecutionProvider"])
         # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
         # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
         # against double buffering)
         self.inplace_states: frozenset[str] = frozenset()
-        if (inplace is None or inplace) and io.state_pairs and providers[0] == "CPUExecutionProvider":
+        if (inplace is None or inplace) and io.state_pairs and on_cpu:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
             self.inplace_states = inplace_states(graph, io)
@@ -375,7 +378,7 @@ class DecoderSession:
             session.run_with_iobinding(binder.binding)
         except Exception as e:
             state.discard(step)
-            raise GenerationError(f"forward over {t} tokens at position {state.length} failed: {e}") from e
+            raise _run_failed(t, state.length, e) from e
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
         if (
@@ -436,7 +439,7 @@ class DecoderSession:
                 lane.run(lane.binding, self._run_options)
             except Exception as e:
                 state.discard(step)
-                raise GenerationError(f"forward over 1 tokens at position {past} failed: {e}") from e
+                raise _run_failed(1, past, e) from e
             state.advance(1, step, {})
             return lane.logits
         ids = np.full((1, 1), token, dtype=np.int64)

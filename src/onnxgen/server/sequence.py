@@ -15,7 +15,7 @@ import numpy as np
 
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import build_chain, choose
+from onnxgen.generation.processors import TokenChoice, build_chain
 from onnxgen.generation.sampling import Sampler
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
 from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -64,6 +64,7 @@ class SequenceRun:
         self.constraint = constraint  # response_format: a grammar state of this choice alone
         self.chain = build_chain(params, eos_ids, constraint)
         self.sampler = None if params.is_greedy else Sampler(params.seed)
+        self.choose = TokenChoice(self.chain, self.sampler)
         self.checker = StopChecker(params, eos_ids)
         self.detok = IncrementalDetokenizer(tokenizer, prompt)
         self.stops = StopStringMatcher(params.stop) if params.stop else None
@@ -80,7 +81,7 @@ class SequenceRun:
 
     def select(self, logits: np.ndarray) -> int:
         """The next token from this choice's logits row (processors are out-of-place)."""
-        return choose(self.chain, self.sampler, self.ids[: self.n], self.prompt_len, logits)
+        return self.choose(self.ids[: self.n], self.prompt_len, logits)
 
     def add(self, token: int) -> Delta:
         """Append ``token``; return its delta (the finish reason set when the choice is done)."""

@@ -131,9 +131,9 @@ class SpeculativeLoop(TokenLoop):
         ids = self.ids[None, n - 1 : n + k]
         logits = self.session.forward(self.state, ids, k + 1, fetch=fetch, fetched=fetched)[0]
         self.forward_passes += 1
-        if self._greedy is not None:  # each position's token as plain greedy picks it, up to the first miss
+        if self.sampler is None:  # each position's token as plain greedy picks it, up to the first miss
             j, token = accept_greedy_lazily(
-                lambda i: self._greedy(self.ids[: n + i], self.prompt_len, logits[i]), drafts
+                lambda i: self.choose(self.ids[: n + i], self.prompt_len, logits[i]), drafts
             )
         else:
             rows = [self._process(logits[i], n + i) for i in range(k + 1)]
