@@ -9,12 +9,16 @@ from onnxgen.generation.speculative.budget import STALE, DraftBudget
 
 def budget_with(cost_per_extra_token: float, acceptance: float, verifies: int = 4, k: int = 8) -> DraftBudget:
     """A budget that timed one-token steps at 1 s, verifies of k + 1 tokens at 1 + k * slope, and saw
-    ``verifies`` verifies of k drafts accepting ``acceptance`` of them."""
+    ``verifies`` verifies whose drafts each passed with probability ``acceptance`` given that the ones
+    before them passed: every draft accepted (1.0), or j accepted and the next one rejected, with
+    j / (j + 1) = acceptance (the drafts proposed past the miss do not count)."""
     b = DraftBudget()
     b.observe_forward(1, 1.0)
     b.observe_forward(k + 1, 1.0 + k * cost_per_extra_token)
+    accepted = k if acceptance == 1.0 else round(acceptance / (1.0 - acceptance))
+    assert acceptance == 1.0 or accepted / (accepted + 1) == pytest.approx(acceptance)
     for _ in range(verifies):
-        b.observe_verify(k, round(acceptance * k))
+        b.observe_verify(max(k, accepted + 3) if acceptance < 1.0 else k, accepted)
     return b
 
 
@@ -48,7 +52,22 @@ def test_cheap_verifies_and_high_acceptance_keep_every_draft() -> None:
 
 def test_when_no_draft_pays_it_still_verifies_one() -> None:
     """Declining is the loop's back-off; one draft keeps the acceptance estimate current."""
-    assert budget_with(1.0, 0.25).cap(8) == 1
+    assert budget_with(1.0, 0.5).cap(8) == 1
+
+
+def test_drafts_proposed_past_the_first_miss_do_not_lower_the_acceptance_rate() -> None:
+    """A verify that missed at its second draft says the same about the next verify's first drafts
+    whether it carried 2 drafts or 12: counting the untested ones as failures would read 12 drafts with
+    one accepted as a 1-in-12 rate and hold the drafts at one after every long verify that missed early."""
+    caps = []
+    for proposed in (2, 8, 12):
+        b = DraftBudget()
+        b.observe_forward(1, 1.0)
+        b.observe_forward(9, 1.0 + 8 * 0.05)
+        for _ in range(4):
+            b.observe_verify(proposed, 1)
+        caps.append(b.cap(8))
+    assert caps[0] == caps[1] == caps[2] == brute_force(8, 0.05, 0.5)
 
 
 def test_costs_between_measured_counts_are_interpolated() -> None:

@@ -10,6 +10,12 @@ that follow a full accept and for the others (acceptance comes in runs: inside a
 draft is far likelier to pass than after a miss). It caps k at the value that maximises expected tokens
 per unit of time, ``(1 - a^(k+1)) / (1 - a)`` over ``(cost(k + 1) + k * d) / cost(1)``.
 
+That expectation takes each draft to pass with probability ``a`` given that the drafts before it
+passed; a verify accepting j of k drafts tried j + 1 of them (j passed, the next one failed) or, after a
+full accept, k. So ``a`` is the accepted drafts over the drafts tried, not over those proposed: drafts
+past the first miss were never tested, and counting them as failures would read a 12-draft verify that
+missed at the second draft as a 1-in-12 rate and hold the drafts at one for many verifies after it.
+
 A count's average is forgotten once ``STALE`` forwards of other counts have been timed since its last
 forward (the count of one token is always kept): the cap then reads that count's cost off fresher ones.
 Without that, a verify size timed once while slow (the first forward of a size, a busy machine) would
@@ -33,9 +39,9 @@ class DraftBudget:
         self._cost: dict[int, float] = {}  # tokens in a forward -> moving average of its seconds
         self._timed: dict[int, int] = {}  # tokens in a forward -> index of its latest timed forward
         self._forwards = 0
-        # moving sums over verifies, [after a partial accept, after a full accept]: accepted, proposed drafts
+        # moving sums over verifies, [after a partial accept, after a full accept]: accepted, tried drafts
         self._accepted = [0.0, 0.0]
-        self._proposed = [0.0, 0.0]
+        self._tried = [0.0, 0.0]
         self._after_full = 0  # whether the last verify accepted every draft
         self._verifies = 0
         self._draft_cost = 0.0  # moving average of the proposer's seconds per draft token
@@ -55,7 +61,10 @@ class DraftBudget:
     def observe_verify(self, proposed: int, accepted: int) -> None:
         state = self._after_full
         self._accepted[state] = DECAY * self._accepted[state] + accepted
-        self._proposed[state] = DECAY * self._proposed[state] + proposed
+        tried = (
+            accepted + 1 if accepted < proposed else proposed
+        )  # drafts past the first miss were not tested
+        self._tried[state] = DECAY * self._tried[state] + tried
         self._after_full = int(accepted == proposed)
         self._verifies += 1
 
@@ -70,10 +79,10 @@ class DraftBudget:
     def cap(self, k: int) -> int:
         """The number of drafts (1 to ``k``) that gives the most tokens per unit of time."""
         one = self._cost.get(1)
-        proposed = self._proposed[self._after_full]
-        if k < 1 or one is None or self._verifies < MIN_VERIFIES or proposed <= 0:
+        tried = self._tried[self._after_full]
+        if k < 1 or one is None or self._verifies < MIN_VERIFIES or tried <= 0:
             return k
-        rate = min(self._accepted[self._after_full] / proposed, 0.999)
+        rate = min(self._accepted[self._after_full] / tried, 0.999)
         fresh = self._fresh()
         best, best_value = 1, 0.0
         for n in range(1, k + 1):
