@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent / "model"))
 from sigbuild import base_inputs, logits_port, qwen36_27b, sig_model, write_package
 
 from onnxgen.cli import main
-from onnxgen.llm import load
+from onnxgen.llm import default_model_dir, load
 from onnxgen.testing import build_model
 
 CONFIGS = {
@@ -70,6 +70,20 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     assert "Traceback" not in err
     assert err.startswith("onnxgen inspect: error: ")
     return err
+
+
+def test_without_model_inspect_reads_onnxgen_model_then_the_bundled_model(
+    hybrid_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like generate, chat, bench and serve: MODEL, else $ONNXGEN_MODEL, else the bundled demo model."""
+    monkeypatch.setenv("ONNXGEN_MODEL", str(hybrid_dir))
+    assert main(["inspect", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["state_pairs"]) == 96
+    monkeypatch.delenv("ONNXGEN_MODEL")
+    assert main(["inspect", "--json"]) == 0
+    bundled = json.loads(capsys.readouterr().out)
+    assert Path(bundled["model"]).parent == default_model_dir()
+    assert len(bundled["state_pairs"]) == 12
 
 
 def test_missing_model_exits_2_with_the_file_named(

@@ -20,7 +20,11 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onnxgen", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="onnxgen",
+        description="Generate text from ONNX exports of language models on onnxruntime. "
+        "Without MODEL, a command runs on $ONNXGEN_MODEL or the small bundled demo model.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     from onnxgen.cli_bench import add_bench

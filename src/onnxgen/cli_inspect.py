@@ -1,10 +1,11 @@
-"""``onnxgen inspect MODEL [--json]``: a model's export family, derived I/O topology and decode plan."""
+"""``onnxgen inspect [MODEL] [--json]``: a model's export family, derived I/O topology and decode plan."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from onnxgen.cli_generate import MODEL_ENV, resolve_model
 from onnxgen.model.inspect import describe, format_text
 from onnxgen.model.package import ModelPackage
 from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
@@ -12,7 +13,11 @@ from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
 
 def add_inspect(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("inspect", help="show a model's export family and derived I/O topology")
-    p.add_argument("model", help="model directory (or model.onnx path)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        help=f"model directory or model.onnx path (default: ${MODEL_ENV}, then the bundled model)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run)
 
@@ -25,7 +30,7 @@ def decode_plan_summary(package: ModelPackage) -> dict[str, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    package = ModelPackage.open(args.model)
+    package = ModelPackage.open(resolve_model(args.model))
     summary = describe(package)
     summary.update(decode_plan_summary(package))
     print(json.dumps(summary, indent=2) if args.json else format_text(summary))

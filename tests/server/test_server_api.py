@@ -67,6 +67,18 @@ def test_a_greedy_completion_returns_what_llm_generate_returns_with_usage(
     assert r.usage.total_tokens == r.usage.prompt_tokens + 12
 
 
+def test_a_request_without_model_is_served_by_the_one_model(server: ServerProcess, llm: LLM) -> None:
+    """One model is served, so ``model`` may be left out (as vLLM and llama.cpp's server allow)."""
+    alone = llm.generate(PROMPT, greedy(max_new_tokens=6, ignore_eos=True))
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    r = server.http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "genai-dense"
+    assert r.json()["choices"][0]["text"] == alone.text
+    chat = {"messages": MESSAGES, "max_tokens": 2}
+    assert server.http.post("/v1/chat/completions", json=chat).status_code == 200
+
+
 def test_a_completion_of_token_ids_equals_the_completion_of_their_text(
     server: ServerProcess, llm: LLM
 ) -> None:

@@ -93,7 +93,7 @@ class Server:
         refused = req.refuse_unsupported()
         if refused is not None:
             raise ApiError(400, refused[1], param=refused[0])
-        if req.model != self.model_name:
+        if req.model is not None and req.model != self.model_name:
             raise ApiError(
                 404,
                 f"model {req.model!r} is not served here; use {self.model_name!r}",

@@ -30,11 +30,12 @@ class ResponseFormat(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """What both endpoints take: the model, the sampling parameters, streaming and ``n``."""
+    """What both endpoints take: the model, the sampling parameters, streaming and ``n``. ``model`` may be
+    left out (one model is served), as vLLM and llama.cpp's server allow; a different name is refused."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    model: str
+    model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
