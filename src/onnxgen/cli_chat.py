@@ -128,5 +128,7 @@ def repl(session: ChatSession, *, show_stats: bool = False) -> int:
 def _run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     spec = speculative_from_args(args)
-    session = ChatSession(load_llm(args), params, system=args.system, speculative=spec)
+    session = ChatSession(
+        load_llm(args, speculative=spec is not None), params, system=args.system, speculative=spec
+    )
     return repl(session, show_stats=args.stats)

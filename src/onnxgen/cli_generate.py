@@ -137,8 +137,8 @@ def resolve_model(model: str | None) -> str | Path:
     return default
 
 
-def load_llm(args: argparse.Namespace) -> LLM:
-    return load(resolve_model(args.model), threads=resolve_threads(args.threads))
+def load_llm(args: argparse.Namespace, speculative: bool = False) -> LLM:
+    return load(resolve_model(args.model), threads=resolve_threads(args.threads), speculative=speculative)
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def _run(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args.prompt)
     params = sampling_params(args)
     spec = speculative_from_args(args)
-    llm = load_llm(args)
+    llm = load_llm(args, speculative=spec is not None)
     chat = args.chat or args.system is not None
     messages = chat_messages(prompt, args.system)
     if args.json:

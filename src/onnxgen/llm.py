@@ -40,6 +40,7 @@ class LLM:
         providers: Sequence[str] | None = None,
         decode_plan: str = "auto",
         huge_pages: bool | None = None,
+        speculative: bool = False,
     ) -> None:
         self.package = package
         self.io = package.io
@@ -51,6 +52,7 @@ class LLM:
             providers=providers,
             graph=self.decode_plan.graph,
             huge_pages=huge_pages,
+            verify_now=speculative,
         )
         self.decode_plan.plan.attach(self.session)
         self.tokenizer: Tokenizer | None = None
@@ -180,13 +182,24 @@ def load(
     providers: Sequence[str] | None = None,
     decode_plan: str = "auto",
     huge_pages: bool | None = None,
+    speculative: bool = False,
 ) -> LLM:
     """Open a model directory (or the bundled default model when ``model`` is None) and get it ready.
 
     ``decode_plan`` (``"auto"``, ``"scan"`` or ``"inline"``) picks how single-token steps of a Scan-based
     hybrid run; see :mod:`onnxgen.runtime.plans`. ``huge_pages`` (default: on unless the environment sets
     ``ONNXGEN_HUGE_PAGES=0``) backs the weights with transparent huge pages on Linux, which makes decode
-    steps faster and loading slower (:mod:`onnxgen.runtime.hugepages`).
+    steps faster and loading slower (:mod:`onnxgen.runtime.hugepages`). ``speculative=True`` says the
+    model will verify drafts: a hybrid's session is made on the verify plan's graph at once, instead of on
+    the plain graph first and again at the first speculative verify (which then takes as long as a load);
+    plain decoding works either way.
     """
     package = ModelPackage.open(model if model is not None else default_model_dir())
-    return LLM(package, threads=threads, providers=providers, decode_plan=decode_plan, huge_pages=huge_pages)
+    return LLM(
+        package,
+        threads=threads,
+        providers=providers,
+        decode_plan=decode_plan,
+        huge_pages=huge_pages,
+        speculative=speculative,
+    )

@@ -23,7 +23,7 @@ from speculative_helpers import (
     mismatches,
 )
 
-from onnxgen import SamplingParams
+from onnxgen import SamplingParams, load
 from onnxgen.generation.speculative.loop import SpeculativeLoop
 from onnxgen.model import ModelPackage
 from onnxgen.runtime.session import DecoderSession
@@ -118,6 +118,38 @@ def test_the_plan_graph_is_loaded_at_the_first_speculative_verify_and_decoding_g
     assert not list(mismatches(state.state_arrays(), ref.state_arrays()))
     assert not list(mismatches(state.kv_arrays(), ref.kv_arrays()))
     assert session.epoch == 1 and all(key[0] is session.session for key in state.bindings)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_session_told_it_will_speculate_starts_on_the_plan_graph_and_loads_nothing_more(
+    zoo: ModelZoo, family: str
+) -> None:
+    """``load(..., speculative=True)``: one session load, not a plain one and a second at the first
+    verify; speculative and plain decoding on it give what they give on a lazily planned session."""
+    model_dir = zoo.dir(family)
+    io = ModelPackage.open(model_dir).io
+    eager = DecoderSession(model_dir / "model.onnx", io, threads=1, verify_now=True)
+    lazy = session_with(zoo, family, True)
+    assert eager._pending is None and isinstance(eager._verify_plan, CapturePlan)
+    assert len(eager.session.get_outputs()) == len(lazy.session.get_outputs()) + len(
+        eager._verify_plan.outputs
+    )
+    llm = zoo.llm(family)
+    plain_tokens = greedy(llm, PROMPT, N).token_ids
+    for session in (eager, lazy):
+        oracle = NoisyOracle([*PROMPT, *plain_tokens], 0.3, session.vocab_size)
+        tokens, stats = run_loop(session, oracle, PROMPT)
+        assert_same_as_plain(llm.session, PROMPT, plain_tokens, tokens)
+        assert stats["state_replays"] == 0
+        assert 0 < stats["accepted_draft_tokens"] < stats["proposed_draft_tokens"]
+    assert (eager.epoch, lazy.epoch) == (0, 1)  # the lazy one was loaded again at its first verify
+    plain = replay_session(zoo, family)
+    state, ref = eager.new_state(40), plain.new_state(40)
+    for i in range(4):
+        ids = np.array([PROMPT]) if i == 0 else np.array([[7 + i]])
+        np.testing.assert_array_equal(eager.forward(state, ids, 1), plain.forward(ref, ids, 1))
+    told = load(model_dir, threads=1, speculative=True)
+    assert told.session.epoch == 0 and told.session._pending is None
 
 
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)
