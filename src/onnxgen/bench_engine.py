@@ -46,7 +46,9 @@ class OnnxgenEngine:
         decode_plan: str = "auto",
         speculative: SpeculativeSpec | None = None,
     ) -> None:
-        self.llm = load(model_dir, threads=threads, decode_plan=decode_plan)
+        self.llm = load(
+            model_dir, threads=threads, decode_plan=decode_plan, speculative=speculative is not None
+        )
         self.requested_plan = decode_plan
         self.speculative: Speculative | None = None
         if speculative is not None:

@@ -61,9 +61,8 @@ class DraftBudget:
     def observe_verify(self, proposed: int, accepted: int) -> None:
         state = self._after_full
         self._accepted[state] = DECAY * self._accepted[state] + accepted
-        tried = (
-            accepted + 1 if accepted < proposed else proposed
-        )  # drafts past the first miss were not tested
+        # the drafts this verify tested: those past the first miss were not
+        tried = accepted + 1 if accepted < proposed else proposed
         self._tried[state] = DECAY * self._tried[state] + tried
         self._after_full = int(accepted == proposed)
         self._verifies += 1
