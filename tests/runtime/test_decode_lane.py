@@ -152,6 +152,31 @@ def test_states_updated_in_place_equal_double_buffered_states(family_dirs: dict[
         np.testing.assert_array_equal(got_state[name], want_state[name], err_msg=name)
 
 
+def test_the_first_step_after_a_released_snapshot_already_runs_in_place(family_dirs: dict[str, Path]) -> None:
+    """A verify (snapshot, longer forward, release) ends the cycle; the next single-token step starts it
+    again at once, so it updates the LinearAttention states in place (their buffers stay the same) while
+    the other states move to their spares, and gives the double-buffered session's logits."""
+    session, buffered = (
+        _session(family_dirs["hybrid-genai"], True),
+        _session(family_dirs["hybrid-genai"], False),
+    )
+    state, ref = session.new_state(64), buffered.new_state(64)
+    for s, st in ((session, state), (buffered, ref)):
+        s.forward(st, ids(PROMPT), 1)
+        snap = st.snapshot()
+        s.forward(st, np.array([[4, 8, 15]]), 1)
+        st.release(snap)
+    before = {slot.pair.input: slot.current for slot in state._slots}
+    np.testing.assert_array_equal(session.step(state, 16), buffered.step(ref, 16))
+    moved = {
+        name
+        for name, buf in before.items()
+        if next(s for s in state._slots if s.pair.input == name).current is not buf
+    }
+    assert moved and moved.isdisjoint(session.inplace_states)
+    assert moved | session.inplace_states == set(before)
+
+
 def test_a_snapshot_taken_inside_an_in_place_cycle_would_be_overwritten(
     family_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
