@@ -129,7 +129,8 @@ class SpeculativeLoop(TokenLoop):
         fetched: dict[str, OrtValue] = {}
         fetch = plan.outputs if plan is not None else ()
         ids = self.ids[None, n - 1 : n + k]
-        logits = self.session.forward(self.state, ids, k + 1, fetch=fetch, fetched=fetched)[0]
+        # a view of the verify binder's logits buffer: consumed here, before any other forward of this size
+        logits = self.session.forward(self.state, ids, k + 1, fetch=fetch, fetched=fetched, copy=False)[0]
         self.forward_passes += 1
         if self.sampler is None:  # each position's token as plain greedy picks it, up to the first miss
             j, token = accept_greedy_lazily(
