@@ -233,7 +233,8 @@ class DecoderSession:
                 graph = onnx.load(str(model_path), load_external_data=False)
             self.inplace_states = inplace_states(graph, io)
         # Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
-        # The rewritten graph's extra outputs cost every plain step too (~7% of a Qwen3.5 int4 step), so
+        # The rewritten graph's extra outputs cost every plain step too (~7% of a Qwen3.5 int4 step at 1
+        # thread in round 13; 0.98-1.03x at 2 threads in round 16, after in-place states), so
         # the session runs the plain graph until the first speculative verify asks for the plan
         # (:attr:`verify_plan`); it then runs the rewritten graph, which computes the same values.
         self._verify_plan: VerifyPlan | None = None

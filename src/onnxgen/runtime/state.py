@@ -172,8 +172,8 @@ class DecodeState:
         return StepIO(inputs, outputs, writes)
 
     def steady(self) -> StepIO | None:
-        """The steady cycle's StepIO that :meth:`prepare` returns for the next single-token step, or None
-        when that step leaves the cycle (no cycle running, or the state is full)."""
+        """The running steady cycle's StepIO that :meth:`prepare` returns for the next single-token step, or
+        None: no cycle running (that step starts a new one where it may) or the state is full."""
         return self._cycle[self.steps & 1] if self.length < self.capacity else None
 
     def advance(
