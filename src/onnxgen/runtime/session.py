@@ -20,6 +20,8 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError, UnsupportedModelError
+from onnxgen.graph import hybrid_ops
+from onnxgen.graph.hybrid_ops import FastOps, rewrite_hybrid_ops
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime import hugepages
@@ -204,6 +206,7 @@ class DecoderSession:
         huge_pages: bool | None = None,
         inplace: bool | None = None,
         verify_now: bool = False,
+        fast_ops: bool | None = None,
     ) -> None:
         self.io = io
         providers = list(providers or ["CPUExecutionProvider"])
@@ -221,9 +224,19 @@ class DecoderSession:
             graph, self.logits_to_keep, reason = keep_last_logits(graph, io.logits)
             if self.logits_to_keep:
                 source = graph.SerializeToString()
-                opts.add_session_config_entry(FOLDER_KEY, str(model_path.parent))
             else:
                 log.info("logits are computed for every position: %s", reason)
+        # hybrid contrib ops on onnxruntime's vectorized CPU kernels (onnxgen.graph.hybrid_ops): the same
+        # math, rounded differently; before the passes below, so that every graph of the session has it
+        self.fast_ops = FastOps()
+        if (hybrid_ops.default_enabled() if fast_ops is None else fast_ops) and on_cpu and io.state_pairs:
+            if graph is None:
+                graph = onnx.load(str(model_path), load_external_data=False)
+            graph, self.fast_ops = rewrite_hybrid_ops(graph)
+            if self.fast_ops.rewritten:
+                source = graph.SerializeToString()
+            if self.fast_ops.skipped:
+                log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
         # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
         # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
         # against double buffering)
@@ -249,13 +262,13 @@ class DecoderSession:
                 log.info("speculative verify will commit recurrent states by replay: %s", why)
             else:
                 self._pending = (rewritten, plan)
-                if not self.logits_to_keep:
-                    opts.add_session_config_entry(FOLDER_KEY, str(model_path.parent))
         # ``verify_now``: the caller will speculate, so load the plan's graph now rather than plain first
         # and again at the first verify (a second session load: ~0.25 s for the 20 MB demo model)
         eager = self._pending if verify_now else None
         if eager is not None:
             source, self._pending = eager[0].SerializeToString(), None
+        if isinstance(source, bytes) or self._pending is not None:  # graphs loaded from memory
+            opts.add_session_config_entry(FOLDER_KEY, str(model_path.parent))
         self._model_path = model_path
         self._options = opts
         self._providers = providers
