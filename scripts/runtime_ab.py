@@ -1,16 +1,20 @@
 """In-process A/B of a decode-loop feature, on and off in shuffled order.
 
-``python scripts/runtime_ab.py MODEL_DIR --feature lane|inplace [--threads 2] [--rounds 16]``
+``python scripts/runtime_ab.py MODEL_DIR --feature lane|inplace|fast_ops [--threads 2] [--rounds 16]
+[--prompt-tokens 16]``
 
 One process loads the model (after a throwaway first session: the first onnxruntime session of a process
 steps slower than later ones) and streams 128 greedy tokens (``min_new_tokens`` = all, as the benchmark
 does) per variant and round, variants in shuffled order. Prints each variant's median ms per token, the
-median over rounds of off / on (> 1: the feature is faster) and whether both produced the same tokens.
+median over rounds of off / on (> 1: the feature is faster), the same for the time to first token, and
+whether both produced the same tokens.
 
 - ``lane``: steady decode steps through :meth:`DecoderSession.step`'s prepared lane, against steps that
   go through ``forward`` every time (lanes never made).
 - ``inplace``: recurrent states updated in place in the steady cycle (``DecoderSession.inplace_states``),
   against double-buffered ones.
+- ``fast_ops``: a hybrid's GatedRMSNorm and SiLU-fused CausalConvWithState on vectorized kernels
+  (:mod:`onnxgen.graph.hybrid_ops`), against the export's ops (two sessions of the model, one per variant).
 """
 
 from __future__ import annotations
@@ -30,15 +34,21 @@ NEW_TOKENS = 128
 SKIP = 4  # leading steps left out of each median
 
 
-def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], None]:
-    """A function that turns ``feature`` on or off for the next requests of ``llm``."""
+def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], onnxgen.LLM]:
+    """A function that turns ``feature`` on or off and returns the LLM to run the next request on."""
     session = llm.session
+    if feature == "fast_ops":
+        if not session.fast_ops.rewritten:
+            raise SystemExit(f"{session._model_path} has no op that the fast-ops pass rewrites")
+        exported = onnxgen.load(session._model_path.parent, threads=session.threads, fast_ops=False)
+        return lambda on: llm if on else exported
     if feature == "lane":
         make = DecoderSession._lane
 
-        def set_lane(on: bool) -> None:
+        def set_lane(on: bool) -> onnxgen.LLM:
             session._lane = (lambda *a: make(session, *a)) if on else (lambda *a: None)  # type: ignore[method-assign]
             llm.generator._state = None  # a fresh state: no lane made under the other setting
+            return llm
 
         return set_lane
     if feature == "inplace":
@@ -46,44 +56,54 @@ def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], None]:
         if not states:
             raise SystemExit(f"{session._model_path} has no recurrent state that can be updated in place")
 
-        def set_inplace(on: bool) -> None:
+        def set_inplace(on: bool) -> onnxgen.LLM:
             session.inplace_states = states if on else frozenset()
             llm.generator._state = None  # states take the setting when they are made
+            return llm
 
         return set_inplace
-    raise SystemExit(f"unknown feature {feature!r}; choose lane or inplace")
+    raise SystemExit(f"unknown feature {feature!r}; choose lane, inplace or fast_ops")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
-    p.add_argument("--feature", required=True, choices=["lane", "inplace"])
+    p.add_argument("--feature", required=True, choices=["lane", "inplace", "fast_ops"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=16)
+    p.add_argument("--prompt-tokens", type=int, default=16)
     args = p.parse_args()
     onnxgen.load(args.model, threads=args.threads)  # throwaway first session
     llm = onnxgen.load(args.model, threads=args.threads)
-    prompt = [1 + (i * 7919 + 13) % 1000 for i in range(16)]
+    prompt = [1 + (i * 7919 + 13) % 1000 for i in range(args.prompt_tokens)]
     params = onnxgen.SamplingParams(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, temperature=0.0)
     turn = switch(llm, args.feature)
     times: dict[bool, list[float]] = {True: [], False: []}
-    ratios, tokens = [], {}
+    firsts: dict[bool, list[float]] = {True: [], False: []}
+    ratios, first_ratios, tokens = [], [], {}
     for _ in range(args.rounds):
-        got = {}
+        got, first = {}, {}
         for on in random.sample([True, False], 2):
-            turn(on)
+            runner = turn(on)
+            start = time.perf_counter()
             stamps, ids = [], []
-            for event in llm.stream(prompt, params):
+            for event in runner.stream(prompt, params):
                 stamps.append(time.perf_counter())
                 ids.extend(event.token_ids)
             got[on] = statistics.median(np.diff(stamps)[SKIP:])
+            first[on] = stamps[0] - start
             tokens[on] = ids
             times[on].append(got[on])
+            firsts[on].append(first[on])
         ratios.append(got[False] / got[True])
+        first_ratios.append(first[False] / first[True])
     on_ms, off_ms = (1e3 * statistics.median(times[v]) for v in (True, False))
+    on_first, off_first = (1e3 * statistics.median(firsts[v]) for v in (True, False))
     print(
         f"{args.model}: {args.feature} on {on_ms:.3f} ms/token, off {off_ms:.3f} ms/token, "
-        f"off/on {statistics.median(ratios):.3f} over {args.rounds} rounds; same tokens: {tokens[True] == tokens[False]}"
+        f"off/on {statistics.median(ratios):.3f}; first token on {on_first:.1f} ms, off {off_first:.1f} ms, "
+        f"off/on {statistics.median(first_ratios):.3f}; {args.rounds} rounds, {len(prompt)}-token prompt; "
+        f"same tokens: {tokens[True] == tokens[False]}"
     )
 
 

@@ -195,11 +195,13 @@ def load(
     steps faster and loading slower (:mod:`onnxgen.runtime.hugepages`). ``speculative=True`` says the
     model will verify drafts: a hybrid's session is made on the verify plan's graph at once, instead of on
     the plain graph first and again at the first speculative verify (which then takes as long as a load);
-    plain decoding works either way. ``fast_ops`` (default: on unless the environment sets
-    ``ONNXGEN_FAST_OPS=0``) runs a hybrid's ``GatedRMSNorm`` and SiLU-fused ``CausalConvWithState`` on
-    onnxruntime's vectorized CPU kernels: the same math rounded differently (logits move by ~1e-6), a
-    quarter less prefill time on the bundled model (:mod:`onnxgen.graph.hybrid_ops`); off, the export's
-    ops run as they are, as onnxruntime-genai runs them.
+    plain decoding works either way. ``fast_ops`` runs a hybrid's ``GatedRMSNorm`` and SiLU-fused
+    ``CausalConvWithState`` on onnxruntime's vectorized CPU kernels: the same math rounded differently
+    (fp32 logits move by ~1e-6 to 1e-5), a quarter less prefill time on the bundled model
+    (:mod:`onnxgen.graph.hybrid_ops`). Default (None): on, unless ``ONNXGEN_FAST_OPS`` says 0 or 1, or the
+    export quantizes activations to int8 (MatMulNBits ``accuracy_level`` 4: there the rounding differences
+    become quantization steps and greedy tokens leave onnxruntime-genai's); False runs the export's ops as
+    they are, as onnxruntime-genai does.
     """
     package = ModelPackage.open(model if model is not None else default_model_dir())
     return LLM(

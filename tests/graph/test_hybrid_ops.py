@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -148,3 +149,36 @@ def test_sessions_run_fast_ops_by_default_with_the_exports_logits_and_tokens(
     fast_err = max(np.abs(r - t).max() for r, t in zip(got_rows, truth, strict=True))
     export_err = max(np.abs(r - t).max() for r, t in zip(want_rows, truth, strict=True))
     assert fast_err <= max(4 * export_err, 1e-5)
+
+
+def _with_accuracy_level(model_dir: Path, level: int, out_dir: Path) -> Path:
+    """A copy of an int4 fixture package whose MatMulNBits nodes compute at ``level``."""
+    shutil.copytree(model_dir, out_dir)
+    model = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            node.attribute.append(helper.make_attribute("accuracy_level", level))
+    onnx.save(model, str(out_dir / "model.onnx"))
+    return out_dir
+
+
+def test_by_default_the_pass_skips_exports_that_quantize_activations_to_int8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """There a rounding difference becomes a quantization step (logits moved by up to 0.15 on a 60M
+    Qwen3.5 int4 export), so the export's ops run unless fast ops are asked for."""
+    int4 = build_model(tmp_path / "int4", "hybrid-genai", TinySpec.hybrid(), precision="int4")
+    level4 = _with_accuracy_level(int4, 4, tmp_path / "int4-level4")
+    for model_dir, auto in ((int4, True), (level4, False)):
+        io = ModelPackage.open(model_dir).io
+        path = model_dir / "model.onnx"
+        session = DecoderSession(path, io, threads=1)
+        assert bool(session.fast_ops.rewritten) is auto
+        assert auto or "int8 activations" in session.fast_ops.off
+        assert DecoderSession(path, io, threads=1, fast_ops=True).fast_ops.rewritten
+        assert not DecoderSession(path, io, threads=1, fast_ops=False).fast_ops.rewritten
+        monkeypatch.setenv("ONNXGEN_FAST_OPS", "1")
+        assert DecoderSession(path, io, threads=1).fast_ops.rewritten
+        monkeypatch.setenv("ONNXGEN_FAST_OPS", "0")
+        assert not DecoderSession(path, io, threads=1).fast_ops.rewritten
+        monkeypatch.delenv("ONNXGEN_FAST_OPS")

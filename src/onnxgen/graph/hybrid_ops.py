@@ -13,11 +13,15 @@ onnxruntime's vectorized kernels when written as
 - ``CausalConvWithState(..., activation="silu")`` -> the same node with ``activation="none"``, then
   ``QuickGelu(alpha=1)`` on its output (the state output is the window of inputs either way).
 
-The results are the same math rounded differently: logits move by a few units in the last place (~1e-6 on
-the demo model), like a different thread count or instruction set would move them; greedy tokens stay the
-ones the export gives unless two logits are that close. ``load(..., fast_ops=False)`` (or
-``ONNXGEN_FAST_OPS=0``) runs the export's ops as they are. float32 only (the fused kernels compute fp16 in
-float32 internally; no rewrite for them).
+The results are the same math rounded differently: on fp32 exports the logits move by a few units in the
+last place (~1e-6 on the demo model, ~1e-5 on a 60M Qwen3.5), like a different thread count or instruction
+set would move them, and greedy tokens stay the export's unless two logits are that close. Where a
+``MatMulNBits`` computes on int8 activations (``accuracy_level`` 4, onnxruntime-genai's int4 default), the
+activations' quantization turns such differences into whole quantization steps: on the 60M Qwen3.5 int4
+export the logits moved by up to 0.15 (of ~4) and greedy tokens left onnxruntime-genai's at the second
+token. So by default (:func:`wanted`) the pass runs on graphs without such nodes; ``load(...,
+fast_ops=True)`` (or ``ONNXGEN_FAST_OPS=1``) runs it anyway, ``fast_ops=False`` (``ONNXGEN_FAST_OPS=0``)
+never. float32 only (the fused kernels compute fp16 in float32 internally; no rewrite for them).
 """
 
 from __future__ import annotations
@@ -34,9 +38,36 @@ ENV = "ONNXGEN_FAST_OPS"
 _SILU = (b"silu", b"swish")
 
 
-def default_enabled() -> bool:
-    """On unless ``$ONNXGEN_FAST_OPS`` is ``0``."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+def int8_activations(model: onnx.ModelProto) -> bool:
+    """Whether a ``MatMulNBits`` of the graph computes on int8 activations (``accuracy_level`` 4)."""
+    return any(
+        n.op_type == "MatMulNBits"
+        and n.domain == MS
+        and next((a.i for a in n.attribute if a.name == "accuracy_level"), 0) >= 4
+        for n in model.graph.node
+    )
+
+
+def wanted(model: onnx.ModelProto, requested: bool | None) -> tuple[bool, str]:
+    """Whether to run the pass on ``model``: ``requested``, else ``$ONNXGEN_FAST_OPS`` (0 / 1), else on
+    unless a MatMulNBits quantizes its activations to int8; and why not when not."""
+    if requested is None:
+        env = os.environ.get(ENV, "").strip().lower()
+        requested = (
+            False
+            if env in ("0", "false", "no", "off")
+            else True
+            if env in ("1", "true", "yes", "on")
+            else None
+        )
+    if requested is not None:
+        return requested, "" if requested else "fast_ops=False"
+    if int8_activations(model):
+        return False, (
+            "a MatMulNBits computes on int8 activations (accuracy_level 4), which would turn the pass's "
+            "rounding differences into quantization steps; fast_ops=True runs it anyway"
+        )
+    return True, ""
 
 
 @dataclass
@@ -45,6 +76,7 @@ class FastOps:
 
     rewritten: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    off: str = ""  # why the pass did not run at all (see :func:`wanted`)
 
 
 def _attr(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:

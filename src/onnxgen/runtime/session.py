@@ -228,15 +228,22 @@ class DecoderSession:
                 log.info("logits are computed for every position: %s", reason)
         # hybrid contrib ops on onnxruntime's vectorized CPU kernels (onnxgen.graph.hybrid_ops): the same
         # math, rounded differently; before the passes below, so that every graph of the session has it
-        self.fast_ops = FastOps()
-        if (hybrid_ops.default_enabled() if fast_ops is None else fast_ops) and on_cpu and io.state_pairs:
+        self.fast_ops = FastOps(off="not a hybrid on onnxruntime's CPU provider")
+        if on_cpu and io.state_pairs and fast_ops is not False:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
-            graph, self.fast_ops = rewrite_hybrid_ops(graph)
+            run, why = hybrid_ops.wanted(graph, fast_ops)
+            if run:
+                graph, self.fast_ops = rewrite_hybrid_ops(graph)
+            else:
+                self.fast_ops = FastOps(off=why)
+                log.info("hybrid ops run as exported: %s", why)
             if self.fast_ops.rewritten:
                 source = graph.SerializeToString()
             if self.fast_ops.skipped:
                 log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
+        elif fast_ops is False:
+            self.fast_ops = FastOps(off="fast_ops=False")
         # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
         # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
         # against double buffering)
