@@ -15,7 +15,13 @@ def _check_k(num_draft_tokens: int) -> None:
 
 @dataclass(frozen=True)
 class PromptLookup:
-    """Draft by n-gram lookup in the prompt and generated text (no extra model)."""
+    """Draft by n-gram lookup in the prompt and generated text (no extra model).
+
+    ``adaptive``: each verify carries up to ``num_draft_tokens`` drafts at first; the length doubles after
+    a verify that accepted all its drafts (up to 3x ``num_draft_tokens``), drops by one after a rejection,
+    and a cost model of the measured verify times caps it (:mod:`.budget`). False: always
+    ``num_draft_tokens``.
+    """
 
     num_draft_tokens: int = 4
     max_ngram: int = 3
@@ -35,7 +41,8 @@ class PromptLookup:
 
 @dataclass(frozen=True)
 class DraftModel:
-    """Draft with a smaller model of the same tokenizer: an ``onnxgen.LLM`` or a model directory."""
+    """Draft with a smaller model of the same tokenizer: an ``onnxgen.LLM`` or a model directory.
+    ``adaptive`` as for :class:`PromptLookup`."""
 
     model: Any
     num_draft_tokens: int = 4
