@@ -57,7 +57,9 @@ def test_gated_rms_norm_is_rewritten_to_the_same_values(activation: str | None) 
         "z": rng.standard_normal((1, 7, 48)).astype(np.float32) * 3,
     }
     (want,) = _run(_gated_norm(activation), feeds)
-    model, report = rewrite_hybrid_ops(_gated_norm(activation))
+    original = _gated_norm(activation)
+    model, report = rewrite_hybrid_ops(original)
+    assert [n.op_type for n in original.graph.node] == ["GatedRMSNorm"], "the input model must not change"
     assert report.rewritten and not report.skipped
     assert not any(n.op_type == "GatedRMSNorm" for n in model.graph.node)
     (got,) = _run(model, feeds)
@@ -99,7 +101,10 @@ def test_silu_fused_causal_conv_runs_without_activation_then_silu() -> None:
         "past": rng.standard_normal((1, 12, 3)).astype(np.float32),
     }
     want_y, want_state = _run(_conv("silu"), feeds)
-    model, report = rewrite_hybrid_ops(_conv("silu"))
+    original = _conv("silu")
+    model, report = rewrite_hybrid_ops(original)
+    (conv,) = original.graph.node  # the input model must not change
+    assert next(a.s for a in conv.attribute if a.name == "activation") == b"silu"
     assert len(report.rewritten) == 1
     assert [n.op_type for n in model.graph.node] == ["CausalConvWithState", "QuickGelu"]
     got_y, got_state = _run(model, feeds)

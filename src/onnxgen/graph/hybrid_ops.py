@@ -36,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 MS = "com.microsoft"
 ENV = "ONNXGEN_FAST_OPS"
 _SILU = (b"silu", b"swish")
+_REWRITTEN = ("GatedRMSNorm", "CausalConvWithState")
 
 
 def int8_activations(model: onnx.ModelProto) -> bool:
@@ -93,9 +94,13 @@ def _float_types(graph: onnx.GraphProto) -> dict[str, int]:
 
 
 def rewrite_hybrid_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FastOps]:
-    """``model`` (changed in place and returned) with its float32 ``GatedRMSNorm`` and SiLU-fused
-    ``CausalConvWithState`` nodes on vectorized kernels, and what was done."""
-    graph = model.graph
+    """A copy of ``model`` with its float32 ``GatedRMSNorm`` and SiLU-fused ``CausalConvWithState`` nodes
+    on vectorized kernels (``model`` itself when there is nothing to rewrite), and what was done."""
+    if not any(n.domain == MS and n.op_type in _REWRITTEN for n in model.graph.node):
+        return model, FastOps()
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    graph = rewritten.graph
     report = FastOps()
     initializers = {t.name: t for t in graph.initializer}
     types = _float_types(graph)
@@ -159,13 +164,14 @@ def rewrite_hybrid_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FastOps
             report.rewritten.append(label)
         else:
             nodes.append(node)
-    if report.rewritten:
-        del graph.node[:]
-        graph.node.extend(nodes)
-        graph.initializer.extend(added)
-        if not any(o.domain == MS for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(MS, 1))
-    return model, report
+    if not report.rewritten:
+        return model, report
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(added)
+    if not any(o.domain == MS for o in rewritten.opset_import):
+        rewritten.opset_import.append(helper.make_opsetid(MS, 1))
+    return rewritten, report
 
 
 def _gated_norm_blocker(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> str:
