@@ -248,3 +248,17 @@ def test_the_bundled_model_continues_a_repeated_span_of_random_ids() -> None:
 
     spans = copy_probe_spans(np.zeros(1000, dtype=np.int64), (FIRST_ORDINARY_ID, 4096), count=8)["random ids"]
     assert copy_accuracy(default_model_dir(), spans) > 0.8
+
+
+def test_the_dense_demo_config_has_every_layer_full_attention_and_is_not_installable() -> None:
+    from onnxgen.demo.config import DemoConfig
+    from onnxgen.demo.train import _parser, config_from_args, main
+
+    cfg = config_from_args(_parser().parse_args(["--dense", "--steps", "30", "--copy-phase-steps", "20"]))
+    assert cfg.dense and cfg.total_steps == 50
+    assert cfg.layer_types() == ["full_attention"] * cfg.layers
+    assert cfg.text_config_kwargs()["layer_types"] == cfg.layer_types()
+    hybrid = DemoConfig().layer_types()
+    assert "linear_attention" in hybrid and hybrid.count("full_attention") == 2
+    with pytest.raises(SystemExit):
+        main(["--dense", "--install"])

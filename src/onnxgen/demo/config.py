@@ -13,6 +13,9 @@ class DemoConfig:
     """Everything that decides the trained weights (with the corpus). Change a field, change the model."""
 
     # Qwen3.5 text geometry: layers i % 4 == 3 are full attention, the others Gated DeltaNet.
+    # ``dense``: every layer full attention (no recurrent state; the builder exports it with KV caches
+    # only), for benchmarks of dense exports beside the hybrid; the bundled model is the hybrid.
+    dense: bool = False
     vocab_size: int = 4096
     hidden: int = 192
     intermediate: int = 512
@@ -69,7 +72,9 @@ class DemoConfig:
         return asdict(self)
 
     def layer_types(self) -> list[str]:
-        return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(self.layers)]
+        return [
+            "full_attention" if self.dense or i % 4 == 3 else "linear_attention" for i in range(self.layers)
+        ]
 
     def text_config_kwargs(self) -> dict[str, Any]:
         rotary = int(self.head_dim * self.partial_rotary) // 2  # rotary_dim / 2 frequencies

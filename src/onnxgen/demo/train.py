@@ -1,6 +1,7 @@
 """Rebuild the demo model end to end: ``python -m onnxgen.demo.train [--out DIR] [--install]``.
 
-Stages, each writing under ``--out`` (default ``./demo-model``):
+Stages, each writing under ``--out`` (default ``./demo-model``); ``--dense`` trains the same geometry
+with every layer full attention (a dense model, for benchmarks; not installable as the default):
 
 1. ``data/`` + ``tokenizer/``: the standard library corpus and its BPE (:mod:`onnxgen.demo.data`);
 2. ``train/``: training on the CPU with checkpoints every 50 steps; rerunning resumes (:mod:`.trainer`);
@@ -36,11 +37,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help=f"training steps (default {DemoConfig.steps})")
     p.add_argument("--seed", type=int, help=f"seed (default {DemoConfig.seed})")
     p.add_argument("--threads", type=int, help=f"torch threads (default {DemoConfig.threads})")
+    p.add_argument(
+        "--copy-phase-steps",
+        type=int,
+        help=f"steps of the copy phase after --steps (default {DemoConfig.copy_phase_steps})",
+    )
+    p.add_argument(
+        "--dense",
+        action="store_true",
+        help="every layer full attention: a dense model (no recurrent state) for dense-export benchmarks",
+    )
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
-    given = {k: getattr(args, k) for k in ("steps", "seed", "threads") if getattr(args, k) is not None}
+    keys = ("steps", "seed", "threads", "copy_phase_steps")
+    given: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+    if args.dense:
+        given["dense"] = True
     return dataclasses.replace(DemoConfig(), **given)
 
 
@@ -88,7 +102,10 @@ def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.dense and args.install:
+        parser.error("--install puts the hybrid demo model in the package; train --dense without it")
     run(config_from_args(args), args.out.resolve(), install=args.install)
     return 0
 
