@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 from onnxgen import bench
@@ -85,6 +86,7 @@ def test_bench_json_reports_prefill_ttft_decode_and_rss_of_the_onnxgen_worker(
     assert e["peak_rss_mb"] > 10  # onnxruntime alone takes more than this
     assert e["pss_mb"] is None or 10 < e["pss_mb"] <= e["peak_rss_mb"] + 1
     assert e["process_threads"] >= 1
+    assert e["fast_ops"] == "off: not a hybrid on onnxruntime's CPU provider"
     assert (e["decode_plan_requested"], e["decode_plan"]) == ("auto", "main")
     assert "no Scan" in e["decode_plan_reason"]
 
@@ -98,6 +100,10 @@ def test_bench_table_has_one_row_per_engine_and_prompt_length_and_states_the_mac
         "decode plan: main (no eligible Scan (the graph has no Scan))" in text
     )  # said without --decode-plan
     e = hybrid_report["results"][0]["engines"]["onnxgen"]
+    graph = onnx.load(str(Path(hybrid_report["model"]) / "model.onnx"), load_external_data=False)
+    fused = sum(n.op_type in ("GatedRMSNorm", "CausalConvWithState") for n in graph.graph.node)
+    assert fused >= 2 and e["fast_ops"] == f"{fused} hybrid ops on vectorized kernels"
+    assert f"fast ops: {fused} hybrid ops on vectorized kernels" in text
     row = next(
         line.split() for line in text.splitlines() if line.split()[:3] == ["synthetic", "4", "onnxgen"]
     )

@@ -126,6 +126,17 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def fast_ops_lines(report: dict[str, Any]) -> list[str]:
+    """What the fast-ops pass did in each onnxgen worker (onnxgen.graph.hybrid_ops), once per setting."""
+    seen = {
+        e["fast_ops"]: None
+        for entry in report["results"]
+        for e in entry["engines"].values()
+        if e.get("fast_ops")
+    }
+    return [f"fast ops: {what}" for what in seen]
+
+
 def _header(report: dict[str, Any]) -> list[str]:
     m = report["machine"]
     engines = report["results"][0]["engines"]
@@ -144,6 +155,7 @@ def _header(report: dict[str, Any]) -> list[str]:
     ]
     if not report.get("decode_plans"):
         lines.extend(plan_lines(report))
+    lines.extend(fast_ops_lines(report))
     return lines
 
 
