@@ -139,3 +139,20 @@ def test_inspect_says_a_model_without_scans_decodes_on_its_main_graph(
     assert out["decode_plan"] == "main" and "no Scan" in out["decode_plan_reason"]
     assert main(["inspect", str(dense)]) == 0
     assert "decode plan:    main (no eligible Scan" in capsys.readouterr().out
+
+
+def test_inspect_says_what_the_fast_ops_pass_does_as_a_load_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scan_dir: Path
+) -> None:
+    fused = build_model(tmp_path / "fused", "hybrid-genai")
+    assert main(["inspect", str(fused), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    n = len(load(fused, threads=1).session.fast_ops.rewritten)
+    assert n >= 2 and out["fast_ops"].startswith(f"{n} hybrid ops on vectorized kernels")
+    assert main(["inspect", str(fused)]) == 0
+    assert f"fast ops:       {out['fast_ops']}" in capsys.readouterr().out
+    assert main(["inspect", str(scan_dir), "--json"]) == 0  # a hybrid whose recurrence is a Scan
+    assert json.loads(capsys.readouterr().out)["fast_ops"] == "nothing to rewrite"
+    dense = build_model(tmp_path / "dense", "genai-dense")
+    assert main(["inspect", str(dense), "--json"]) == 0
+    assert "fast_ops" not in json.loads(capsys.readouterr().out)

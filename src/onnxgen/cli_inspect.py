@@ -6,6 +6,7 @@ import argparse
 import json
 
 from onnxgen.cli_generate import MODEL_ENV, resolve_model
+from onnxgen.graph.hybrid_ops import rewrite_hybrid_ops, wanted
 from onnxgen.model.inspect import describe, format_text
 from onnxgen.model.package import ModelPackage
 from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
@@ -29,9 +30,26 @@ def decode_plan_summary(package: ModelPackage) -> dict[str, str]:
     return {"decode_plan": choice.plan, "decode_plan_reason": choice.reason}
 
 
+def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
+    """What ``load(model)`` on the CPU does with a hybrid's fused ops (:mod:`onnxgen.graph.hybrid_ops`);
+    nothing for a model without recurrent state."""
+    if not package.io.state_pairs:
+        return {}
+    run, why = wanted(package.graph, None)
+    if not run:
+        return {"fast_ops": f"off: {why}"}
+    rewritten = rewrite_hybrid_ops(package.graph)[1].rewritten
+    if not rewritten:
+        return {"fast_ops": "nothing to rewrite"}
+    return {
+        "fast_ops": f"{len(rewritten)} hybrid ops on vectorized kernels (GatedRMSNorm, CausalConvWithState)"
+    }
+
+
 def _run(args: argparse.Namespace) -> int:
     package = ModelPackage.open(resolve_model(args.model))
     summary = describe(package)
     summary.update(decode_plan_summary(package))
+    summary.update(fast_ops_summary(package))
     print(json.dumps(summary, indent=2) if args.json else format_text(summary))
     return 0

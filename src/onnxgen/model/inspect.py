@@ -159,6 +159,8 @@ def format_text(d: dict[str, Any]) -> str:
     lines.append(f"share buffer:   {'yes' if d['past_present_share_buffer'] else 'no'}")
     if d.get("decode_plan"):  # added by `onnxgen inspect` (the choice lives in onnxgen.runtime.plans)
         lines.append(f"decode plan:    {d['decode_plan']} ({d.get('decode_plan_reason', '')})")
+    if d.get("fast_ops"):  # added by `onnxgen inspect` (onnxgen.graph.hybrid_ops)
+        lines.append(f"fast ops:       {d['fast_ops']}")
     lines.append(f"context length: {d['context_length'] if d['context_length'] is not None else 'unknown'}")
     lines.append(
         f"eos / bos / pad: {d['eos_token_id'] or '-'} / {_opt(d['bos_token_id'])} / {_opt(d['pad_token_id'])}"
