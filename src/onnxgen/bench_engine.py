@@ -80,16 +80,9 @@ class OnnxgenEngine:
             "version": __version__,
             "vocab_size": vocab,
             "context_length": self.llm.package.context_length,
-            "fast_ops": self.fast_ops_info(),
+            "fast_ops": self.llm.session.fast_ops.summary(),
             **self.plan_info(),
         }
-
-    def fast_ops_info(self) -> str:
-        """What the fast-ops pass (onnxgen.graph.hybrid_ops) did to the session's graph."""
-        fast = self.llm.session.fast_ops
-        if fast.rewritten:
-            return f"{len(fast.rewritten)} hybrid ops on vectorized kernels"
-        return f"off: {fast.off}" if fast.off else "nothing to rewrite"
 
     def plan_info(self) -> dict[str, str]:
         """The decode plan asked for, the one single-token steps run on now, and why."""

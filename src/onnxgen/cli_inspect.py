@@ -6,7 +6,7 @@ import argparse
 import json
 
 from onnxgen.cli_generate import MODEL_ENV, resolve_model
-from onnxgen.graph.hybrid_ops import rewrite_hybrid_ops, wanted
+from onnxgen.graph.hybrid_ops import FastOps, rewrite_hybrid_ops, wanted
 from onnxgen.model.inspect import describe, format_text
 from onnxgen.model.package import ModelPackage
 from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
@@ -36,14 +36,8 @@ def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
     if not package.io.state_pairs:
         return {}
     run, why = wanted(package.graph, None)
-    if not run:
-        return {"fast_ops": f"off: {why}"}
-    rewritten = rewrite_hybrid_ops(package.graph)[1].rewritten
-    if not rewritten:
-        return {"fast_ops": "nothing to rewrite"}
-    return {
-        "fast_ops": f"{len(rewritten)} hybrid ops on vectorized kernels (GatedRMSNorm, CausalConvWithState)"
-    }
+    fast = rewrite_hybrid_ops(package.graph)[1] if run else FastOps(off=why)
+    return {"fast_ops": fast.summary()}
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -49,20 +49,26 @@ def int8_activations(model: onnx.ModelProto) -> bool:
     )
 
 
+_SWITCH = {
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+}
+
+
 def wanted(model: onnx.ModelProto, requested: bool | None) -> tuple[bool, str]:
     """Whether to run the pass on ``model``: ``requested``, else ``$ONNXGEN_FAST_OPS`` (0 / 1), else on
     unless a MatMulNBits quantizes its activations to int8; and why not when not."""
-    if requested is None:
-        env = os.environ.get(ENV, "").strip().lower()
-        requested = (
-            False
-            if env in ("0", "false", "no", "off")
-            else True
-            if env in ("1", "true", "yes", "on")
-            else None
-        )
     if requested is not None:
         return requested, "" if requested else "fast_ops=False"
+    env = os.environ.get(ENV, "").strip().lower()
+    if env in _SWITCH:
+        return _SWITCH[env], "" if _SWITCH[env] else f"{ENV}={env}"
     if int8_activations(model):
         return False, (
             "a MatMulNBits computes on int8 activations (accuracy_level 4), which would turn the pass's "
@@ -78,6 +84,12 @@ class FastOps:
     rewritten: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     off: str = ""  # why the pass did not run at all (see :func:`wanted`)
+
+    def summary(self) -> str:
+        """One line for reports (``onnxgen inspect``, ``onnxgen bench``)."""
+        if self.rewritten:
+            return f"{len(self.rewritten)} hybrid ops on vectorized kernels"
+        return f"off: {self.off}" if self.off else "nothing to rewrite"
 
 
 def _attr(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:

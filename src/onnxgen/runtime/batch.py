@@ -32,6 +32,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError
+from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.runtime.buffers import HostBuffer, dtype_of
 from onnxgen.runtime.session import DecoderSession, _Binder
@@ -42,12 +43,7 @@ def invariant_min_rows(graph: onnx.ModelProto) -> int:
     """The ``min_rows`` that makes a sequence's logits independent of its company: 2 when a MatMulNBits node
     computes on int8 activations (``accuracy_level`` 4), whose single-row kernel rounds differently from
     its block kernel; else 1 (fp32 kernels give a row the same result alone or in a block)."""
-    for node in graph.graph.node:
-        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
-            level = next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
-            if level >= 4:
-                return 2
-    return 1
+    return 2 if int8_activations(graph) else 1
 
 
 class RowBuffer:

@@ -20,8 +20,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError, UnsupportedModelError
-from onnxgen.graph import hybrid_ops
-from onnxgen.graph.hybrid_ops import FastOps, rewrite_hybrid_ops
+from onnxgen.graph.hybrid_ops import FastOps, rewrite_hybrid_ops, wanted
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime import hugepages
@@ -229,21 +228,19 @@ class DecoderSession:
         # hybrid contrib ops on onnxruntime's vectorized CPU kernels (onnxgen.graph.hybrid_ops): the same
         # math, rounded differently; before the passes below, so that every graph of the session has it
         self.fast_ops = FastOps(off="not a hybrid on onnxruntime's CPU provider")
-        if on_cpu and io.state_pairs and fast_ops is not False:
+        if on_cpu and io.state_pairs:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
-            run, why = hybrid_ops.wanted(graph, fast_ops)
+            run, why = wanted(graph, fast_ops)
             if run:
                 graph, self.fast_ops = rewrite_hybrid_ops(graph)
+                if self.fast_ops.rewritten:
+                    source = graph.SerializeToString()
+                if self.fast_ops.skipped:
+                    log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
             else:
                 self.fast_ops = FastOps(off=why)
                 log.info("hybrid ops run as exported: %s", why)
-            if self.fast_ops.rewritten:
-                source = graph.SerializeToString()
-            if self.fast_ops.skipped:
-                log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
-        elif fast_ops is False:
-            self.fast_ops = FastOps(off="fast_ops=False")
         # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
         # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
         # against double buffering)
