@@ -219,3 +219,23 @@ def mismatches(a: dict[str, np.ndarray], b: dict[str, np.ndarray], atol: float =
             yield f"{name}: shape {a[name].shape} vs {b[name].shape}"
         elif not (np.array_equal(a[name], b[name]) if atol == 0 else np.allclose(a[name], b[name], 0, atol)):
             yield f"{name}: max |diff| {np.abs(a[name] - b[name]).max():.3g}"
+
+
+class NoisyOracle:
+    """Drafts plain greedy's own next tokens, replacing each with a wrong one with probability ``p``
+    (seeded), so that verifies accept every prefix length from none to all."""
+
+    def __init__(self, reference: list[int], p: float, vocab: int, seed: int = 0) -> None:
+        self.reference, self.p, self.vocab = reference, p, vocab
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], None]:
+        n = len(ids)
+        drafts = self.reference[n : n + k]
+        return [t if self.rng.random() >= self.p else (t + 1) % self.vocab for t in drafts], None
+
+    def observe(self, context_len: int, accepted: int) -> None:
+        pass
+
+    def reset(self, prompt_len: int) -> None:
+        pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from speculative_helpers import PROMPT, ModelZoo, greedy
+from speculative_helpers import PROMPT, ModelZoo, NoisyOracle, greedy
 
 from onnxgen import SamplingParams
 from onnxgen.generation.speculative.loop import SpeculativeLoop, next_draft_length
@@ -19,11 +19,13 @@ def test_the_draft_length_doubles_after_full_accepts_and_shrinks_by_one_after_a_
     assert [next_draft_length(k, False, 12) for k in (1, 2, 8, 12)] == [1, 1, 7, 11]
 
 
-class Perfect:
-    """Drafts exactly plain greedy's next tokens, or wrong ones from position ``wrong_from`` on."""
+class Perfect(NoisyOracle):
+    """Drafts exactly plain greedy's next tokens, or wrong ones from position ``wrong_from`` on; records
+    how many drafts each verify carried."""
 
     def __init__(self, reference: list[int], vocab: int, wrong_from: int = 10**9) -> None:
-        self.reference, self.vocab, self.wrong_from = reference, vocab, wrong_from
+        super().__init__(reference, 0.0, vocab)
+        self.wrong_from = wrong_from
         self.sizes: list[int] = []
 
     def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], None]:
@@ -34,12 +36,6 @@ class Perfect:
         ]
         self.sizes.append(len(drafts))
         return drafts, None
-
-    def observe(self, context_len: int, accepted: int) -> None:
-        pass
-
-    def reset(self, prompt_len: int) -> None:
-        pass
 
 
 def test_a_loop_grows_its_drafts_to_three_times_k_on_full_accepts_and_keeps_plain_greedy_tokens(

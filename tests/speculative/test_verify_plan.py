@@ -17,6 +17,7 @@ from speculative_helpers import (
     HYBRID_FAMILIES,
     PROMPT,
     ModelZoo,
+    NoisyOracle,
     assert_same_as_plain,
     greedy,
     ids,
@@ -33,26 +34,6 @@ from onnxgen.runtime.verify_plan import CapturePlan, PerPositionPlan
 K = 4
 N = 24
 CAPACITY = 96
-
-
-class NoisyOracle:
-    """Drafts plain greedy's own next tokens, replacing each with a wrong one with probability ``p``
-    (seeded), so that verifies accept every prefix length from none to all."""
-
-    def __init__(self, reference: list[int], p: float, vocab: int, seed: int = 0) -> None:
-        self.reference, self.p, self.vocab = reference, p, vocab
-        self.rng = np.random.default_rng(seed)
-
-    def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], None]:
-        n = len(ids)
-        drafts = self.reference[n : n + k]
-        return [t if self.rng.random() >= self.p else (t + 1) % self.vocab for t in drafts], None
-
-    def observe(self, context_len: int, accepted: int) -> None:
-        pass
-
-    def reset(self, prompt_len: int) -> None:
-        pass
 
 
 class Scripted(NoisyOracle):
