@@ -10,7 +10,7 @@ from runtime_helpers import PROMPT, ids, open_session
 
 from onnxgen.errors import GenerationError
 from onnxgen.model.package import ModelPackage
-from onnxgen.runtime.session import DecoderSession, _Lane
+from onnxgen.runtime.session import DecoderSession, _Lane, _LengthMask
 from onnxgen.runtime.state import DecodeState
 
 SHARED_FAMILIES = ("genai-dense", "hybrid-genai")  # GroupQueryAttention: the steady cycle runs
@@ -20,7 +20,8 @@ STEPS = [40, 7, 300, 41, 2, 99, 3, 4, 5, 17]
 def _script(session: DecoderSession, single: bool) -> tuple[list[np.ndarray], dict[str, np.ndarray], int]:
     """Single-token steps (through ``step`` when ``single``, else ``forward``) interrupted by everything
     that moves buffers or rebinds a lane's binder; returns each step's logits row, the final states and
-    KV, and how many steps ran on a lane."""
+    KV, and how many steps ran on a lane (on a lane that keeps a capacity-long mask bound, counted
+    negative)."""
     lane_runs = 0
     make = DecoderSession._lane
 
@@ -29,10 +30,11 @@ def _script(session: DecoderSession, single: bool) -> tuple[list[np.ndarray], di
         if lane is None:
             return None
         run = lane.run
+        sign = -1 if lane.mask is not None else 1
 
         def counted(binding: object, options: object) -> None:
             nonlocal lane_runs
-            lane_runs += 1
+            lane_runs += sign
             run(binding, options)  # type: ignore[arg-type]
 
         lane.run = counted
@@ -68,13 +70,17 @@ def _script(session: DecoderSession, single: bool) -> tuple[list[np.ndarray], di
     return out, {**state.state_arrays(), **state.kv_arrays()}, lane_runs
 
 
+@pytest.mark.parametrize("length_mask", [True, False], ids=["capacity-mask", "mask-per-step"])
 @pytest.mark.parametrize("family", SHARED_FAMILIES)
 def test_lane_steps_equal_ordinary_forwards_bit_for_bit(
-    sessions: dict[str, DecoderSession], family: str
+    sessions: dict[str, DecoderSession], family: str, length_mask: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session = sessions[family]
+    assert session.length_mask  # both families give GroupQueryAttention its lengths from the mask
+    monkeypatch.setattr(session, "length_mask", length_mask)
     stepped, stepped_state, lane_runs = _script(session, single=True)
-    assert lane_runs >= 40  # most steady steps ran on a lane
+    # most steady steps ran on a lane, of the kind asked for
+    assert (-lane_runs if length_mask else lane_runs) >= 40
     forwarded, forwarded_state, none = _script(session, single=False)
     assert none == 0  # forward never takes a lane
     assert len(stepped) == len(forwarded)
@@ -85,19 +91,24 @@ def test_lane_steps_equal_ordinary_forwards_bit_for_bit(
         np.testing.assert_array_equal(stepped_state[name], forwarded_state[name], err_msg=name)
 
 
+@pytest.mark.parametrize("length_mask", [True, False], ids=["capacity-mask", "mask-per-step"])
 @pytest.mark.parametrize("family", SHARED_FAMILIES)
 def test_a_lane_that_does_not_bind_the_grown_mask_is_caught(
-    sessions: dict[str, DecoderSession], family: str, monkeypatch: pytest.MonkeyPatch
+    sessions: dict[str, DecoderSession], family: str, length_mask: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Negative control: a lane that leaves the attention mask of its last run bound diverges from
-    forward (the mask tells attention how many positions the shared KV buffer holds)."""
+    """Negative control: a lane that leaves the attention mask of its last run as it was (binds no new
+    mask, or does not write the new position into the capacity-long one) diverges from forward (the
+    mask tells attention how many positions the shared KV buffer holds)."""
     session = sessions[family]
+    monkeypatch.setattr(session, "length_mask", length_mask)
     make = DecoderSession._lane
 
     def stale_mask(self: DecoderSession, *args: object) -> _Lane | None:
         lane = make(self, *args)  # type: ignore[arg-type]
         if lane is not None:
             lane.bind_input = lambda name, value: None
+            if lane.mask is not None:
+                lane.mask.row = lane.mask.row.copy()  # writes no longer reach the bound buffer
         return lane
 
     monkeypatch.setattr(DecoderSession, "_lane", stale_mask)
@@ -109,6 +120,38 @@ def test_a_lane_that_does_not_bind_the_grown_mask_is_caught(
         got = session.step(state, t).copy()
         differs |= not np.array_equal(got, session.forward(reference, ids(t))[0, -1])
     assert differs
+
+
+def _rewinding(session: DecoderSession, single: bool) -> list[np.ndarray]:
+    """Steady steps on a dense shared-KV state cut back by rewinds (a speculative commit's) of 1-6 tokens,
+    so that lanes still valid after a rewind step at an earlier position."""
+    state = session.new_state(96)
+    out = [session.forward(state, ids(PROMPT), 1)[0, -1]]
+    for back in (3, 1, 6, 2):
+        for t in STEPS:
+            out.append(session.step(state, t).copy() if single else session.forward(state, ids(t))[0, -1])
+        state.rewind(state.length - back)
+    out += [session.step(state, t).copy() if single else session.forward(state, ids(t))[0, -1] for t in STEPS]
+    return out
+
+
+def test_capacity_mask_lanes_follow_rewinds(
+    sessions: dict[str, DecoderSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = sessions["genai-dense"]
+    assert session.length_mask
+    forwarded = _rewinding(session, single=False)
+    for a, b in zip(_rewinding(session, single=True), forwarded, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    # negative control: a mask that is not cut back with the KV cache lets attention read stale positions
+    def fill_without_cut(self: _LengthMask, length: int) -> None:
+        self.row[:length] = 1
+        self.filled = length
+
+    monkeypatch.setattr(_LengthMask, "fill", fill_without_cut)
+    stale = _rewinding(session, single=True)
+    assert any(not np.array_equal(a, b) for a, b in zip(stale, forwarded, strict=True))
 
 
 def test_lanes_follow_the_session_onto_its_verify_plan_graph(family_dirs: dict[str, Path]) -> None:

@@ -22,6 +22,7 @@ import onnxruntime as ort
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.hybrid_ops import FastOps, rewrite_hybrid_ops, wanted
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
+from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime import hugepages
 from onnxgen.runtime.buffers import HostBuffer
@@ -169,6 +170,23 @@ class _SingleInputs:
         return binder.bound_input(self.token_input) is self.token_value
 
 
+class _LengthMask:
+    """A decode state's ``[1, capacity]`` attention mask that its lanes keep bound (graphs whose mask only
+    gives GroupQueryAttention its lengths, :mod:`onnxgen.graph.mask_lengths`): ones over the first
+    ``filled`` positions, zeros after. Both lanes of the state share it; a step at position ``past``
+    writes one element, or (after a rewind, or steps that ran without a lane) re-fills it first."""
+
+    def __init__(self, capacity: int, dtype: np.dtype) -> None:
+        self.buffer = HostBuffer.wrap(np.zeros((1, capacity), dtype=dtype))
+        self.row = self.buffer.array[0]
+        self.filled = 0
+
+    def fill(self, length: int) -> None:
+        self.row[:length] = 1
+        self.row[length:] = 0
+        self.filled = length
+
+
 @dataclass(eq=False)
 class _Lane:
     """A prepared steady decode step of a batch-1 state (:meth:`DecoderSession.step`): one binder of the
@@ -186,6 +204,7 @@ class _Lane:
     tokens: np.ndarray  # the bound [1, 1] token buffer
     positions: np.ndarray | None  # the bound position buffer ([1, 1] or [3, 1, 1])
     logits: np.ndarray  # [vocab]: the bound logits buffer's row
+    mask: _LengthMask | None  # the state's bound capacity-long mask, else a mask is bound per step
 
 
 class DecoderSession:
@@ -249,6 +268,13 @@ class DecoderSession:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
             self.inplace_states = inplace_states(graph, io)
+        # lanes of graphs whose mask only gives GroupQueryAttention its lengths keep one capacity-long
+        # mask bound and write one element per step (onnxgen.graph.mask_lengths; CPU kernel checked)
+        self.length_mask = False
+        if on_cpu and io.attention_mask is not None and io.past_present_share_buffer:
+            if graph is None:
+                graph = onnx.load(str(model_path), load_external_data=False)
+            self.length_mask = mask_feeds_lengths_only(graph, io.attention_mask)
         # Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
         # The rewritten graph's extra outputs cost every plain step too (~7% of a Qwen3.5 int4 step at 1
         # thread in round 13; 0.98-1.03x at 2 threads in round 16, after in-place states), so
@@ -416,7 +442,7 @@ class DecoderSession:
             and logits_buf is not None
             and not binder.allocates
         ):
-            state.lanes[parity] = self._lane(session, binder, step, logits_buf)
+            state.lanes[parity] = self._lane(state, session, binder, step, logits_buf)
         if logits_buf is not None:
             logits = logits_buf.array.copy() if copy else logits_buf.array
         else:
@@ -457,7 +483,13 @@ class DecoderSession:
             lane.tokens[0, 0] = token
             if lane.positions is not None:
                 lane.positions.fill(past)
-            if self.io.attention_mask is not None:
+            held = lane.mask
+            if held is not None:
+                if held.filled != past:  # a rewind, or steps that ran without a lane
+                    held.fill(past)
+                held.row[past] = 1
+                held.filled = past + 1
+            elif self.io.attention_mask is not None:
                 mask = self._ones(1, past + 1)
                 lane.bind_input(self.io.attention_mask, mask._ortvalue)
                 lane.binder.record_input(self.io.attention_mask, mask)
@@ -482,7 +514,12 @@ class DecoderSession:
         )
 
     def _lane(
-        self, session: ort.InferenceSession, binder: _Binder, step: StepIO, logits: HostBuffer
+        self,
+        state: DecodeState,
+        session: ort.InferenceSession,
+        binder: _Binder,
+        step: StepIO,
+        logits: HostBuffer,
     ) -> _Lane | None:
         """The lane of a single-token forward that just ran through ``binder`` on the steady cycle's
         ``step``; None where onnxruntime's binding objects are not the ones this version knows."""
@@ -491,6 +528,13 @@ class DecoderSession:
         raw = getattr(binder.binding, "_iobinding", None)
         if single is None or run is None or raw is None or not hasattr(single.token_value, "_ortvalue"):
             return None
+        held = None
+        if self.length_mask and session is self.session and self.io.attention_mask is not None:
+            held = state.lane_mask
+            if held is None:
+                held = state.lane_mask = _LengthMask(state.capacity, self._mask_dtype)
+            held.fill(state.length)
+            binder.input(self.io.attention_mask, held.buffer.value)
         return _Lane(
             session=session,
             binder=binder,
@@ -502,6 +546,7 @@ class DecoderSession:
             tokens=single.tokens,
             positions=single.positions,
             logits=logits.array[0, -1],
+            mask=held,
         )
 
     def _binder(self, state: DecodeState, session: ort.InferenceSession, kind: int = 0) -> _Binder:

@@ -106,6 +106,7 @@ class DecodeState:
         # Per step parity: a session's prepared steady step over this state (DecoderSession.step), valid
         # while it runs the very StepIO that :meth:`steady` returns; owned by the session, like bindings.
         self.lanes: list[object | None] = [None, None]
+        self.lane_mask: object | None = None  # the lanes' bound attention mask, where the session keeps one
         self._kv_shared: list[HostBuffer] = []
         self._kv: list[ort.OrtValue] = []
         self._kv_empty: list[ort.OrtValue] = []
