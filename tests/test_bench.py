@@ -192,6 +192,38 @@ def test_bench_interleaves_engines_drops_warmups_and_reports_medians_and_ratios(
     assert entry["tokens_match"] is False and entry["first_divergence"] == 2
 
 
+def test_bench_processes_starts_fresh_workers_in_turn_and_pools_their_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each worker set is started, warmed up, run and closed before the next; the medians are over every
+    set's runs, and each set's own decode-rate ratio is kept (one process can be luckier than another)."""
+    monkeypatch.setattr(bench, "require_genai", lambda: None)
+    monkeypatch.setattr(bench, "Worker", _FakeWorker)
+    _FakeWorker.order, _FakeWorker.started = [], []
+    cfg = BenchConfig(
+        "m", prompt_tokens=(5,), new_tokens=6, warmups=1, runs=2, threads=2, compare=GENAI, processes=3
+    )
+    report = run_bench(cfg, log=lambda _: None)
+    [entry] = report["results"]
+    assert report["processes"] == 3
+    assert [w["label"] for w in _FakeWorker.started] == ["onnxgen", GENAI] * 3
+    assert _FakeWorker.order == ["onnxgen", GENAI] * 9  # 3 runs (1 warmup) per set, interleaved
+    ours, theirs = entry["engines"]["onnxgen"], entry["engines"][GENAI]
+    assert len(ours["runs"]) == len(theirs["runs"]) == 6
+    # every fresh worker counts its calls from 1: measured calls 2 and 3 of each set, pooled
+    assert sorted(r["prefill_ms"] for r in ours["runs"]) == [20.0, 20.0, 20.0, 30.0, 30.0, 30.0]
+
+    # each set's ratio of median decode rates (steps include the slow first one here)
+    def rate(step: float) -> float:
+        return decode_rate([100.0] + [step] * 4)
+
+    one = (rate(2.0) + rate(3.0)) / (rate(4.0) + rate(6.0))
+    assert entry["process_decode_ratios"] == {"onnxgen": [pytest.approx(one)] * 3}
+    text = format_report(report)
+    assert "decode tok/s onnxgen/genai of each of the 3 worker sets (pooled above):" in text
+    assert f"synthetic/5 onnxgen: {one:.2f}x {one:.2f}x {one:.2f}x" in text
+
+
 def test_decode_rate_counts_steps_after_the_skipped_ones() -> None:
     assert decode_rate([10.0, 1.0, 1.0, 2.0]) == pytest.approx(4000.0 / 14.0)
     assert decode_rate([10.0, 1.0, 1.0, 2.0], skip=1) == pytest.approx(750.0)
@@ -222,6 +254,7 @@ def test_onnxgen_engine_times_the_prefill_forward_and_one_step_per_later_token(d
             "--decode-skip must be in [0, new_tokens - 1) = [0, 3) (got 3)",
         ),
         (["--runs", "0"], "--runs must be >= 1"),
+        (["--processes", "0"], "--processes must be >= 1 (got 0)"),
         (["--threads", "0"], "--threads must be an integer >= 1"),
         (
             ["--decode-plan", "scan,fast"],

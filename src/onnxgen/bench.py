@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -70,10 +71,13 @@ class BenchConfig:
     prompt_kinds: tuple[str, ...] | None = None  # None: see `kinds`
     prompt_files: tuple[str, ...] = ()
     constraints: tuple[str, ...] = ()  # built-in constraints (bench_constraints) timed beside plain runs
+    processes: int = 1  # worker sets started one after another per prompt; their runs are pooled
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens or min(self.prompt_tokens) < 1:
             raise ValueError(f"--prompt-tokens must be positive integers (got {list(self.prompt_tokens)})")
+        if self.processes < 1:
+            raise ValueError(f"--processes must be >= 1 (got {self.processes})")
         if self.new_tokens < 2:
             raise ValueError(
                 f"--new-tokens must be >= 2 so there is a decode step to time (got {self.new_tokens})"
@@ -223,34 +227,43 @@ def _progress(cfg: BenchConfig, case: str, i: int, runs: dict[tuple[str, str], l
 
 def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
     spec = cfg.spec
-    workers = _start_workers(cfg)
-    try:
-        prompt = _prompt(cfg, case, workers[0])
-        name = f"{case.label}/{len(prompt)}"
-        runs: dict[tuple[str, str], list[dict[str, Any]]] = {
-            (w.label, v): [] for w in workers for v in _variants(cfg, w)
-        }
-        for i in range(cfg.warmups + cfg.runs):
-            for worker in workers:
-                for variant in _order(i, _variants(cfg, worker)):
-                    result = _run_once(worker, prompt, cfg.new_tokens, variant)
-                    if i >= cfg.warmups:
-                        runs[worker.label, variant].append(result)
-            log(_progress(cfg, name, i, runs))
-        engines = {w.label: summarize(runs[w.label, PLAIN], cfg.decode_skip, w.info) for w in workers}
-        for w in workers:
-            plain = runs[w.label, PLAIN]
-            if spec is not None and (w.label, SPECULATIVE) in runs:
-                engines[w.label]["speculative"] = summarize_speculative(
-                    plain, runs[w.label, SPECULATIVE], cfg.decode_skip, spec.label, spec.draft_tokens
-                )
-            constrained = {c: runs[w.label, c] for c in cfg.constraints if (w.label, c) in runs}
-            if constrained:
-                engines[w.label]["constraints"] = {
-                    c: summarize_constraint(plain, r, cfg.decode_skip) for c, r in constrained.items()
-                }
-    finally:
-        _close(workers)
+    prompt: list[int] = []
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    per_process: list[dict[str, float]] = []  # each worker set's onnxgen / genai decode-rate ratios
+    for p in range(cfg.processes):
+        workers = _start_workers(cfg)
+        try:
+            if not runs:
+                prompt = _prompt(cfg, case, workers[0])
+                runs = {(w.label, v): [] for w in workers for v in _variants(cfg, w)}
+            name = f"{case.label}/{len(prompt)}" + (
+                f" (processes {p + 1}/{cfg.processes})" if cfg.processes > 1 else ""
+            )
+            first = {key: len(r) for key, r in runs.items()}
+            for i in range(cfg.warmups + cfg.runs):
+                for worker in workers:
+                    for variant in _order(i, _variants(cfg, worker)):
+                        result = _run_once(worker, prompt, cfg.new_tokens, variant)
+                        if i >= cfg.warmups:
+                            runs[worker.label, variant].append(result)
+                log(_progress(cfg, name, i, runs))
+            infos = {w.label: w.info for w in workers}
+            if cfg.compare:
+                per_process.append(_process_ratios(cfg, workers, {k: r[first[k] :] for k, r in runs.items()}))
+        finally:
+            _close(workers)
+    engines = {label: summarize(runs[label, PLAIN], cfg.decode_skip, info) for label, info in infos.items()}
+    for w in workers:
+        plain = runs[w.label, PLAIN]
+        if spec is not None and (w.label, SPECULATIVE) in runs:
+            engines[w.label]["speculative"] = summarize_speculative(
+                plain, runs[w.label, SPECULATIVE], cfg.decode_skip, spec.label, spec.draft_tokens
+            )
+        constrained = {c: runs[w.label, c] for c in cfg.constraints if (w.label, c) in runs}
+        if constrained:
+            engines[w.label]["constraints"] = {
+                c: summarize_constraint(plain, r, cfg.decode_skip) for c, r in constrained.items()
+            }
     entry: dict[str, Any] = {"prompt": case.label, "prompt_tokens": len(prompt), "engines": engines}
     if len(workers) > 1:
         entry.update(token_check({w.label: runs[w.label, PLAIN][0]["token_ids"] for w in workers}))
@@ -258,7 +271,20 @@ def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
         ratios = {w.label: ratio(engines[w.label], engines[GENAI]) for w in workers if w.engine == ONNXGEN}
         entry["ratio"] = ratios[workers[0].label]
         entry["ratios"] = ratios
+        entry["process_decode_ratios"] = {label: [r[label] for r in per_process] for label in ratios}
     return entry
+
+
+def _process_ratios(
+    cfg: BenchConfig, workers: list[Worker], runs: dict[tuple[str, str], list[dict[str, Any]]]
+) -> dict[str, float]:
+    """One worker set's onnxgen / onnxruntime-genai ratio of median decode rates, per onnxgen worker."""
+
+    def median_rate(label: str) -> float:
+        return statistics.median(decode_rate(r["step_ms"], cfg.decode_skip) for r in runs[label, PLAIN])
+
+    genai = median_rate(GENAI)
+    return {w.label: median_rate(w.label) / genai for w in workers if w.engine == ONNXGEN}
 
 
 def _stderr_log(message: str) -> None:
@@ -286,6 +312,7 @@ def run_bench(cfg: BenchConfig, log: Log = _stderr_log) -> dict[str, Any]:
         "speculative": spec.label if spec is not None else None,
         "draft_tokens": spec.draft_tokens if spec is not None else None,
         "constraints": list(cfg.constraints),
+        "processes": cfg.processes,
         "machine": machine,
         "results": results,
     }

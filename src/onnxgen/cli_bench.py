@@ -79,6 +79,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "--decode-skip", type=int, default=0, metavar="N", help="leave the first N decode steps out"
     )
     p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start each worker N times in turn and pool their runs (default 1): a process's memory "
+        "placement moves its speed by a few percent, which one worker per engine cannot average out",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         help=f"intra-op threads for every engine (env {THREADS_ENV}; default: all cores)",
@@ -118,6 +126,7 @@ def _run(args: argparse.Namespace) -> int:
         prompt_kinds=_names(args.prompt_kind),
         prompt_files=tuple(args.prompt_file or ()),
         constraints=_names(args.constraint) or (),
+        processes=args.processes,
     )
     report = run_bench(cfg)
     print(to_json(report) if args.json else format_report(report))

@@ -228,6 +228,18 @@ def constraint_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _process_lines(report: dict[str, Any]) -> list[str]:
+    """Each worker set's decode-rate ratio, where several sets were pooled (``--processes``)."""
+    if report.get("processes", 1) < 2:
+        return []
+    lines = [f"decode tok/s {ONNXGEN}/genai of each of the {report['processes']} worker sets (pooled above):"]
+    for entry in report["results"]:
+        for label, values in entry.get("process_decode_ratios", {}).items():
+            ratios = " ".join(f"{v:.2f}x" for v in values)
+            lines.append(f"  {entry['prompt']}/{entry['prompt_tokens']} {label}: {ratios}")
+    return lines
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The report as plain aligned tables (medians; ratio rows are onnxgen / onnxruntime-genai)."""
     rows = [list(COLUMNS)]
@@ -242,6 +254,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [*_header(report), "", *_table(rows)]
     if report["compare"]:
         lines.append("ratios > 1x: onnxgen is slower on prefill/TTFT and faster on decode tok/s")
+        lines.extend(_process_lines(report))
     if report.get("decode_plans"):
         lines.extend(plan_lines(report))
     if report.get("speculative"):
