@@ -111,11 +111,15 @@ def summarize_speculative(
 
 
 def ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
-    """onnxgen / other engine, of the medians of decode tok/s, TTFT and prefill."""
+    """onnxgen / other engine of decode tok/s, TTFT and prefill: the median over run pairs (run i of each
+    engine, made back to back) of their ratio, so that the machine's drift between pairs cancels."""
 
     def one(key: str) -> float:
-        base = theirs[key]["median"]
-        return ours[key]["median"] / base if base > 0 else float("nan")
+        pairs = [
+            a[key] / b[key] if b[key] > 0 else float("nan")
+            for a, b in zip(ours["runs"], theirs["runs"], strict=True)
+        ]
+        return statistics.median(pairs)
 
     return {"decode_tok_s": one("decode_tok_s"), "ttft": one("ttft_ms"), "prefill": one("prefill_ms")}
 

@@ -61,7 +61,13 @@ class LLM:
         if package.tokenizer_path is not None:
             self.tokenizer = Tokenizer.from_dir(package.root)
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
-        self.generator = Generator(self.session, self.tokenizer, eos, package.context_length)
+        self.generator = Generator(
+            self.session,
+            self.tokenizer,
+            eos,
+            package.context_length,
+            final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
+        )
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
 
@@ -126,44 +132,29 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
     ) -> GenerationResult:
         draft = self._draft_session(speculative)
-        res = self.generator.generate(self.encode(prompt), params or SamplingParams(), speculative, draft)
-        return self._tag(res)
+        return self.generator.generate(self.encode(prompt), params or SamplingParams(), speculative, draft)
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
     ) -> Iterator[StreamEvent]:
         draft = self._draft_session(speculative)
-        return self._tag_events(
-            self.generator.stream(self.encode(prompt), params or SamplingParams(), speculative, draft)
-        )
+        return self.generator.stream(self.encode(prompt), params or SamplingParams(), speculative, draft)
 
     def chat(
         self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
     ) -> GenerationResult:
         draft = self._draft_session(speculative)
-        return self._tag(
-            self.generator.generate(
-                self.chat_prompt(messages), params or SamplingParams(), speculative, draft
-            )
+        return self.generator.generate(
+            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
         )
 
     def stream_chat(
         self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
     ) -> Iterator[StreamEvent]:
         draft = self._draft_session(speculative)
-        return self._tag_events(
-            self.generator.stream(self.chat_prompt(messages), params or SamplingParams(), speculative, draft)
+        return self.generator.stream(
+            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
         )
-
-    def _tag(self, res: GenerationResult) -> GenerationResult:
-        res.stats["decode_plan"] = self.decode_plan.plan.name  # which plan ran the decode steps
-        return res
-
-    def _tag_events(self, events: Iterator[StreamEvent]) -> Iterator[StreamEvent]:
-        for event in events:
-            if event.stats is not None:
-                event.stats["decode_plan"] = self.decode_plan.plan.name
-            yield event
 
 
 def draft_threads(target_threads: int) -> int:

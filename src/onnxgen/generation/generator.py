@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,8 +117,12 @@ class Generator:
         tokenizer: Tokenizer | None,
         eos_ids: Sequence[int],
         context_length: int | None,
+        final_stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        """``final_stats`` adds entries to every request's statistics when it finishes (the LLM's decode
+        plan: which plan ran the decode steps)."""
         self.session = session
+        self.final_stats = final_stats
         self.tokenizer = tokenizer
         self.eos_ids = tuple(eos_ids)
         self.context_length = context_length
@@ -268,6 +272,8 @@ class Generator:
             stats.update(loop.stats())
             if loop.constraint is not None:
                 stats.update(loop.constraint.stats())
+            if self.final_stats is not None:
+                stats.update(self.final_stats())
             yield StreamEvent([token], text, reason, stats)
             return
 
