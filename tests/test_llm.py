@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,24 @@ def test_every_family_loads_and_decodes_greedily_like_a_plain_loop_over_the_sess
     assert result.token_ids == plain_greedy_loop(model_dirs[family], llm.encode(PROMPT), 16)
     assert llm.generate(PROMPT, params).token_ids == result.token_ids
     assert llm.io.is_hybrid == family.startswith("hybrid")
+
+
+def test_detokenize_false_streams_the_same_token_ids_without_text_or_detokenizing(
+    hybrid: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    with_text = list(hybrid.stream(PROMPT, params))
+    assert "".join(e.text for e in with_text)  # the tiny tokenizer decodes these ids to some text
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("detokenize=False must not build a detokenizer")
+
+    monkeypatch.setattr("onnxgen.generation.generator.IncrementalDetokenizer", refuse)
+    ids_only = list(hybrid.stream(PROMPT, dataclasses.replace(params, detokenize=False)))
+    assert [e.token_ids for e in ids_only] == [e.token_ids for e in with_text]
+    assert all(e.text == "" for e in ids_only)
+    assert ids_only[-1].finish_reason == with_text[-1].finish_reason == "length"
+    result = hybrid.generate(PROMPT, dataclasses.replace(params, detokenize=False))
+    assert result.text == "" and result.token_ids == [t for e in with_text for t in e.token_ids]
 
 
 def test_chat_renders_the_chat_template_around_the_messages(

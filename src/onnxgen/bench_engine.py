@@ -106,9 +106,10 @@ class OnnxgenEngine:
             raise BenchError("a speculative run was asked of a worker started without --speculative")
         # min_new_tokens = max_new_tokens masks end-of-sequence at every step, as onnxruntime-genai's
         # min_length does, so both engines pick the same greedy tokens (ignore_eos would not mask it).
+        # Token ids only, as the onnxruntime-genai worker's loop (generate_next_token) produces.
         kwargs = constraint_kwargs(constraint) if constraint else {}
         params = SamplingParams(
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=0.0, **kwargs
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=0.0, detokenize=False, **kwargs
         )
         self._forward_ms.clear()
         ids: list[int] = []

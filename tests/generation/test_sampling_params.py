@@ -70,6 +70,12 @@ def test_replace_validates_the_new_values() -> None:
         ({"stop": ["a", 3]}, "stop must be a list of non-empty strings (got ['a', 3])"),
         ({"stop": 7}, "stop must be a string or a list of strings (got 7)"),
         ({"ignore_eos": "yes"}, "ignore_eos must be a bool (got 'yes'); use True or False"),
+        ({"detokenize": 0}, "detokenize must be a bool (got 0); use True or False"),
+        (
+            {"detokenize": False, "stop": ["\n\n"]},
+            "detokenize must be True when stop strings are given (got False); stop strings ['\\n\\n'] "
+            "are matched on decoded text; drop them or detokenize",
+        ),
     ],
 )
 def test_each_invalid_value_raises_one_clear_error(kwargs: dict[str, object], expected: str) -> None:

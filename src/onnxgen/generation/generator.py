@@ -242,7 +242,11 @@ class Generator:
     def _loop_events(
         self, loop: TokenLoop, prompt_ids: Sequence[int], params: SamplingParams, start: float
     ) -> Iterator[StreamEvent]:
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
+        detok = (
+            IncrementalDetokenizer(self.tokenizer, prompt_ids)
+            if self.tokenizer is not None and params.detokenize
+            else None
+        )
         stops = StopStringMatcher(params.stop) if params.stop else None
         generated: list[int] = []
         first = end = start

@@ -97,6 +97,9 @@ class SamplingParams:
         grammar: constrain the output to this Lark grammar (llguidance's Lark dialect, rule ``start``).
             A constrained request ends with finish reason ``"stop"`` as soon as the constraint is complete;
             see :mod:`onnxgen.generation.constraints`.
+        detokenize: stream text beside the token ids (``False``: events and results carry token ids
+            and empty text, and no time goes to detokenizing, as vLLM's ``detokenize=False``; stop
+            strings, which are matched on text, need it).
     """
 
     max_new_tokens: int = 64
@@ -114,6 +117,7 @@ class SamplingParams:
     json_schema: str | Mapping[str, Any] | None = None
     regex: str | None = None
     grammar: str | None = None
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
@@ -124,6 +128,15 @@ class SamplingParams:
             _check_int("seed", self.seed, 0, "use a non-negative integer, or None for a random seed")
         if not isinstance(self.ignore_eos, bool):
             raise _invalid("ignore_eos", "a bool", self.ignore_eos, "use True or False")
+        if not isinstance(self.detokenize, bool):
+            raise _invalid("detokenize", "a bool", self.detokenize, "use True or False")
+        if self.stop and not self.detokenize:
+            raise _invalid(
+                "detokenize",
+                "True when stop strings are given",
+                self.detokenize,
+                f"stop strings {list(self.stop)!r} are matched on decoded text; drop them or detokenize",
+            )
         self._check_constraint()
 
     def _check_lengths(self) -> None:
