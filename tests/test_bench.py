@@ -222,6 +222,7 @@ def test_bench_processes_starts_fresh_workers_in_turn_and_pools_their_runs(
     one = (rate(2.0) + rate(3.0)) / (rate(4.0) + rate(6.0))
     assert entry["process_decode_ratios"] == {"onnxgen": [pytest.approx(one)] * 3}
     text = format_report(report)
+    assert "medians of 6 runs (2 in each of 3 worker sets), each set after 1 warmup(s)" in text
     assert "decode tok/s onnxgen/genai of each of the 3 worker sets (pooled above):" in text
     assert f"synthetic/5 onnxgen: {one:.2f}x {one:.2f}x {one:.2f}x" in text
 

@@ -60,6 +60,7 @@ def test_detokenize_false_streams_the_same_token_ids_without_text_or_detokenizin
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     with_text = list(hybrid.stream(PROMPT, params))
     assert "".join(e.text for e in with_text)  # the tiny tokenizer decodes these ids to some text
+
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("detokenize=False must not build a detokenizer")
 

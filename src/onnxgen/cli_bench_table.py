@@ -146,9 +146,15 @@ def _header(report: dict[str, Any]) -> list[str]:
         versions.append(f"{GENAI} {engines[GENAI]['version']}")
     load = "/".join(f"{x:.2f}" for x in m["loadavg_start"]), "/".join(f"{x:.2f}" for x in m["loadavg_end"])
     skip = f", first {report['decode_skip']} decode steps skipped" if report["decode_skip"] else ""
+    sets = report.get("processes", 1)
+    runs = (
+        f"{report['runs'] * sets} runs ({report['runs']} in each of {sets} worker sets), each set"
+        if sets > 1
+        else f"{report['runs']} runs"
+    )
     lines = [
         f"model:   {report['model']}",
-        f"method:  greedy, {report['new_tokens']} new tokens, medians of {report['runs']} runs "
+        f"method:  greedy, {report['new_tokens']} new tokens, medians of {runs} "
         f"after {report['warmups']} warmup(s){skip}; {report['threads']} intra-op threads per worker",
         f"machine: {m['cpu']}, {m['cores_available']} cores available; load avg {load[0]} -> {load[1]}",
         f"versions: {', '.join(versions)}",
