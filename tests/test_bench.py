@@ -215,11 +215,11 @@ def test_bench_processes_starts_fresh_workers_in_turn_and_pools_their_runs(
     # every fresh worker counts its calls from 1: measured calls 2 and 3 of each set, pooled
     assert sorted(r["prefill_ms"] for r in ours["runs"]) == [20.0, 20.0, 20.0, 30.0, 30.0, 30.0]
 
-    # each set's ratio of median decode rates (steps include the slow first one here)
+    # each set's paired decode-rate ratio (steps include the slow first one here)
     def rate(step: float) -> float:
         return decode_rate([100.0] + [step] * 4)
 
-    one = (rate(2.0) + rate(3.0)) / (rate(4.0) + rate(6.0))
+    one = (rate(2.0) / rate(4.0) + rate(3.0) / rate(6.0)) / 2  # the median of the set's two run pairs
     assert entry["process_decode_ratios"] == {"onnxgen": [pytest.approx(one)] * 3}
     text = format_report(report)
     assert "medians of 6 runs (2 in each of 3 worker sets), each set after 1 warmup(s)" in text

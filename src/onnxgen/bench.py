@@ -278,13 +278,18 @@ def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
 def _process_ratios(
     cfg: BenchConfig, workers: list[Worker], runs: dict[tuple[str, str], list[dict[str, Any]]]
 ) -> dict[str, float]:
-    """One worker set's onnxgen / onnxruntime-genai ratio of median decode rates, per onnxgen worker."""
+    """One worker set's onnxgen / onnxruntime-genai decode-rate ratio (median over its run pairs, as
+    :func:`~onnxgen.bench_stats.ratio`), per onnxgen worker."""
 
-    def median_rate(label: str) -> float:
-        return statistics.median(decode_rate(r["step_ms"], cfg.decode_skip) for r in runs[label, PLAIN])
+    def rates(label: str) -> list[float]:
+        return [decode_rate(r["step_ms"], cfg.decode_skip) for r in runs[label, PLAIN]]
 
-    genai = median_rate(GENAI)
-    return {w.label: median_rate(w.label) / genai for w in workers if w.engine == ONNXGEN}
+    genai = rates(GENAI)
+    return {
+        w.label: statistics.median(a / b for a, b in zip(rates(w.label), genai, strict=True))
+        for w in workers
+        if w.engine == ONNXGEN
+    }
 
 
 def _stderr_log(message: str) -> None:
