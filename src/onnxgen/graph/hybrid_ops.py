@@ -33,6 +33,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxgen.graph.state_window import attribute
+
 MS = "com.microsoft"
 ENV = "ONNXGEN_FAST_OPS"
 _SILU = (b"silu", b"swish")
@@ -92,10 +94,6 @@ class FastOps:
         return f"off: {self.off}" if self.off else "nothing to rewrite"
 
 
-def _attr(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
-    return next((a for a in node.attribute if a.name == name), None)
-
-
 def _float_types(graph: onnx.GraphProto) -> dict[str, int]:
     """Element types of the values the graph declares (inputs, outputs, value_info, initializers)."""
     types = {t.name: t.data_type for t in graph.initializer}
@@ -135,8 +133,8 @@ def rewrite_hybrid_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FastOps
                 continue
             x, scale, gate = node.input[:3]
             width = int(initializers[scale].dims[-1])
-            act = _attr(node, "activation")
-            eps = _attr(node, "epsilon")
+            act = attribute(node, "activation")
+            eps = attribute(node, "epsilon")
             p = f"/onnxgen_fast_ops/{label}"
             flat, normed, shape, back, gated = (f"{p}/{s}" for s in ("rows", "norm", "shape", "back", "gate"))
             nodes += [
@@ -160,7 +158,7 @@ def rewrite_hybrid_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FastOps
             ]
             report.rewritten.append(label)
         elif node.domain == MS and node.op_type == "CausalConvWithState":
-            act = _attr(node, "activation")
+            act = attribute(node, "activation")
             if act is None or act.s not in _SILU:
                 nodes.append(node)
                 continue
@@ -186,11 +184,17 @@ def rewrite_hybrid_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FastOps
     return rewritten, report
 
 
+def apply_fast_ops(model: onnx.ModelProto, requested: bool | None) -> tuple[onnx.ModelProto, FastOps]:
+    """:func:`rewrite_hybrid_ops` where :func:`wanted` says so; else ``model`` and why not."""
+    run, why = wanted(model, requested)
+    return rewrite_hybrid_ops(model) if run else (model, FastOps(off=why))
+
+
 def _gated_norm_blocker(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> str:
     """Why ``node`` (a GatedRMSNorm) is left as it is; empty when it can be rewritten."""
     if len(node.input) < 3 or not node.input[2]:
         return "no gate input"
-    act = _attr(node, "activation")
+    act = attribute(node, "activation")
     if act is not None and act.s not in (*_SILU, b"sigmoid"):
         return f"gate activation {act.s.decode(errors='replace')!r}"
     scale = initializers.get(node.input[1])

@@ -22,54 +22,41 @@ that is a graph output, a length that sizes a ``Range``) keeps the growing mask.
 from __future__ import annotations
 
 import onnx
-from onnx import numpy_helper
+
+from onnxgen.graph.state_window import attribute, constant_ints, producers
+from onnxgen.model.graph_ports import consumers
 
 _TOTAL_SEQUENCE_LENGTH = 6  # GroupQueryAttention's input index
 _LENGTH_PATH = {"Gather", "Cast", "Squeeze", "Unsqueeze"}
+_Users = dict[str, list[onnx.NodeProto]]
 
 
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
-    found: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            found.setdefault(name, []).append((node, i))
-    return found
+def _uses(name: str, users: _Users) -> list[tuple[onnx.NodeProto, int]]:
+    """Each node that reads ``name``, with the input index it reads it at."""
+    return [(node, i) for node in users.get(name, []) for i, n in enumerate(node.input) if n == name]
 
 
 def _reduce_axes(graph: onnx.GraphProto, node: onnx.NodeProto) -> list[int] | None:
     """A ReduceSum's axes, from its attribute (opset < 13) or its constant second input; None unknown."""
-    for attr in node.attribute:
-        if attr.name == "axes":
-            return list(attr.ints)
+    axes = attribute(node, "axes")
+    if axes is not None:
+        return list(axes.ints)
     if len(node.input) < 2 or not node.input[1]:
         return None
-    for init in graph.initializer:
-        if init.name == node.input[1]:
-            return [int(a) for a in numpy_helper.to_array(init).ravel()]
-    for const in graph.node:
-        if const.op_type == "Constant" and const.output[0] == node.input[1]:
-            for attr in const.attribute:
-                if attr.name == "value":
-                    return [int(a) for a in numpy_helper.to_array(attr.t).ravel()]
-    return None
+    return constant_ints(graph, node.input[1], producers(graph))
 
 
-def _feeds_total_length_only(
-    name: str, consumers: dict[str, list[tuple[onnx.NodeProto, int]]], outputs: set[str]
-) -> bool:
+def _feeds_total_length_only(name: str, users: _Users, outputs: set[str]) -> bool:
     """Whether the value ``name`` (a function of the mask's shape) reaches only GroupQueryAttention's
     ``total_sequence_length``, through length-preserving ops."""
     if name in outputs:
         return False
-    uses = consumers.get(name, [])
-    if not uses:
-        return True
-    for node, index in uses:
+    for node, index in _uses(name, users):
         if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
             if index != _TOTAL_SEQUENCE_LENGTH:
                 return False
         elif node.op_type in _LENGTH_PATH and node.domain in ("", "ai.onnx") and index == 0:
-            if not all(_feeds_total_length_only(out, consumers, outputs) for out in node.output):
+            if not all(_feeds_total_length_only(out, users, outputs) for out in node.output):
                 return False
         else:
             return False
@@ -79,9 +66,9 @@ def _feeds_total_length_only(
 def mask_feeds_lengths_only(model: onnx.ModelProto, mask: str) -> bool:
     """Whether ``mask`` (an input of ``model``) only derives GroupQueryAttention's lengths (see above)."""
     graph = model.graph
-    consumers = _consumers(graph)
+    users = consumers(model)
     outputs = {o.name for o in graph.output}
-    uses = consumers.get(mask, [])
+    uses = _uses(mask, users)
     if not uses or mask in outputs:
         return False
     for node, index in uses:
@@ -92,7 +79,7 @@ def mask_feeds_lengths_only(model: onnx.ModelProto, mask: str) -> bool:
             if axes is None or sorted(a % 2 for a in axes) != [1]:
                 return False
         elif node.op_type == "Shape":
-            if not all(_feeds_total_length_only(out, consumers, outputs) for out in node.output):
+            if not all(_feeds_total_length_only(out, users, outputs) for out in node.output):
                 return False
         else:
             return False

@@ -34,6 +34,7 @@ from onnxgen.graph.state_window import (
     PerPosition,
     StateWindowResult,
     add_output,
+    attribute,
     constant_ints,
     expose,
     input_rank,
@@ -81,15 +82,11 @@ def emit_scan_states(
     return (out if result.modified else model), result
 
 
-def _attr(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
-    return next((a for a in node.attribute if a.name == name), None)
-
-
 def _scan_rows(
     g: onnx.GraphProto, scan: onnx.NodeProto, src: str, past: str, present: str, names: Names
 ) -> tuple[PerPosition | None, str]:
     """Rule 1."""
-    body_attr, m_attr = _attr(scan, "body"), _attr(scan, "num_scan_inputs")
+    body_attr, m_attr = attribute(scan, "body"), attribute(scan, "num_scan_inputs")
     if body_attr is None or m_attr is None:
         return None, f"Scan {scan.name!r} has no body or num_scan_inputs (Scan-8 and older are not supported)"
     n_states = len(scan.input) - m_attr.i
@@ -103,7 +100,7 @@ def _scan_rows(
     info.type.CopyFrom(body.output[index].type)
     body.output.append(info)
     for name in ("scan_output_axes", "scan_output_directions"):
-        attr = _attr(scan, name)
+        attr = attribute(scan, name)
         if attr is not None:
             attr.ints.append(0)
     output = per_position_name(present)
@@ -125,7 +122,7 @@ def _conv_window(
     concat = prods.get(sl.input[0])
     if concat is None or concat.op_type != "Concat" or not concat.input or concat.input[0] != past:
         return None, f"{where} does not slice a Concat whose first input is {past!r}"
-    axis_attr = _attr(concat, "axis")
+    axis_attr = attribute(concat, "axis")
     rank = input_rank(g, past)
     axis = _normal(axis_attr.i if axis_attr is not None else 0, rank)
     args = [constant_ints(g, n, prods) if n else None for n in (*sl.input[1:], "", "", "")[:4]]

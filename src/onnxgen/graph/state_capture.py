@@ -43,7 +43,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxgen.graph.state_window import Names, constant_ints, expose, input_rank, producers, source_of
+from onnxgen.graph.state_window import (
+    Names,
+    attribute,
+    constant_ints,
+    expose,
+    input_rank,
+    producers,
+    source_of,
+)
 
 MS = "com.microsoft"
 _LA_SLOTS = (0, 1, 2, 4, 5)
@@ -152,7 +160,7 @@ def _add_state(
 def _all_states_paired(replay: ReplayNode, result: CaptureResult) -> bool:
     if replay.node.op_type != "Scan":
         return bool(replay.states)
-    n_states = len(replay.node.input) - _attr(replay.node, "num_scan_inputs").i  # type: ignore[union-attr]
+    n_states = len(replay.node.input) - attribute(replay.node, "num_scan_inputs").i  # type: ignore[union-attr]
     missing = [replay.node.input[i] for i in range(n_states) if i not in replay.states]
     for _, _, present in replay.states.values():
         if missing:
@@ -160,10 +168,6 @@ def _all_states_paired(replay: ReplayNode, result: CaptureResult) -> bool:
                 f"Scan {replay.node.name!r} also carries {missing}, which are not state pairs"
             )
     return not missing and bool(replay.states)
-
-
-def _attr(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
-    return next((a for a in node.attribute if a.name == name), None)
 
 
 def _window(
@@ -195,7 +199,7 @@ def _window(
     ):
         return None, f"it does not slice a two-input Concat whose first input is {past!r}"
     rank = input_rank(g, past)
-    concat_axis = _attr(concat, "axis")
+    concat_axis = attribute(concat, "axis")
     axis = _normal(concat_axis.i if concat_axis is not None else 0, rank)
     starts, ends, axes, steps = (
         constant_ints(g, n, prods) if n else None for n in (*node.input[1:], "", "", "")[:4]
@@ -220,7 +224,7 @@ def _replay(g: onnx.GraphProto, node: onnx.NodeProto) -> tuple[ReplayNode | None
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     if node.op_type == "LinearAttention" and node.domain == MS:
-        window = _attr(node, "state_window")
+        window = attribute(node, "state_window")
         if window is not None and window.i:
             return None, f"it already has state_window={window.i}"
         return ReplayNode(
@@ -228,11 +232,11 @@ def _replay(g: onnx.GraphProto, node: onnx.NodeProto) -> tuple[ReplayNode | None
         ), ""
     if node.op_type != "Scan" or node.domain not in ("", "ai.onnx"):
         return None, "not a LinearAttention, Scan, CausalConvWithState or Concat window"
-    body, m = _attr(node, "body"), _attr(node, "num_scan_inputs")
+    body, m = attribute(node, "body"), attribute(node, "num_scan_inputs")
     if body is None or m is None:
         return None, "a Scan without body or num_scan_inputs (Scan-8 is not supported)"
     n_states = len(node.input) - m.i
-    directions = _attr(node, "scan_input_directions")
+    directions = attribute(node, "scan_input_directions")
     if directions is not None and any(directions.ints):
         return None, "a scan input runs in reverse"
     graph_attrs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -241,7 +245,7 @@ def _replay(g: onnx.GraphProto, node: onnx.NodeProto) -> tuple[ReplayNode | None
     inits, why = _outer_constants(g, body.g)
     if why:
         return None, why
-    axes_attr = _attr(node, "scan_input_axes")
+    axes_attr = attribute(node, "scan_input_axes")
     axes = list(axes_attr.ints) if axes_attr is not None else [0] * m.i
     return ReplayNode(copy, token_axes={n_states + j: axes[j] for j in range(m.i)}, initializers=inits), ""
 

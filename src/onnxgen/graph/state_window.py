@@ -93,6 +93,11 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                     yield from _graphs(g)
 
 
+def attribute(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
+    """``node``'s attribute ``name``, None when it is not set."""
+    return next((a for a in node.attribute if a.name == name), None)
+
+
 def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     return {out: node for node in graph.node for out in node.output if out}
 
