@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ from onnxgen.bench_prompts import NOVEL, PROMPT_KINDS, REPETITIVE, SYNTHETIC, ki
 from onnxgen.bench_prompts import synthetic_prompt as synthetic_prompt
 from onnxgen.bench_stats import (
     decode_rate,
+    paired_ratio,
     ratio,
     summarize,
     summarize_constraint,
@@ -278,18 +278,13 @@ def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
 def _process_ratios(
     cfg: BenchConfig, workers: list[Worker], runs: dict[tuple[str, str], list[dict[str, Any]]]
 ) -> dict[str, float]:
-    """One worker set's onnxgen / onnxruntime-genai decode-rate ratio (median over its run pairs, as
-    :func:`~onnxgen.bench_stats.ratio`), per onnxgen worker."""
+    """One worker set's onnxgen / onnxruntime-genai decode-rate :func:`paired_ratio`, per onnxgen worker."""
 
     def rates(label: str) -> list[float]:
         return [decode_rate(r["step_ms"], cfg.decode_skip) for r in runs[label, PLAIN]]
 
     genai = rates(GENAI)
-    return {
-        w.label: statistics.median(a / b for a, b in zip(rates(w.label), genai, strict=True))
-        for w in workers
-        if w.engine == ONNXGEN
-    }
+    return {w.label: paired_ratio(rates(w.label), genai) for w in workers if w.engine == ONNXGEN}
 
 
 def _stderr_log(message: str) -> None:

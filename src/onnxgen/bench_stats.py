@@ -110,16 +110,17 @@ def summarize_speculative(
     }
 
 
+def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> float:
+    """The median over run pairs (run i of each engine, made back to back) of ours / theirs, so that the
+    machine's drift between pairs cancels."""
+    return statistics.median(a / b if b > 0 else float("nan") for a, b in zip(ours, theirs, strict=True))
+
+
 def ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
-    """onnxgen / other engine of decode tok/s, TTFT and prefill: the median over run pairs (run i of each
-    engine, made back to back) of their ratio, so that the machine's drift between pairs cancels."""
+    """onnxgen / other engine of decode tok/s, TTFT and prefill: :func:`paired_ratio` of the runs."""
 
     def one(key: str) -> float:
-        pairs = [
-            a[key] / b[key] if b[key] > 0 else float("nan")
-            for a, b in zip(ours["runs"], theirs["runs"], strict=True)
-        ]
-        return statistics.median(pairs)
+        return paired_ratio([r[key] for r in ours["runs"]], [r[key] for r in theirs["runs"]])
 
     return {"decode_tok_s": one("decode_tok_s"), "ttft": one("ttft_ms"), "prefill": one("prefill_ms")}
 

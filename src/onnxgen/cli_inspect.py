@@ -6,7 +6,7 @@ import argparse
 import json
 
 from onnxgen.cli_generate import MODEL_ENV, resolve_model
-from onnxgen.graph.hybrid_ops import FastOps, rewrite_hybrid_ops, wanted
+from onnxgen.graph.hybrid_ops import apply_fast_ops
 from onnxgen.model.inspect import describe, format_text
 from onnxgen.model.package import ModelPackage
 from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
@@ -35,9 +35,7 @@ def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
     nothing for a model without recurrent state."""
     if not package.io.state_pairs:
         return {}
-    run, why = wanted(package.graph, None)
-    fast = rewrite_hybrid_ops(package.graph)[1] if run else FastOps(off=why)
-    return {"fast_ops": fast.summary()}
+    return {"fast_ops": apply_fast_ops(package.graph, None)[1].summary()}
 
 
 def _run(args: argparse.Namespace) -> int:

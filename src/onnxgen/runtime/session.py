@@ -20,7 +20,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError, UnsupportedModelError
-from onnxgen.graph.hybrid_ops import FastOps, rewrite_hybrid_ops, wanted
+from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
 from onnxgen.model.io import DecoderIO
@@ -250,16 +250,13 @@ class DecoderSession:
         if on_cpu and io.state_pairs:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
-            run, why = wanted(graph, fast_ops)
-            if run:
-                graph, self.fast_ops = rewrite_hybrid_ops(graph)
-                if self.fast_ops.rewritten:
-                    source = graph.SerializeToString()
-                if self.fast_ops.skipped:
-                    log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
-            else:
-                self.fast_ops = FastOps(off=why)
-                log.info("hybrid ops run as exported: %s", why)
+            graph, self.fast_ops = apply_fast_ops(graph, fast_ops)
+            if self.fast_ops.rewritten:
+                source = graph.SerializeToString()
+            if self.fast_ops.skipped:
+                log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
+            if self.fast_ops.off:
+                log.info("hybrid ops run as exported: %s", self.fast_ops.off)
         # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
         # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
         # against double buffering)
@@ -529,11 +526,11 @@ class DecoderSession:
         if single is None or run is None or raw is None or not hasattr(single.token_value, "_ortvalue"):
             return None
         held = None
-        if self.length_mask and session is self.session and self.io.attention_mask is not None:
+        if self.length_mask and session is self.session:  # (length_mask implies a mask input)
             held = state.lane_mask
             if held is None:
                 held = state.lane_mask = _LengthMask(state.capacity, self._mask_dtype)
-            held.fill(state.length)
+            held.fill(state.length)  # the bound mask describes the state from the moment it is bound
             binder.input(self.io.attention_mask, held.buffer.value)
         return _Lane(
             session=session,
