@@ -96,15 +96,24 @@ class TokenLoop:
     def tokens(self) -> Iterator[tuple[int, str | None]]:
         """Yield (token id, finish reason or None); the last yielded token carries the reason."""
         logits = self._prefill()
+        # what runs per token runs with caches the forward evicted: names bound once, and greedy
+        # decoding whose processors only mask ids it knows (TokenChoice.maskable) takes the raw argmax
+        ids, step, state, check = self.ids, self.session.step, self.state, self._check
+        maskable = self.choose.maskable
         while True:
-            token = self._select(logits)
-            self.ids[self.n] = token
+            if maskable is None:
+                token = self._select(logits)
+            else:
+                token = int(logits.argmax())
+                if token in maskable:
+                    token = self._select(logits)
+            ids[self.n] = token
             self.n += 1
-            reason = self._check(token)
+            reason = check(token)
             yield token, reason
             if reason is not None:
                 return
-            logits = self.session.step(self.state, token)
+            logits = step(state, token)
             self.forward_passes += 1
 
 
@@ -234,52 +243,47 @@ class Generator:
     ) -> Iterator[StreamEvent]:
         start = time.perf_counter()
         loop = self._loop(prompt_ids, params, speculative, draft, constraint)
-        try:
-            yield from self._loop_events(loop, prompt_ids, params, start)
+        try:  # (one generator, not two: what runs per token runs with caches the forward evicted)
+            detok = (
+                IncrementalDetokenizer(self.tokenizer, prompt_ids)
+                if self.tokenizer is not None and params.detokenize
+                else None
+            )
+            stops = StopStringMatcher(params.stop) if params.stop else None
+            generated: list[int] = []
+            first = end = start
+            for token, reason in loop.tokens():
+                if not generated:
+                    first = time.perf_counter()
+                generated.append(token)
+                text = ""
+                if detok is not None:
+                    piece = detok.feed(token)
+                    if reason is not None:
+                        piece += detok.flush()
+                    if stops is not None:
+                        match = stops.feed(piece)
+                        piece = match.text
+                        if match.stopped:
+                            reason = "stop"
+                        elif reason is not None:
+                            piece += stops.flush()
+                    text = piece
+                if reason is None:
+                    yield StreamEvent([token], text)
+                    continue
+                end = time.perf_counter()
+                stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
+                stats["prefill_s"] = loop.prefill_s
+                stats.update(loop.stats())
+                if loop.constraint is not None:
+                    stats.update(loop.constraint.stats())
+                if self.final_stats is not None:
+                    stats.update(self.final_stats())
+                yield StreamEvent([token], text, reason, stats)
+                return
         finally:
             self.give_back(loop.state)
-
-    def _loop_events(
-        self, loop: TokenLoop, prompt_ids: Sequence[int], params: SamplingParams, start: float
-    ) -> Iterator[StreamEvent]:
-        detok = (
-            IncrementalDetokenizer(self.tokenizer, prompt_ids)
-            if self.tokenizer is not None and params.detokenize
-            else None
-        )
-        stops = StopStringMatcher(params.stop) if params.stop else None
-        generated: list[int] = []
-        first = end = start
-        for token, reason in loop.tokens():
-            if not generated:
-                first = time.perf_counter()
-            generated.append(token)
-            text = ""
-            if detok is not None:
-                piece = detok.feed(token)
-                if reason is not None:
-                    piece += detok.flush()
-                if stops is not None:
-                    match = stops.feed(piece)
-                    piece = match.text
-                    if match.stopped:
-                        reason = "stop"
-                    elif reason is not None:
-                        piece += stops.flush()
-                text = piece
-            if reason is None:
-                yield StreamEvent([token], text)
-                continue
-            end = time.perf_counter()
-            stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
-            stats["prefill_s"] = loop.prefill_s
-            stats.update(loop.stats())
-            if loop.constraint is not None:
-                stats.update(loop.constraint.stats())
-            if self.final_stats is not None:
-                stats.update(self.final_stats())
-            yield StreamEvent([token], text, reason, stats)
-            return
 
     @staticmethod
     def _stats(

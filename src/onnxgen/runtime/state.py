@@ -177,6 +177,28 @@ class DecodeState:
         None: no cycle running (that step starts a new one where it may) or the state is full."""
         return self._cycle[self.steps & 1] if self.length < self.capacity else None
 
+    def take_cycle(self, step: StepIO) -> bool:
+        """:meth:`prepare` for one token where ``step`` is what it would return (the running cycle's
+        StepIO for the next step); False, with nothing done, where it is not. Commit with
+        :meth:`commit_cycle`, undo with :meth:`discard`. (A prepared decode step takes this instead of
+        :meth:`steady`, :meth:`prepare` and :meth:`advance`: fewer calls with caches a forward evicted.)"""
+        if (
+            self._cycle[self.steps & 1] is not step
+            or self.length >= self.capacity
+            or self._broken is not None
+        ):
+            return False
+        self._epoch += 1
+        self._written[self.length] = self._epoch
+        return True
+
+    def commit_cycle(self) -> None:
+        """:meth:`advance` of a one-token step that :meth:`take_cycle` started."""
+        self.length += 1
+        self.steps += 1
+        for slot in self._swapped:
+            slot.current, slot.free[-1] = slot.free[-1], slot.current
+
     def advance(
         self,
         new_tokens: int,
@@ -187,12 +209,11 @@ class DecodeState:
 
         ``allocated`` holds the outputs onnxruntime allocated (growing KV), by name.
         """
+        if step.cycled:  # (a one-token step)
+            self.commit_cycle()
+            return
         self.length += new_tokens
         self.steps += 1
-        if step.cycled:
-            for slot in self._swapped:
-                slot.current, slot.free[-1] = slot.free[-1], slot.current
-            return
         if not self.shared_kv:
             self._kv = [allocated[n] for n in self._kv_names_out]
         for slot, spare in step.writes:
