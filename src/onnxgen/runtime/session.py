@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError, UnsupportedModelError
+from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
@@ -225,6 +227,7 @@ class DecoderSession:
         inplace: bool | None = None,
         verify_now: bool = False,
         fast_ops: bool | None = None,
+        fuse: bool | None = None,
     ) -> None:
         self.io = io
         providers = list(providers or ["CPUExecutionProvider"])
@@ -257,6 +260,22 @@ class DecoderSession:
                 log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
             if self.fast_ops.off:
                 log.info("hybrid ops run as exported: %s", self.fast_ops.off)
+        # fewer kernel launches per decode step with bit-identical outputs (onnxgen.graph.decode_fusions):
+        # merged sibling MatMulNBits, one query/key RMSNorm; CPU provider, where it was measured
+        self.fusions = Fusions()
+        if on_cpu and (fuse if fuse is not None else os.environ.get("ONNXGEN_FUSE", "1") != "0"):
+            if graph is None:
+                graph = onnx.load(str(model_path), load_external_data=False)
+            graph, self.fusions = fuse_for_decode(graph, model_path.parent)
+            if self.fusions.rewritten:
+                source = graph.SerializeToString()
+                log.info(
+                    "decode fusions: %d MatMulNBits merged, %d query/key norm pairs merged",
+                    self.fusions.merged_matmuls,
+                    self.fusions.merged_norms,
+                )
+            for why in self.fusions.skipped:
+                log.info("decode fusion left out: %s", why)
         # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
         # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
         # against double buffering)
@@ -306,6 +325,7 @@ class DecoderSession:
         self.epoch = 0  # bumped when the session is replaced; decode states drop bindings of older ones
         self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.plans)
         self.vocab_size = self._vocab_size()
+        self._vocab_limit = self.vocab_size if self.vocab_size > 0 else sys.maxsize  # ids checked below it
         self._logits_dtype = self._output_dtype(io.logits)
         self._shared_kv = io.past_present_share_buffer
         self._token_dtype = np.int64 if self._input_type(io.token_input) == "tensor(int64)" else np.int32
@@ -467,14 +487,14 @@ class DecoderSession:
         two forwards runs with caches the forward evicted, so each call counts). Any other step is an
         ordinary :meth:`forward` (the class's, not a wrapper set on the instance), which makes the lane.
         """
-        lane = state.lanes[state.steps & 1]
-        if not 0 <= token < self.vocab_size and self.vocab_size > 0:
+        if not 0 <= token < self._vocab_limit:
             self._bad_ids(np.array([token]), state.length)
+        lane = state.lanes[state.steps & 1]
         if (
             lane is not None
             and lane.touched == lane.binder.touched
-            and state.steady() is lane.cycle
             and lane.session is (self.session if self.plan is None else self.plan.session_for(1))
+            and state.take_cycle(lane.cycle)
         ):
             past = state.length
             lane.tokens[0, 0] = token
@@ -490,13 +510,12 @@ class DecoderSession:
                 mask = self._ones(1, past + 1)
                 lane.bind_input(self.io.attention_mask, mask._ortvalue)
                 lane.binder.record_input(self.io.attention_mask, mask)
-            step = state.prepare(1)
             try:
                 lane.run(lane.binding, self._run_options)
             except Exception as e:
-                state.discard(step)
+                state.discard(lane.cycle)
                 raise _run_failed(1, past, e) from e
-            state.advance(1, step, {})
+            state.commit_cycle()
             return lane.logits
         ids = np.full((1, 1), token, dtype=np.int64)
         # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``

@@ -1,0 +1,216 @@
+"""onnxgen.graph.decode_fusions: the rewritten graphs compute every output bit for bit as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgen.graph.decode_fusions import fuse_for_decode
+from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.session import DecoderSession
+from onnxgen.testing import build_model
+from onnxgen.testing.quant import quantize_int4
+
+HIDDEN, HEAD, Q_HEADS, KV_HEADS = 64, 16, 4, 2
+RNG = np.random.default_rng(0)
+
+
+def _nbits(name: str, x: str, n: int, k: int = HIDDEN, accuracy: int = 4, zero_points: bool = False) -> tuple:
+    q = quantize_int4(RNG.standard_normal((k, n)).astype(np.float32))
+    inits = [numpy_helper.from_array(q.packed, f"{name}.w"), numpy_helper.from_array(q.scales, f"{name}.s")]
+    inputs = [x, f"{name}.w", f"{name}.s"]
+    if zero_points:
+        zp = np.full((n, (q.blocks + 1) // 2), 0x88, np.uint8)
+        inits.append(numpy_helper.from_array(zp, f"{name}.zp"))
+        inputs.append(f"{name}.zp")
+    node = helper.make_node(
+        "MatMulNBits",
+        inputs,
+        [name],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=q.block_size,
+        accuracy_level=accuracy,
+        name=name,
+    )
+    return node, inits
+
+
+def _model(nodes: list, inits: list, inputs: list, outputs: list[str]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+        inits,
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b, strict=True)
+    )
+
+
+def _mlp(zero_points: bool = False, accuracy_up: int = 4) -> onnx.ModelProto:
+    gate, g_inits = _nbits("gate", "x", 96)
+    up, u_inits = _nbits("up", "x", 96, accuracy=accuracy_up, zero_points=zero_points)
+    other, o_inits = _nbits("other", "y", 32)  # a different input: nothing to merge with
+    nodes = [gate, up, other, helper.make_node("Mul", ["gate", "up"], ["out"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, HIDDEN])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, HIDDEN])
+    return _model(nodes, g_inits + u_inits + o_inits, [x, y], ["out", "up", "other"])
+
+
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_sibling_matmuls_merge_into_one_with_the_same_outputs(tokens: int) -> None:
+    model = _mlp()
+    fused, fusions = fuse_for_decode(model, None)
+    assert fusions.merged_matmuls == 2 and fusions.merged_norms == 0
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("MatMulNBits") == 2 and ops.count("Split") == 1
+    assert {i.name for i in fused.graph.initializer}.isdisjoint({"gate.w", "up.w", "gate.s", "up.s"})
+    feeds = {k: RNG.standard_normal((1, tokens, HIDDEN)).astype(np.float32) for k in ("x", "y")}
+    assert _same(_run(model, feeds), _run(fused, feeds))
+    assert len(model.graph.node) == 4  # the input model is left as it was
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        (_mlp(zero_points=True), "zero points"),
+        (_mlp(accuracy_up=0), "another accuracy level"),
+    ],
+)
+def test_matmuls_that_differ_are_not_merged(model: onnx.ModelProto, why: str) -> None:
+    fused, fusions = fuse_for_decode(model, None)
+    assert fusions.merged_matmuls == 0, why
+    assert fused is model
+
+
+def test_merged_weights_over_the_inline_limit_are_left_as_they_are() -> None:
+    from onnxgen.graph.decode_fusions import Fusions, merge_sibling_matmuls
+
+    model, fusions = _mlp(), Fusions()
+    merge_sibling_matmuls(model, None, fusions, max_bytes=100)
+    assert fusions.merged_matmuls == 0 and "inline limit" in fusions.skipped[0]
+
+
+def _attention(epsilons: tuple[float, float] = (1e-6, 1e-6), value_to_gqa: bool = True) -> onnx.ModelProto:
+    """A fused QKV projection, per-head query/key RMSNorms as onnxruntime-genai's builder writes them, and
+    GroupQueryAttention (no rotary, empty past)."""
+    qkv, inits = _nbits("qkv", "x", (Q_HEADS + 2 * KV_HEADS) * HEAD)
+    q_w, k_w = (RNG.standard_normal(HEAD).astype(np.float32) for _ in range(2))
+    sizes = [Q_HEADS * HEAD, KV_HEADS * HEAD, KV_HEADS * HEAD]
+    inits += [
+        numpy_helper.from_array(np.array(sizes, np.int64), "sizes"),
+        numpy_helper.from_array(np.array([0, -1, HEAD], np.int64), "heads"),
+        numpy_helper.from_array(np.array([0, -1, sizes[0]], np.int64), "q_flat"),
+        numpy_helper.from_array(np.array([0, -1, sizes[1]], np.int64), "k_flat"),
+        numpy_helper.from_array(q_w, "q_norm.w"),
+        numpy_helper.from_array(k_w, "k_norm.w"),
+    ]
+    nodes = [qkv, helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=-1)]
+    for part, eps in zip("qk", epsilons, strict=True):
+        nodes += [
+            helper.make_node("Reshape", [part, "heads"], [f"{part}_h"]),
+            helper.make_node(
+                "SimplifiedLayerNormalization",
+                [f"{part}_h", f"{part}_norm.w"],
+                [f"{part}_n"],
+                axis=-1,
+                epsilon=eps,
+                stash_type=1,
+            ),
+            helper.make_node("Reshape", [f"{part}_n", f"{part}_flat"], [f"{part}_normed"]),
+        ]
+    value = "v" if value_to_gqa else "v_copy"
+    if not value_to_gqa:
+        nodes.append(helper.make_node("Identity", ["v"], ["v_copy"]))
+    nodes.append(
+        helper.make_node(
+            "GroupQueryAttention",
+            ["q_normed", "k_normed", value, "past_k", "past_v", "seqlens_k", "total_len"],
+            ["attn", "present_k", "present_v"],
+            domain="com.microsoft",
+            num_heads=Q_HEADS,
+            kv_num_heads=KV_HEADS,
+        )
+    )
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, HIDDEN]),
+        helper.make_tensor_value_info("past_k", TensorProto.FLOAT, [1, KV_HEADS, None, HEAD]),
+        helper.make_tensor_value_info("past_v", TensorProto.FLOAT, [1, KV_HEADS, None, HEAD]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+        helper.make_tensor_value_info("total_len", TensorProto.INT32, []),
+    ]
+    return _model(nodes, inits, inputs, ["attn", "present_k", "present_v"])
+
+
+def _attention_feeds(tokens: int) -> dict[str, np.ndarray]:
+    empty = np.zeros((1, KV_HEADS, 0, HEAD), np.float32)
+    return {
+        "x": RNG.standard_normal((1, tokens, HIDDEN)).astype(np.float32) * 3,
+        "past_k": empty,
+        "past_v": empty,
+        "seqlens_k": np.array([tokens - 1], np.int32),
+        "total_len": np.array(tokens, np.int32),
+    }
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_query_and_key_norms_merge_into_one_with_the_same_outputs(tokens: int) -> None:
+    model = _attention()
+    fused, fusions = fuse_for_decode(model, None)
+    assert fusions.merged_norms == 1
+    assert [n.op_type for n in fused.graph.node].count("SimplifiedLayerNormalization") == 1
+    feeds = _attention_feeds(tokens)
+    assert _same(_run(model, feeds), _run(fused, feeds))
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        (_attention(epsilons=(1e-6, 1e-5)), "different epsilons"),
+        (_attention(value_to_gqa=False), "the value does not go straight into GroupQueryAttention"),
+    ],
+)
+def test_norms_that_differ_or_are_not_attention_inputs_are_not_merged(
+    model: onnx.ModelProto, why: str
+) -> None:
+    _, fusions = fuse_for_decode(model, None)
+    assert fusions.merged_norms == 0, why
+
+
+@pytest.mark.parametrize("family", ["genai-dense", "hybrid-genai"])
+def test_session_logits_are_bit_identical_with_and_without_the_fusions(tmp_path: Path, family: str) -> None:
+    """Through the session (prefill, decode lane steps, external weights) on int4 fixtures."""
+    package = ModelPackage.open(build_model(tmp_path, family, precision="int4"))
+    sessions = [DecoderSession(package.model_path, package.io, threads=2, fuse=f) for f in (True, False)]
+    assert sessions[0].fusions.merged_matmuls > 0 and not sessions[1].fusions.rewritten
+    runs = []
+    for session in sessions:
+        state = session.new_state(64)
+        rows = [session.forward(state, np.array([[5, 9, 2, 7, 1, 3]]))]
+        token = int(rows[0][0, -1].argmax())
+        for _ in range(12):
+            rows.append(session.step(state, token).copy())
+            token = int(rows[-1].argmax())
+        runs.append(rows)
+    assert _same(runs[0], runs[1])
