@@ -81,6 +81,7 @@ class OnnxgenEngine:
             "vocab_size": vocab,
             "context_length": self.llm.package.context_length,
             "fast_ops": self.llm.session.fast_ops.summary(),
+            "decode_fusions": self.llm.session.fusions.summary(),
             **self.plan_info(),
         }
 

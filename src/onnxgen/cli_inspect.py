@@ -6,6 +6,7 @@ import argparse
 import json
 
 from onnxgen.cli_generate import MODEL_ENV, resolve_model
+from onnxgen.graph.decode_fusions import planned_fusions
 from onnxgen.graph.hybrid_ops import apply_fast_ops
 from onnxgen.model.inspect import describe, format_text
 from onnxgen.model.package import ModelPackage
@@ -38,10 +39,16 @@ def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
     return {"fast_ops": apply_fast_ops(package.graph, None)[1].summary()}
 
 
+def fusions_summary(package: ModelPackage) -> dict[str, str]:
+    """What ``load(model)`` on the CPU merges for decode steps (:mod:`onnxgen.graph.decode_fusions`)."""
+    return {"decode_fusions": planned_fusions(package.graph).summary()}
+
+
 def _run(args: argparse.Namespace) -> int:
     package = ModelPackage.open(resolve_model(args.model))
     summary = describe(package)
     summary.update(decode_plan_summary(package))
     summary.update(fast_ops_summary(package))
+    summary.update(fusions_summary(package))
     print(json.dumps(summary, indent=2) if args.json else format_text(summary))
     return 0

@@ -42,6 +42,7 @@ class LLM:
         huge_pages: bool | None = None,
         speculative: bool = False,
         fast_ops: bool | None = None,
+        fuse: bool | None = None,
     ) -> None:
         self.package = package
         self.io = package.io
@@ -55,6 +56,7 @@ class LLM:
             huge_pages=huge_pages,
             verify_now=speculative,
             fast_ops=fast_ops,
+            fuse=fuse,
         )
         self.decode_plan.plan.attach(self.session)
         self.tokenizer: Tokenizer | None = None
@@ -177,6 +179,7 @@ def load(
     huge_pages: bool | None = None,
     speculative: bool = False,
     fast_ops: bool | None = None,
+    fuse: bool | None = None,
 ) -> LLM:
     """Open a model directory (or the bundled default model when ``model`` is None) and get it ready.
 
@@ -192,7 +195,10 @@ def load(
     (:mod:`onnxgen.graph.hybrid_ops`). Default (None): on, unless ``ONNXGEN_FAST_OPS`` says 0 or 1, or the
     export quantizes activations to int8 (MatMulNBits ``accuracy_level`` 4: there the rounding differences
     become quantization steps and greedy tokens leave onnxruntime-genai's); False runs the export's ops as
-    they are, as onnxruntime-genai does.
+    they are, as onnxruntime-genai does. ``fuse`` (default: on, unless ``ONNXGEN_FUSE=0``) merges
+    projections that read one input into one int4 MatMulNBits and a fused QKV's query/key RMSNorms into
+    one, on the CPU: fewer kernel launches per decode step, the same output bits
+    (:mod:`onnxgen.graph.decode_fusions`).
     """
     package = ModelPackage.open(model if model is not None else default_model_dir())
     return LLM(
@@ -203,4 +209,5 @@ def load(
         huge_pages=huge_pages,
         speculative=speculative,
         fast_ops=fast_ops,
+        fuse=fuse,
     )

@@ -214,3 +214,21 @@ def test_session_logits_are_bit_identical_with_and_without_the_fusions(tmp_path:
             token = int(rows[-1].argmax())
         runs.append(rows)
     assert _same(runs[0], runs[1])
+
+
+def test_inspect_and_load_report_what_the_session_merges(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import onnxgen
+    from onnxgen.cli import main
+
+    model_dir = build_model(tmp_path, "genai-dense", precision="int4")
+    assert main(["inspect", str(model_dir), "--json"]) == 0
+    reported = json.loads(capsys.readouterr().out)["decode_fusions"]
+    merged = onnxgen.load(model_dir, threads=1).session.fusions
+    assert merged.merged_matmuls > 0 and reported == merged.summary()
+    assert not onnxgen.load(model_dir, threads=1, fuse=False).session.fusions.rewritten
+    monkeypatch.setenv("ONNXGEN_FUSE", "0")
+    assert not onnxgen.load(model_dir, threads=1).session.fusions.rewritten

@@ -50,6 +50,12 @@ class Fusions:
     def rewritten(self) -> bool:
         return bool(self.merged_matmuls or self.merged_norms)
 
+    def summary(self) -> str:
+        """One line for reports (``onnxgen inspect``, ``onnxgen bench``)."""
+        if not self.rewritten:
+            return "nothing to merge"
+        return f"{self.merged_matmuls} MatMulNBits merged in groups, {self.merged_norms} query/key norm pairs as one"
+
 
 def _ints(node: onnx.NodeProto, name: str, default: int | None = None) -> int | None:
     attr = attribute(node, name)
@@ -68,14 +74,9 @@ def _array(init: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
     return numpy_helper.to_array(init, base_dir=str(base_dir) if base_dir is not None else "")
 
 
-def merge_sibling_matmuls(
-    model: onnx.ModelProto, base_dir: Path | None, fusions: Fusions, max_bytes: int = MAX_INLINE_BYTES
-) -> None:
-    """Rewrite 1 of the module docstring, in place. ``base_dir`` resolves external weights."""
+def sibling_groups(model: onnx.ModelProto) -> list[list[onnx.NodeProto]]:
+    """The MatMulNBits groups rewrite 1 merges (from the graph alone: no weight is read)."""
     graph = model.graph
-    if default_opset(model) < 13:
-        fusions.skipped.append("sibling MatMulNBits: opset < 13 (Split takes its sizes as an input from 13)")
-        return
     inits = {init.name: init for init in graph.initializer}
     users = consumers(model)
     groups: dict[tuple, list[onnx.NodeProto]] = {}
@@ -85,23 +86,46 @@ def merge_sibling_matmuls(
             inputs.pop()
         if not _is_contrib(node, "MatMulNBits") or len(inputs) != 3 or len(node.output) != 1:
             continue  # zero points, g_idx or bias: left alone
-        if inputs[1] not in inits or inputs[2] not in inits or len(users.get(inputs[1], [])) != 1:
+        weight, scales = inits.get(inputs[1]), inits.get(inputs[2])
+        if weight is None or scales is None or _ints(node, "N") is None or len(scales.dims) not in (1, 2):
             continue
-        if len(users.get(inputs[2], [])) != 1 or _ints(node, "N") is None:
-            continue
-        key = (inputs[0], *(_ints(node, a, 4 if a == "bits" else 0) for a in _NBITS_ATTRS))
+        if len(users.get(inputs[1], [])) != 1 or len(users.get(inputs[2], [])) != 1:
+            continue  # weights another node reads too
+        key = (
+            inputs[0],
+            *(_ints(node, a, 4 if a == "bits" else 0) for a in _NBITS_ATTRS),
+            tuple(weight.dims[1:]),
+            weight.data_type,
+            scales.data_type,
+            tuple(scales.dims[1:]),
+        )
         groups.setdefault(key, []).append(node)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def merge_sibling_matmuls(
+    model: onnx.ModelProto,
+    base_dir: Path | None,
+    fusions: Fusions,
+    max_bytes: int = MAX_INLINE_BYTES,
+    dry: bool = False,
+) -> None:
+    """Rewrite 1 of the module docstring, in place (``dry``: count what it would merge, change nothing).
+    ``base_dir`` resolves external weights."""
+    graph = model.graph
+    if default_opset(model) < 13:
+        fusions.skipped.append("sibling MatMulNBits: opset < 13 (Split takes its sizes as an input from 13)")
+        return
+    inits = {init.name: init for init in graph.initializer}
     budget = max_bytes
     replace: dict[str, list[onnx.NodeProto]] = {}  # by the first output of the node they replace
     drop: set[str] = set()
     unused: set[str] = set()
-    for group in groups.values():
-        if len(group) < 2:
-            continue
+    for group in sibling_groups(model):
         weights = [inits[n.input[1]] for n in group]
         scales = [inits[n.input[2]] for n in group]
         size = sum(
-            int(np.prod(t.dims)) * (1 if t.data_type == onnx.TensorProto.UINT8 else 4)
+            helper.tensor_dtype_to_np_dtype(t.data_type).itemsize * int(np.prod(t.dims))
             for t in weights + scales
         )
         if size > budget:
@@ -109,17 +133,12 @@ def merge_sibling_matmuls(
                 f"sibling MatMulNBits after {group[0].name!r}: weights over the inline limit"
             )
             continue
+        budget -= size
+        if dry:
+            fusions.merged_matmuls += len(group)
+            continue
         w = [_array(t, base_dir) for t in weights]
         s = [_array(t, base_dir) for t in scales]
-        if (
-            len({a.shape[1:] for a in w}) != 1
-            or len({a.dtype for a in s}) != 1
-            or any(a.ndim not in (1, 2) for a in s)
-        ):
-            continue
-        if len({a.ndim for a in s}) != 1 or (s[0].ndim == 2 and len({a.shape[1] for a in s}) != 1):
-            continue
-        budget -= size
         first = group[0]
         base = f"{first.name or first.output[0]}/onnxgen_merged"
         sizes = [_ints(n, "N") for n in group]
@@ -190,8 +209,10 @@ def _norm_path(
     return [r1, norm, r2], shape[2]
 
 
-def merge_qk_norms(model: onnx.ModelProto, base_dir: Path | None, fusions: Fusions) -> None:
-    """Rewrite 2 of the module docstring, in place."""
+def merge_qk_norms(
+    model: onnx.ModelProto, base_dir: Path | None, fusions: Fusions, dry: bool = False
+) -> None:
+    """Rewrite 2 of the module docstring, in place (``dry``: count what it would merge, change nothing)."""
     graph = model.graph
     if default_opset(model) < 13:
         return
@@ -234,9 +255,12 @@ def merge_qk_norms(model: onnx.ModelProto, base_dir: Path | None, fusions: Fusio
         wq, wk = inits.get(q_norm.input[1]), inits.get(k_norm.input[1])
         if wq is None or wk is None or list(wq.dims) != [head] or list(wk.dims) != [head]:
             continue
-        aq, ak = _array(wq, base_dir), _array(wk, base_dir)
-        if aq.dtype != np.float32 or ak.dtype != np.float32:
+        if wq.data_type != onnx.TensorProto.FLOAT or wk.data_type != onnx.TensorProto.FLOAT:
             continue  # float16: the kernel rounds x / rms to float16 before the weight, the Mul after it
+        if dry:
+            fusions.merged_norms += 1
+            continue
+        aq, ak = _array(wq, base_dir), _array(wk, base_dir)
         qh, kh = sizes[0] // head, sizes[1] // head
         base = f"{q_norm.name or split.output[0]}/onnxgen_qk"
         graph.initializer.extend(
@@ -308,9 +332,20 @@ def _splice(graph: onnx.GraphProto, replace: dict[str, list[onnx.NodeProto]], dr
 
 def fuse_for_decode(model: onnx.ModelProto, base_dir: Path | None) -> tuple[onnx.ModelProto, Fusions]:
     """Both rewrites on a copy of ``model`` (returned as is when neither applies)."""
+    planned = planned_fusions(model)
+    if not planned.rewritten:
+        return model, planned
     out = onnx.ModelProto()
     out.CopyFrom(model)
     fusions = Fusions()
     merge_qk_norms(out, base_dir, fusions)
     merge_sibling_matmuls(out, base_dir, fusions)
-    return (out, fusions) if fusions.rewritten else (model, fusions)
+    return out, fusions
+
+
+def planned_fusions(model: onnx.ModelProto) -> Fusions:
+    """What :func:`fuse_for_decode` would merge, from the graph alone (``onnxgen inspect``)."""
+    fusions = Fusions()
+    merge_qk_norms(model, None, fusions, dry=True)
+    merge_sibling_matmuls(model, None, fusions, dry=True)
+    return fusions

@@ -161,6 +161,8 @@ def format_text(d: dict[str, Any]) -> str:
         lines.append(f"decode plan:    {d['decode_plan']} ({d.get('decode_plan_reason', '')})")
     if d.get("fast_ops"):  # added by `onnxgen inspect` (onnxgen.graph.hybrid_ops)
         lines.append(f"fast ops:       {d['fast_ops']}")
+    if d.get("decode_fusions"):  # added by `onnxgen inspect` (onnxgen.graph.decode_fusions)
+        lines.append(f"fusions (CPU):  {d['decode_fusions']}")
     lines.append(f"context length: {d['context_length'] if d['context_length'] is not None else 'unknown'}")
     lines.append(
         f"eos / bos / pad: {d['eos_token_id'] or '-'} / {_opt(d['bos_token_id'])} / {_opt(d['pad_token_id'])}"
