@@ -1,6 +1,6 @@
 """In-process A/B of a decode-loop feature, on and off in shuffled order.
 
-``python scripts/runtime_ab.py MODEL_DIR --feature lane|inplace|fast_ops [--threads 2] [--rounds 16]
+``python scripts/runtime_ab.py MODEL_DIR --feature lane|inplace|fast_ops|fuse [--threads 2] [--rounds 16]
 [--prompt-tokens 16]``
 
 One process loads the model (after a throwaway first session: the first onnxruntime session of a process
@@ -15,6 +15,8 @@ whether both produced the same tokens.
   against double-buffered ones.
 - ``fast_ops``: a hybrid's GatedRMSNorm and SiLU-fused CausalConvWithState on vectorized kernels
   (:mod:`onnxgen.graph.hybrid_ops`), against the export's ops (two sessions of the model, one per variant).
+- ``fuse``: the decode fusions (:mod:`onnxgen.graph.decode_fusions`) against the graph without them (two
+  sessions, made in random order: of two sessions in one process the later one may step a few % faster).
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], onnxgen.LLM]:
             raise SystemExit(f"{root} has no op that the fast-ops pass rewrites")
         exported = onnxgen.load(root, threads=session.threads, fast_ops=False)
         return lambda on: fast if on else exported
+    if feature == "fuse":
+        root = session._model_path.parent
+        made = {}
+        for on in random.sample([True, False], 2):
+            made[on] = onnxgen.load(root, threads=session.threads, fuse=on)
+        if not made[True].session.fusions.rewritten:
+            raise SystemExit(f"{root} has nothing that the decode fusions merge")
+        print(f"sessions made {'fused first' if next(iter(made)) else 'unfused first'}")
+        return lambda on: made[on]
     if feature == "lane":
         make = DecoderSession._lane
 
@@ -64,13 +75,13 @@ def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], onnxgen.LLM]:
             return llm
 
         return set_inplace
-    raise SystemExit(f"unknown feature {feature!r}; choose lane, inplace or fast_ops")
+    raise SystemExit(f"unknown feature {feature!r}; choose lane, inplace, fast_ops or fuse")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
-    p.add_argument("--feature", required=True, choices=["lane", "inplace", "fast_ops"])
+    p.add_argument("--feature", required=True, choices=["lane", "inplace", "fast_ops", "fuse"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=16)

@@ -26,6 +26,7 @@ from onnxgen.cli import main
 from onnxgen.cli_bench import format_report
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative.proposers import NgramProposer
+from onnxgen.graph.decode_fusions import planned_fusions
 from onnxgen.llm import load
 from onnxgen.testing import build_model
 from onnxgen.tokenizer import Tokenizer
@@ -89,6 +90,8 @@ def test_bench_json_reports_prefill_ttft_decode_and_rss_of_the_onnxgen_worker(
     assert e["pss_mb"] is None or 10 < e["pss_mb"] <= e["peak_rss_mb"] + 1
     assert e["process_threads"] >= 1
     assert e["fast_ops"] == "off: not a hybrid on onnxruntime's CPU provider"
+    graph = onnx.load(str(Path(report["model"]) / "model.onnx"), load_external_data=False)
+    assert e["decode_fusions"] == planned_fusions(graph).summary()
     assert (e["decode_plan_requested"], e["decode_plan"]) == ("auto", "main")
     assert "no Scan" in e["decode_plan_reason"]
 

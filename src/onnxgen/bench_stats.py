@@ -48,6 +48,7 @@ def summarize(runs: Sequence[dict[str, Any]], skip: int, info: dict[str, Any]) -
         "process_threads": info.get("process_threads"),
         "version": info.get("version"),
         "fast_ops": info.get("fast_ops"),
+        "decode_fusions": info.get("decode_fusions"),
         "runs": [
             {"prefill_ms": r["prefill_ms"], "ttft_ms": r["ttft_ms"], "decode_tok_s": rate}
             for r, rate in zip(runs, rates, strict=True)

@@ -14,12 +14,15 @@ needs; both rewrites compute every output value exactly as before (tests compare
    each go ``Split -> Reshape [0, -1, head] -> SimplifiedLayerNormalization -> Reshape`` into
    GroupQueryAttention: two normalizations, each a thread-pool launch over a handful of rows. They
    become one ``SimplifiedLayerNormalization`` with weight 1 over the query and key heads together,
-   then a ``Mul`` by the per-head weights. onnxruntime's kernel computes ``x / rms * weight``; with
-   weight 1 that is ``x / rms`` exactly, and the ``Mul`` then rounds the same product.
+   then a ``Mul`` by the per-head weights. onnxruntime's CPU kernel multiplies by the weight last
+   (``x / rms * weight``): with weight 1 it gives ``x / rms`` exactly, and the ``Mul`` rounds the same
+   product (float32 only; tests check the bits, so an onnxruntime that computed it otherwise fails them).
 
-Measured on onnxruntime-genai's Qwen3 int4 export (~60M parameters, 2 threads, 16-token prompt):
-decode steps ~2.5% faster with both (in-process A/B of the two graphs, median over 12 processes, each
-15-30 rounds of 127 steps); at 1 thread there is no thread pool and the gain is within noise.
+Measured on onnxruntime-genai's ~60M-parameter int4 exports at 2 threads, 16-token prompt, two sessions
+in one process with shuffled rounds (``scripts/runtime_ab.py MODEL --feature fuse``): decode steps 1.011x
+(Qwen3, median of 6 processes) and 1.019x (Qwen3.5, 8 processes) through the stream; 1.026x for Qwen3 in a
+bare onnxruntime loop (12 processes). Between processes these ratios spread over 0.95-1.10x. At 1 thread
+(no thread pool) and on the fp32 export (query/key norms only) they are within 1% of 1.00x.
 """
 
 from __future__ import annotations
