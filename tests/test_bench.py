@@ -109,6 +109,7 @@ def test_bench_table_has_one_row_per_engine_and_prompt_length_and_states_the_mac
     fused = sum(n.op_type in ("GatedRMSNorm", "CausalConvWithState") for n in graph.graph.node)
     assert fused >= 2 and e["fast_ops"] == f"{fused} hybrid ops on vectorized kernels"
     assert f"fast ops: {fused} hybrid ops on vectorized kernels" in text
+    assert f"fusions: {planned_fusions(graph).summary()}" in text
     row = next(
         line.split() for line in text.splitlines() if line.split()[:3] == ["synthetic", "4", "onnxgen"]
     )

@@ -127,14 +127,13 @@ def plan_lines(report: dict[str, Any]) -> list[str]:
 
 
 def fast_ops_lines(report: dict[str, Any]) -> list[str]:
-    """What the fast-ops pass did in each onnxgen worker (onnxgen.graph.hybrid_ops), once per setting."""
-    seen = {
-        e["fast_ops"]: None
-        for entry in report["results"]
-        for e in entry["engines"].values()
-        if e.get("fast_ops")
-    }
-    return [f"fast ops: {what}" for what in seen]
+    """What the fast-ops pass (onnxgen.graph.hybrid_ops) and the decode fusions
+    (onnxgen.graph.decode_fusions) did in the onnxgen workers, once per setting."""
+    lines = []
+    for key, label in (("fast_ops", "fast ops"), ("decode_fusions", "fusions")):
+        seen = {e[key]: None for entry in report["results"] for e in entry["engines"].values() if e.get(key)}
+        lines += [f"{label}: {what}" for what in seen]
+    return lines
 
 
 def _header(report: dict[str, Any]) -> list[str]:
