@@ -178,6 +178,32 @@ def _session(model_dir: Path, inplace: bool) -> DecoderSession:
     )
 
 
+@pytest.mark.parametrize("steps", [1, 2, 5])
+def test_states_looked_at_mid_cycle_are_the_ones_the_last_step_wrote(
+    family_dirs: dict[str, Path], steps: int
+) -> None:
+    """Steady steps count the swaps of each double-buffered state's two buffers instead of making them:
+    after an odd or even number of them, ``state_arrays`` and a snapshot see what the last step wrote.
+    The reference holds a snapshot throughout, so its steps take spares and never cycle."""
+    session = _session(family_dirs["hybrid-genai"], False)  # every state double-buffered
+    state, ref = session.new_state(64), session.new_state(64)
+    session.forward(state, ids(PROMPT), 1)
+    session.forward(ref, ids(PROMPT), 1)
+    held = ref.snapshot()
+    tokens = STEPS[:steps]
+    for t in tokens:
+        np.testing.assert_array_equal(session.step(state, t), session.step(ref, t))
+    assert state._cycle[state.steps & 1] is not None and ref._cycle == [None, None]
+    got, want = state.state_arrays(), ref.state_arrays()
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in got)
+    snap = state.snapshot()
+    after = [session.step(state, t).copy() for t in (3, 4, 5)]
+    state.restore(snap)
+    assert all(np.array_equal(a, session.step(state, t)) for a, t in zip(after, (3, 4, 5), strict=True))
+    state.release(snap)
+    ref.release(held)
+
+
 def test_states_updated_in_place_equal_double_buffered_states(family_dirs: dict[str, Path]) -> None:
     """The fused hybrid's LinearAttention states are bound in place in the steady cycle; everything the
     script does (snapshots, restores, longer forwards, a refused step, reset) gives the same logits and
@@ -211,6 +237,7 @@ def test_the_first_step_after_a_released_snapshot_already_runs_in_place(family_d
         st.release(snap)
     before = {slot.pair.input: slot.current for slot in state._slots}
     np.testing.assert_array_equal(session.step(state, 16), buffered.step(ref, 16))
+    state._sync_cycle()  # a running cycle counts its buffer swaps; this makes them
     moved = {
         name
         for name, buf in before.items()
