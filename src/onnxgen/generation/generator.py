@@ -98,8 +98,9 @@ class TokenLoop:
         logits = self._prefill()
         # what runs per token runs with caches the forward evicted: names bound once, and greedy
         # decoding whose processors only mask ids it knows (TokenChoice.maskable) takes the raw argmax
-        ids, step, state, check = self.ids, self.session.step, self.state, self._check
+        ids, step, state, prompt_len = self.ids, self.session.step, self.state, self.prompt_len
         maskable = self.choose.maskable
+        stops = self.checker.check if self.constraint is None else None  # else _check asks the constraint
         while True:
             if maskable is None:
                 token = self._select(logits)
@@ -109,7 +110,7 @@ class TokenLoop:
                     token = self._select(logits)
             ids[self.n] = token
             self.n += 1
-            reason = check(token)
+            reason = stops(token, self.n - prompt_len) if stops is not None else self._check(token)
             yield token, reason
             if reason is not None:
                 return
