@@ -106,7 +106,8 @@ class DecodeState:
         self._cycle: list[StepIO | None] = [None, None]
         self._cycle_from: int | None = None  # ``steps`` when the running cycle's buffers were last synced
         # Per step parity: a session's prepared steady step over this state (DecoderSession.step), valid
-        # while it runs the very StepIO that :meth:`steady` returns; owned by the session, like bindings.
+        # while the next step's StepIO is the very one it binds (:meth:`take_cycle`); owned by the session,
+        # like bindings.
         self.lanes: list[object | None] = [None, None]
         self.lane_mask: object | None = None  # the lanes' bound attention mask, where the session keeps one
         self._kv_shared: list[HostBuffer] = []
@@ -149,9 +150,7 @@ class DecodeState:
             if cycled is None and self._can_cycle():  # a step after a verify, snapshot, restore...
                 self._start_cycle()
                 cycled = self._cycle[self.steps & 1]
-            if cycled is not None:
-                self._epoch += 1
-                self._written[self.length] = self._epoch
+            if cycled is not None and self.take_cycle(cycled):
                 return cycled
         self._end_cycle()
         if self.length + new_tokens > self.capacity:
@@ -174,16 +173,11 @@ class DecodeState:
             writes.append((slot, spare))
         return StepIO(inputs, outputs, writes)
 
-    def steady(self) -> StepIO | None:
-        """The running steady cycle's StepIO that :meth:`prepare` returns for the next single-token step, or
-        None: no cycle running (that step starts a new one where it may) or the state is full."""
-        return self._cycle[self.steps & 1] if self.length < self.capacity else None
-
     def take_cycle(self, step: StepIO) -> bool:
         """:meth:`prepare` for one token where ``step`` is what it would return (the running cycle's
         StepIO for the next step); False, with nothing done, where it is not. Commit with
         :meth:`commit_cycle`, undo with :meth:`discard`. (A prepared decode step takes this instead of
-        :meth:`steady`, :meth:`prepare` and :meth:`advance`: fewer calls with caches a forward evicted.)"""
+        :meth:`prepare` and :meth:`advance`: fewer calls with caches a forward evicted.)"""
         if (
             self._cycle[self.steps & 1] is not step
             or self.length >= self.capacity
