@@ -96,21 +96,22 @@ class TokenLoop:
     def tokens(self) -> Iterator[tuple[int, str | None]]:
         """Yield (token id, finish reason or None); the last yielded token carries the reason."""
         logits = self._prefill()
-        # what runs per token runs with caches the forward evicted: names bound once, and greedy
-        # decoding whose processors only mask ids it knows (TokenChoice.maskable) takes the raw argmax
-        ids, step, state, prompt_len = self.ids, self.session.step, self.state, self.prompt_len
-        maskable = self.choose.maskable
-        stops = self.checker.check if self.constraint is None else None  # else _check asks the constraint
+        # what runs per token runs with caches the forward evicted: names bound once, and where the raw
+        # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain
+        ids, step, state, check, raw_argmax = (
+            self.ids,
+            self.session.step,
+            self.state,
+            self._check,
+            self.choose.raw_argmax,
+        )
         while True:
-            if maskable is None:
+            token = raw_argmax(logits)
+            if token is None:
                 token = self._select(logits)
-            else:
-                token = int(logits.argmax())
-                if token in maskable:
-                    token = self._select(logits)
             ids[self.n] = token
             self.n += 1
-            reason = stops(token, self.n - prompt_len) if stops is not None else self._check(token)
+            reason = check(token)
             yield token, reason
             if reason is not None:
                 return

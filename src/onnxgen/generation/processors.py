@@ -310,11 +310,16 @@ class TokenChoice:
         )
 
     def __call__(self, ids: np.ndarray, prompt_len: int, logits: np.ndarray) -> int:
+        token = self.raw_argmax(logits)
+        return token if token is not None else choose(self.chain, self.sampler, ids, prompt_len, logits)
+
+    def raw_argmax(self, logits: np.ndarray) -> int | None:
+        """The choice where the raw argmax decides it (no ids needed), else None: call the instance."""
         if self.maskable is not None:
             token = int(logits.argmax())
             if token not in self.maskable:
                 return token
-        return choose(self.chain, self.sampler, ids, prompt_len, logits)
+        return None
 
 
 def _greedy_argmax(
