@@ -75,6 +75,16 @@ def test_main_reports_unusable_input_clearly(tmp_path, capsys):
     plain.write_text(json.dumps({**report("m", 2, 16, [(1, 1)]), "compare": None}))
     assert main([str(plain)]) == 2
     assert "--compare ENGINE" in capsys.readouterr().err
+    uneven = report("m", 2, 16, [(1, 1), (1, 1)])
+    uneven["results"][0]["engines"][GENAI]["runs"].pop()
+    (tmp_path / "uneven.json").write_text(json.dumps(uneven))
+    assert main([str(tmp_path / "uneven.json")]) == 2
+    assert "2 onnxgen runs against 1" in capsys.readouterr().err
+    partial = report("m", 2, 16, [(1, 1)])
+    del partial["threads"]
+    (tmp_path / "partial.json").write_text(json.dumps(partial))
+    assert main([str(tmp_path / "partial.json")]) == 2
+    assert "lacks the field 'threads'" in capsys.readouterr().err
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert main([str(broken)]) == 2

@@ -122,6 +122,11 @@ def pool(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[Cell]:
             )
             cell = cells.setdefault(key, Cell(*key))
             ours, theirs = engines[ONNXGEN]["runs"], engines[other]["runs"]
+            if len(ours) != len(theirs) or not ours:
+                raise ValueError(
+                    f"{source}: {len(ours)} onnxgen runs against {len(theirs)} {other} runs at "
+                    f"{entry['prompt_tokens']} prompt tokens; a comparison pairs every run"
+                )
             cell.decode.append(
                 [(a["decode_tok_s"], b["decode_tok_s"]) for a, b in zip(ours, theirs, strict=True)]
             )
@@ -182,8 +187,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         print("\n".join(markdown_rows(pool(loaded), args.level)))
-    except (ValueError, KeyError) as e:
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(
+            f"error: a report lacks the field {e}; pool the JSON of `onnxgen bench ... --json`",
+            file=sys.stderr,
+        )
         return 2
     return 0
 
