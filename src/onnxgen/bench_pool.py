@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxgen.bench_stats import paired_ratio
+
 ONNXGEN = "onnxgen"
 
 
@@ -69,7 +71,8 @@ class Cell:
 
 
 def _median_ratio(groups: Sequence[Sequence[tuple[float, float]]]) -> float:
-    return statistics.median(a / b for g in groups for a, b in g)
+    pairs = [p for g in groups for p in g]
+    return paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
 
 
 def command_interval(
