@@ -199,11 +199,12 @@ class DecodeState:
     def _sync_cycle(self) -> None:
         """Make each double-buffered state's ``current`` the buffer the running cycle's last step wrote:
         swapped once if an odd number of cycled steps ran since the cycle started or last synced."""
-        if self._cycle_from is not None and (self.steps - self._cycle_from) & 1:
+        if self._cycle_from is None:
+            return
+        if (self.steps - self._cycle_from) & 1:
             for slot in self._swapped:
                 slot.current, slot.free[-1] = slot.free[-1], slot.current
-        if self._cycle_from is not None:
-            self._cycle_from = self.steps
+        self._cycle_from = self.steps
 
     def advance(
         self,
