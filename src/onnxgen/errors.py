@@ -37,3 +37,7 @@ class GenerationError(OnnxgenError):
 
 class TokenizerError(OnnxgenError):
     """The tokenizer or chat template is missing or cannot be used."""
+
+
+class SettingError(OnnxgenError, ValueError):
+    """An onnxgen environment variable holds a value onnxgen does not understand."""

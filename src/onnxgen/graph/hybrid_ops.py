@@ -33,10 +33,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxgen.env import FAST_OPS, env_switch
 from onnxgen.graph.state_window import attribute
 
 MS = "com.microsoft"
-ENV = "ONNXGEN_FAST_OPS"
+ENV = FAST_OPS
 _SILU = (b"silu", b"swish")
 _REWRITTEN = ("GatedRMSNorm", "CausalConvWithState")
 
@@ -51,26 +52,14 @@ def int8_activations(model: onnx.ModelProto) -> bool:
     )
 
 
-_SWITCH = {
-    "0": False,
-    "false": False,
-    "no": False,
-    "off": False,
-    "1": True,
-    "true": True,
-    "yes": True,
-    "on": True,
-}
-
-
 def wanted(model: onnx.ModelProto, requested: bool | None) -> tuple[bool, str]:
     """Whether to run the pass on ``model``: ``requested``, else ``$ONNXGEN_FAST_OPS`` (0 / 1), else on
     unless a MatMulNBits quantizes its activations to int8; and why not when not."""
     if requested is not None:
         return requested, "" if requested else "fast_ops=False"
-    env = os.environ.get(ENV, "").strip().lower()
-    if env in _SWITCH:
-        return _SWITCH[env], "" if _SWITCH[env] else f"{ENV}={env}"
+    env = env_switch(ENV)
+    if env is not None:
+        return env, "" if env else f"{ENV}={os.environ[ENV].strip()}"
     if int8_activations(model):
         return False, (
             "a MatMulNBits computes on int8 activations (accuracy_level 4), which would turn the pass's "

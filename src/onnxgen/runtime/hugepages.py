@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxgen.env import HUGE_PAGES, env_switch
+
 log = logging.getLogger(__name__)
 
 HUGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages) PMD size
@@ -42,11 +43,12 @@ MADV_COLLAPSE = 25
 MIN_POPULATED = 0.75  # share of a mapping that must be resident before it is collapsed
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 SYNC_LIMIT = 256 << 20  # bytes collapsed while loading; more is collapsed on a background thread
-ENV = "ONNXGEN_HUGE_PAGES"  # "0" turns the default off (``onnxgen.load(..., huge_pages=)`` overrides)
+ENV = HUGE_PAGES  # "0" / "off" turns the default off (``onnxgen.load(..., huge_pages=)`` overrides)
 
 
 def default_enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """On unless ``$ONNXGEN_HUGE_PAGES`` turns it off (:func:`onnxgen.env.env_switch`)."""
+    return env_switch(ENV) is not False
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnxgen.env import FUSE, check_switches, env_switch
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
@@ -229,6 +230,7 @@ class DecoderSession:
         fast_ops: bool | None = None,
         fuse: bool | None = None,
     ) -> None:
+        check_switches()  # a typo in ONNXGEN_FUSE / _FAST_OPS / _HUGE_PAGES fails here, not silently
         self.io = io
         providers = list(providers or ["CPUExecutionProvider"])
         on_cpu = providers[0] == "CPUExecutionProvider"
@@ -263,7 +265,7 @@ class DecoderSession:
         # fewer kernel launches per decode step with bit-identical outputs (onnxgen.graph.decode_fusions):
         # merged sibling MatMulNBits, one query/key RMSNorm; CPU provider, where it was measured
         self.fusions = Fusions()
-        if on_cpu and (fuse if fuse is not None else os.environ.get("ONNXGEN_FUSE", "1") != "0"):
+        if on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False):
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
             graph, self.fusions = fuse_for_decode(graph, model_path.parent)
