@@ -40,8 +40,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--min-batch-rows",
         default="auto",
         help="pad every decode step to this many rows; auto (default): 2 where the export's int4 kernels "
-        "compute a lone row differently (int8 activations), so a request gets the same tokens alone or "
-        "beside others; else 1",
+        "(int8 activations) compute a lone row differently from a block on this CPU (probed at start), so "
+        "a request gets the same tokens alone or beside others; else 1",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     add_runtime_flags(p)
@@ -64,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
         )
-    min_rows = fixed_rows or invariant_min_rows(llm.package.graph)
+    min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
     app = create_app(llm, config, args.served_model_name)
     print(

@@ -9,9 +9,9 @@ every forward binds contiguous views ``buffer[:n]``.
 
 ``min_rows`` pads every forward to at least that many rows with idle rows (length 0, fed a token of their
 own, never read). Some kernels take a different path for one row than for several (onnxruntime's int4
-MatMulNBits with int8 activations computes a single row differently from a block of rows; rows of a
-block are computed alike whatever their neighbours), so with ``min_rows=2`` a sequence's logits no longer
-depend on whether it had company at any step.
+MatMulNBits with int8 activations computes a single row differently from a block of rows on some CPUs;
+rows of a block are computed alike whatever their neighbours), so with ``min_rows=2`` a sequence's logits
+no longer depend on whether it had company at any step (:func:`invariant_min_rows`).
 
 Per-row lengths drive the attention mask and position ids:
 
@@ -39,11 +39,37 @@ from onnxgen.runtime.session import DecoderSession, _Binder
 from onnxgen.runtime.state import DecodeState
 
 
-def invariant_min_rows(graph: onnx.ModelProto) -> int:
-    """The ``min_rows`` that makes a sequence's logits independent of its company: 2 when a MatMulNBits node
-    computes on int8 activations (``accuracy_level`` 4), whose single-row kernel rounds differently from
-    its block kernel; else 1 (fp32 kernels give a row the same result alone or in a block)."""
-    return 2 if int8_activations(graph) else 1
+def invariant_min_rows(graph: onnx.ModelProto, session: DecoderSession | None = None) -> int:
+    """The ``min_rows`` that makes a sequence's logits independent of its company: 1 where a row is computed
+    alike alone or in a block (fp32 kernels always are), 2 where it may not be.
+
+    A MatMulNBits node on int8 activations (``accuracy_level`` 4) may compute a single row on another
+    kernel than a block of rows; which one onnxruntime picks depends on the CPU (on an AVX2-only AMD EPYC
+    Milan the logits of a lone row differed by up to ~0.17, on an AVX-512 VNNI EPYC Genoa they were the
+    same bits). Without ``session`` such a graph gets 2; with it, :func:`lone_row_matches_block` decides
+    on this machine, and 1 spares a lone request the 2-row step."""
+    if not int8_activations(graph):
+        return 1
+    return 1 if session is not None and lone_row_matches_block(session) else 2
+
+
+def lone_row_matches_block(session: DecoderSession, steps: int = 3) -> bool:
+    """Whether ``session`` computes a sequence's decode steps to the same bits alone and beside another:
+    a 3-token prompt decoded ``steps`` tokens as a batch of one row and then of two (a few forwards of
+    tiny shapes; the kernel choice does not depend on the values, and where two kernels differ nearly
+    every logit does)."""
+    vocab = session.vocab_size if session.vocab_size > 0 else 8
+    prompts = ([1 % vocab, 2 % vocab, 3 % vocab], [4 % vocab, 5 % vocab])
+    capacity = len(prompts[0]) + steps + 1
+    runs = []
+    for company in (False, True):
+        batch = BatchState(session, 2, capacity)
+        for prompt in prompts[: 1 + company]:
+            state = session.new_state(capacity)
+            session.forward(state, np.array([prompt], dtype=np.int64), 1)
+            batch.admit(state)
+        runs.append(np.stack([batch.step([(6 + t) % vocab] * batch.n)[0] for t in range(steps)]))
+    return bool(np.array_equal(runs[0], runs[1]))
 
 
 class RowBuffer:
