@@ -43,7 +43,7 @@ def int4_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_switch_takes_the_same_words(int4_dense: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """ "off" turns each pass off as "0" does (ONNXGEN_FUSE once took only "0"); keywords still win."""
+    """Each switch takes "off" as it takes "0" (ONNXGEN_FUSE once took only "0"); keywords still win."""
     assert onnxgen.load(int4_dense, threads=1).session.fusions.rewritten
     monkeypatch.setenv(FUSE, "off")
     monkeypatch.setenv(HUGE_PAGES, "no")
