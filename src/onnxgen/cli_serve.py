@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
     app = create_app(llm, config, args.served_model_name)
     print(
         f"onnxgen serve: {app.state.server.model_name} on http://{args.host}:{args.port} "
-        f"(batch {config.max_batch}, at least {config.min_rows} rows a step, "
+        f"(batch {config.max_batch}, at least {config.min_rows} row{'s' if config.min_rows != 1 else ''} a step, "
         f"{config.max_model_len} tokens per sequence)",
         file=sys.stderr,
         flush=True,
