@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxgen.bench_stats import paired_ratio
+from onnxgen.bench_stats import pair_ratio, paired_ratio
 
 ONNXGEN = "onnxgen"
 
@@ -67,7 +67,9 @@ class Cell:
         self, level: float = 0.9, resamples: int = 4000, seed: int = 0
     ) -> tuple[float, float]:
         """A ``level`` bootstrap interval of :meth:`decode_ratio`, resampling whole commands."""
-        return command_interval([[a / b for a, b in c] for c in self.decode], level, resamples, seed)
+        return command_interval(
+            [[pair_ratio(a, b) for a, b in c] for c in self.decode], level, resamples, seed
+        )
 
 
 def _median_ratio(groups: Sequence[Sequence[tuple[float, float]]]) -> float:

@@ -111,10 +111,15 @@ def summarize_speculative(
     }
 
 
+def pair_ratio(ours: float, theirs: float) -> float:
+    """ours / theirs of one run pair; nan where the other engine recorded nothing (a zero rate)."""
+    return ours / theirs if theirs > 0 else float("nan")
+
+
 def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> float:
     """The median over run pairs (run i of each engine, made back to back) of ours / theirs, so that the
     machine's drift between pairs cancels."""
-    return statistics.median(a / b if b > 0 else float("nan") for a, b in zip(ours, theirs, strict=True))
+    return statistics.median(pair_ratio(a, b) for a, b in zip(ours, theirs, strict=True))
 
 
 def ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
