@@ -97,18 +97,20 @@ class TokenLoop:
         """Yield (token id, finish reason or None); the last yielded token carries the reason."""
         logits = self._prefill()
         # what runs per token runs with caches the forward evicted: names bound once, and where the raw
-        # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain
-        ids, step, state, check, raw_argmax = (
+        # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain; where
+        # it does not, the chain decides without taking that argmax again
+        ids, step, state, check, raw_argmax, by_chain = (
             self.ids,
             self.session.step,
             self.state,
             self._check,
             self.choose.raw_argmax,
+            self.choose.by_chain,
         )
         while True:
             token = raw_argmax(logits)
             if token is None:
-                token = self._select(logits)
+                token = by_chain(ids[: self.n], self.prompt_len, logits)
             ids[self.n] = token
             self.n += 1
             reason = check(token)

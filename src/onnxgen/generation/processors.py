@@ -311,7 +311,11 @@ class TokenChoice:
 
     def __call__(self, ids: np.ndarray, prompt_len: int, logits: np.ndarray) -> int:
         token = self.raw_argmax(logits)
-        return token if token is not None else choose(self.chain, self.sampler, ids, prompt_len, logits)
+        return token if token is not None else self.by_chain(ids, prompt_len, logits)
+
+    def by_chain(self, ids: np.ndarray, prompt_len: int, logits: np.ndarray) -> int:
+        """The choice through the processor chain and sampler, where :meth:`raw_argmax` gave None."""
+        return choose(self.chain, self.sampler, ids, prompt_len, logits)
 
     def raw_argmax(self, logits: np.ndarray) -> int | None:
         """The choice where the raw argmax decides it (no ids needed), else None: call the instance."""
