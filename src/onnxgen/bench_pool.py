@@ -136,9 +136,8 @@ def pool(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[Cell]:
                 [(a["decode_tok_s"], b["decode_tok_s"]) for a, b in zip(ours, theirs, strict=True)]
             )
             cell.ttft.append([(a["ttft_ms"], b["ttft_ms"]) for a, b in zip(ours, theirs, strict=True)])
-            cell.worker_sets += entry.get("process_decode_ratios", {}).get(
-                ONNXGEN, []
-            )  # keyed by the onnxgen worker
+            ratios = entry.get("process_decode_ratios", {})  # each worker set's, keyed by the onnxgen worker
+            cell.worker_sets += ratios.get(ONNXGEN, [])
             cell.tokens_match.append(bool(entry.get("tokens_match")))
     return list(cells.values())
 
