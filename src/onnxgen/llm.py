@@ -59,6 +59,7 @@ class LLM:
             fuse=fuse,
         )
         self.decode_plan.plan.attach(self.session)
+        self.decode_plan.graph = None  # no graph is kept once the session is made
         self.tokenizer: Tokenizer | None = None
         if package.tokenizer_path is not None:
             self.tokenizer = Tokenizer.from_dir(package.root)
@@ -70,6 +71,7 @@ class LLM:
             package.context_length,
             final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
         )
+        package.release_graph()
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
 

@@ -372,6 +372,11 @@ class DecodeState:
         self._sync_cycle()
         return {s.pair.input: s.current.array.copy() for s in self._slots}
 
+    def drop_bindings(self) -> None:
+        """Forget the IO bindings and lanes made for this state (their session is being replaced)."""
+        self.bindings.clear()
+        self.lanes = [None, None]
+
     def reset(self) -> None:
         """Back to an empty sequence: length 0, zero states."""
         if not self.shared_kv:  # bound pasts of the last run would otherwise stay alive
