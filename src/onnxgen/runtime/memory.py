@@ -50,7 +50,7 @@ class Mapping:
     path: str  # "" for anonymous memory, "[heap]", "[stack]", ... for the kernel's names
     perms: str = "r--p"
     rss: int = 0  # resident bytes (from smaps; 0 when read from maps)
-    written: int = 0  # resident bytes changed since mapped: private dirty and anonymous (from smaps)
+    written: int = 0  # pages of a private file mapping this process wrote (anonymous copies, from smaps)
 
 
 def mappings(smaps: bool = False) -> list[Mapping]:
@@ -65,7 +65,7 @@ def mappings(smaps: bool = False) -> list[Mapping]:
         if head and "-" in head[0] and not head[0].endswith(":"):
             start, end = (int(x, 16) for x in head[0].split("-"))
             found.append(Mapping(start, end, head[5].strip() if len(head) > 5 else "", head[1]))
-        elif smaps and found and head and head[0] in ("Rss:", "Private_Dirty:", "Anonymous:"):
+        elif smaps and found and head and head[0] in ("Rss:", "Anonymous:"):
             last, value = found[-1], int(head[1]) * 1024
             if head[0] == "Rss:":
                 found[-1] = Mapping(last.start, last.end, last.path, last.perms, value, last.written)
