@@ -1,5 +1,7 @@
 """onnxgen: text generation from ONNX exports of decoder LLMs (dense and hybrid) on ONNX Runtime."""
 
+from typing import TYPE_CHECKING, Any
+
 from onnxgen.errors import (
     AmbiguousIOError,
     ConfigError,
@@ -10,11 +12,38 @@ from onnxgen.errors import (
     TokenizerError,
     UnsupportedModelError,
 )
-from onnxgen.generation.constraints import ConstraintError
-from onnxgen.generation.generator import GenerationResult, StreamEvent
-from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.speculative import DraftModel, PromptLookup
-from onnxgen.llm import LLM, load
+
+if TYPE_CHECKING:
+    from onnxgen.generation.constraints import ConstraintError
+    from onnxgen.generation.generator import GenerationResult, StreamEvent
+    from onnxgen.generation.params import SamplingParams
+    from onnxgen.generation.speculative import DraftModel, PromptLookup
+    from onnxgen.llm import LLM, load
+
+# The engine's names are imported on first use, so that ``import onnxgen.errors`` (or a tool that needs
+# one small module, such as the benchmark's onnxruntime-genai worker) does not load onnx and onnxruntime.
+_LAZY = {
+    "ConstraintError": "onnxgen.generation.constraints",
+    "GenerationResult": "onnxgen.generation.generator",
+    "StreamEvent": "onnxgen.generation.generator",
+    "SamplingParams": "onnxgen.generation.params",
+    "DraftModel": "onnxgen.generation.speculative",
+    "PromptLookup": "onnxgen.generation.speculative",
+    "LLM": "onnxgen.llm",
+    "load": "onnxgen.llm",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnxgen' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,22 +48,24 @@ class LLM:
         self.package = package
         self.io = package.io
         self.decode_plan = prepare_decode_plan(package, decode_plan, providers=providers)
-        self.session = DecoderSession(
-            self.decode_plan.model_path,
-            self.io,
-            threads=threads,
-            providers=providers,
-            graph=self.decode_plan.graph,
-            huge_pages=huge_pages,
-            verify_now=speculative,
-            fast_ops=fast_ops,
-            fuse=fuse,
-        )
+        # the tokenizer and the token settings load on another thread while onnxruntime makes the session
+        # (it releases the GIL while it repacks the weights, most of a load)
+        with ThreadPoolExecutor(1, thread_name_prefix="onnxgen-load") as pool:
+            tokenizer = pool.submit(_load_tokenizer, package)
+            self.session = DecoderSession(
+                self.decode_plan.model_path,
+                self.io,
+                threads=threads,
+                providers=providers,
+                graph=self.decode_plan.graph,
+                huge_pages=huge_pages,
+                verify_now=speculative,
+                fast_ops=fast_ops,
+                fuse=fuse,
+            )
+            self.tokenizer: Tokenizer | None = tokenizer.result()
         self.decode_plan.plan.attach(self.session)
         self.decode_plan.graph = None  # no graph is kept once the session is made
-        self.tokenizer: Tokenizer | None = None
-        if package.tokenizer_path is not None:
-            self.tokenizer = Tokenizer.from_dir(package.root)
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
         self.generator = Generator(
             self.session,
@@ -159,6 +162,14 @@ class LLM:
         return self.generator.stream(
             self.chat_prompt(messages), params or SamplingParams(), speculative, draft
         )
+
+
+def _load_tokenizer(package: ModelPackage) -> Tokenizer | None:
+    """The package's tokenizer (None without ``tokenizer.json``), its token settings resolved too."""
+    package.settings  # noqa: B018 - resolved here, off the loading thread's path
+    if package.tokenizer_path is None:
+        return None
+    return Tokenizer.from_dir(package.root, package.tokenizer_backend)
 
 
 def draft_threads(target_threads: int) -> int:

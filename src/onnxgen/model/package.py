@@ -124,7 +124,21 @@ class ModelPackage:
     @cached_property
     def settings(self) -> ModelSettings:
         named = {kind: (path.name, data) for kind, (path, data) in self.configs.items()}
-        return resolve_settings(named, self.tokenizer_path)
+        backend = self.tokenizer_backend
+        return resolve_settings(named, self.tokenizer_path, backend.token_to_id if backend else None)
+
+    @cached_property
+    def tokenizer_backend(self) -> Any:
+        """``tokenizer.json`` loaded by the tokenizers library (a ``tokenizers.Tokenizer``), once for the
+        settings and the tokenizer; None when absent or not loadable (the tokenizer reports why)."""
+        if self.tokenizer_path is None:
+            return None
+        import tokenizers
+
+        try:
+            return tokenizers.Tokenizer.from_file(str(self.tokenizer_path))
+        except Exception:  # tokenizers raises plain Exception on malformed files
+            return None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ speculative verifies run in it too: the three steps after a released snapshot to
 when the cycle waited for the second of them).
 
 In the steady cycle, states named in ``inplace`` (those whose op reads its whole past state before it
-writes the present one, see :func:`onnxgen.runtime.session.inplace_states`) are bound as input and output
+writes the present one, see :func:`onnxgen.runtime.graph_cache.inplace_states`) are bound as input and output
 of the same buffer instead of swapping: the op then updates one buffer where it copied one into the
 other (in-process A/B through the stream: a 1.08-1.13x faster step on Qwen3.5 int4, 1.07x on fp32). Nothing else sees the difference, since no snapshot is held in the
 cycle; but a step that fails inside onnxruntime may have written such a state, so the state is then
@@ -371,6 +371,16 @@ class DecodeState:
         """Every recurrent state by input name (copies)."""
         self._sync_cycle()
         return {s.pair.input: s.current.array.copy() for s in self._slots}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the KV buffers (capacity-sized where shared; the current ones where they grow) and
+        of the recurrent-state buffers (spares included). Pages never written are not resident."""
+        kv = sum(b.array.nbytes for b in self._kv_shared) if self.shared_kv else 0
+        if not self.shared_kv:
+            kv = sum(v.numpy().nbytes for v in self._kv)
+        states = sum(b.array.nbytes for s in self._slots for b in (s.current, *s.free))
+        return kv + states
 
     def drop_bindings(self) -> None:
         """Forget the IO bindings and lanes made for this state (their session is being replaced)."""
