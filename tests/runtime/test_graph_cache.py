@@ -130,7 +130,7 @@ def test_no_model_proto_outlives_a_load_or_the_first_verify(
 ) -> None:
     def live_protos() -> int:
         gc.collect()
-        return sum(isinstance(o, onnx.ModelProto) for o in gc.get_objects())
+        return sum(type(o) is onnx.ModelProto for o in gc.get_objects())
 
     before = live_protos()
     llm = onnxgen.load(int4_dirs["hybrid-genai"], threads=1)
