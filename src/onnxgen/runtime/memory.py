@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import resource
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,26 +54,32 @@ class Mapping:
     written: int = 0  # pages of a private file mapping this process wrote (anonymous copies, from smaps)
 
 
-def mappings(smaps: bool = False) -> list[Mapping]:
-    """This process's mappings (``/proc/self/maps``, or ``smaps`` with resident bytes); [] off Linux."""
+_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+ *(.*)$", re.MULTILINE)
+_RSS = re.compile(r"^Rss: +(\d+) kB$", re.MULTILINE)
+_ANONYMOUS = re.compile(r"^Anonymous: +(\d+) kB$", re.MULTILINE)
+
+
+def mappings(smaps: bool = False, where: Callable[[str], bool] | None = None) -> list[Mapping]:
+    """This process's mappings (``/proc/self/maps``, or ``smaps`` with resident bytes), those whose path
+    ``where`` accepts when given; [] off Linux."""
     try:
         text = Path("/proc/self/smaps" if smaps else "/proc/self/maps").read_text()
     except OSError:
         return []
+    heads = list(_HEADER.finditer(text))
     found: list[Mapping] = []
-    for line in text.splitlines():
-        head = line.split(maxsplit=5)
-        if head and "-" in head[0] and not head[0].endswith(":"):
-            start, end = (int(x, 16) for x in head[0].split("-"))
-            found.append(Mapping(start, end, head[5].strip() if len(head) > 5 else "", head[1]))
-        elif smaps and found and head and head[0] in ("Rss:", "Anonymous:"):
-            last, value = found[-1], int(head[1]) * 1024
-            if head[0] == "Rss:":
-                found[-1] = Mapping(last.start, last.end, last.path, last.perms, value, last.written)
-            else:
-                found[-1] = Mapping(
-                    last.start, last.end, last.path, last.perms, last.rss, last.written + value
-                )
+    for i, head in enumerate(heads):
+        path = head.group(4).strip()
+        if where is not None and not where(path):
+            continue
+        start, end, perms = int(head.group(1), 16), int(head.group(2), 16), head.group(3)
+        if not smaps:
+            found.append(Mapping(start, end, path, perms))
+            continue
+        stop = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        rss, anonymous = _RSS.search(text, head.end(), stop), _ANONYMOUS.search(text, head.end(), stop)
+        kib = (int(rss.group(1)) if rss else 0), (int(anonymous.group(1)) if anonymous else 0)
+        found.append(Mapping(start, end, path, perms, kib[0] * 1024, kib[1] * 1024))
     return found
 
 
@@ -91,8 +98,8 @@ def release_file_pages(folders: Iterable[Path]) -> int:
         return 0
     folders = [Path(f).resolve() for f in folders]
     total = 0
-    for m in mappings(smaps=True):
-        if _library(m.path) or m.written or not _under(m.path, folders):
+    for m in mappings(smaps=True, where=lambda path: not _library(path) and _under(path, folders)):
+        if m.written:
             continue  # a page written in a private mapping would be lost: unchanged mappings only
         if _MADVISE(m.start, m.end - m.start, MADV_DONTNEED) == 0:
             total += m.end - m.start
