@@ -4,7 +4,6 @@ logits as the passes applied in memory, stale entries never used, and nothing of
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import onnxgen
 from onnxgen.errors import ModelPackageError
 from onnxgen.graph.decode_fusions import fuse_for_decode
 from onnxgen.model import ModelPackage
-from onnxgen.runtime import graph_cache, memory
+from onnxgen.runtime import graph_cache
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.verify_plan import CapturePlan
 from onnxgen.testing import build_model
@@ -180,39 +179,3 @@ def test_an_external_location_outside_the_model_folder_is_refused(tmp_path: Path
     onnx.save(graph, str(model_dir / "model.onnx"))
     with pytest.raises(ModelPackageError, match=r"'\.\./outside\.data' is not a relative path inside"):
         open_session(model_dir)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and madvise: Linux")
-def test_released_file_pages_leave_the_resident_set_and_written_ones_stay(tmp_path: Path) -> None:
-    folder = tmp_path / "weights"
-    folder.mkdir()
-    values = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
-    values.tofile(folder / "a.bin")
-    values.tofile(folder / "b.bin")
-    clean = np.memmap(folder / "a.bin", dtype=np.float32, mode="r")
-    written = np.memmap(folder / "b.bin", dtype=np.float32, mode="c")  # private copy-on-write
-    assert float(clean.sum()) == float(values.sum())
-    written[:] += 1  # every page written: only this process has these values
-
-    def resident() -> dict[str, int]:
-        return {Path(k).name: v[1] for k, v in memory.breakdown([folder]).weights.items()}
-
-    assert resident() == {"a.bin": values.nbytes, "b.bin": values.nbytes}
-    assert memory.release_file_pages([folder]) == values.nbytes  # the clean mapping only
-    assert resident() == {"a.bin": 0, "b.bin": values.nbytes}
-    np.testing.assert_array_equal(clean, values)  # read back from the file
-    np.testing.assert_array_equal(written, values + 1)  # the written copy is untouched
-
-
-def test_releasing_a_sessions_weight_pages_mid_decode_changes_no_value(
-    int4_dirs: dict[str, Path], cache_dir: Path
-) -> None:
-    session = open_session(int4_dirs["genai-dense"])
-    ref = decode(session)
-    state = session.new_state(CAPACITY)
-    rows = list(session.forward(state, np.array([PROMPT]))[0])
-    for i in range(STEPS):
-        if i == STEPS // 2:
-            memory.release_file_pages(session.weight_folders)
-        rows.append(session.step(state, int(rows[-1].argmax())).copy())
-    np.testing.assert_array_equal(np.stack(rows), ref)

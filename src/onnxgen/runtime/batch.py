@@ -268,7 +268,7 @@ class BatchState:
         else:
             binder.output(self.io.logits, None)
         try:
-            run.run_with_iobinding(binder.binding)
+            run.run_with_iobinding(binder.binding, self.session.step_run_options())
         except Exception as e:
             raise GenerationError(f"batched decode step over {n} rows failed: {e}") from e
         del small  # the bound step inputs had to stay alive until the run

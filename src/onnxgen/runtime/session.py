@@ -306,6 +306,13 @@ class DecoderSession:
         self._ones_buf = np.ones(0, dtype=self._mask_dtype)
         self._ones_values: dict[tuple[int, int], ort.OrtValue] = {}
         self._run_options = ort.RunOptions()  # what the wrapper's run_with_iobinding passes by default
+        # After a forward over many tokens (a prefill) onnxruntime's arena holds its activations: tens to
+        # hundreds of MB at real sizes, kept (and grown by later prefills) for the life of the session.
+        # The next single-token step runs with the arena's shrinkage on, which hands the regions no longer
+        # in use back; prefill chunks in a row keep theirs.
+        self._shrink_options = ort.RunOptions()
+        self._shrink_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._shrink_pending = False
 
     def _load(self, source: str | bytes) -> ort.InferenceSession:
         try:
@@ -470,10 +477,12 @@ class DecoderSession:
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
-            session.run_with_iobinding(binder.binding)
+            session.run_with_iobinding(binder.binding, self.step_run_options() if t == 1 else None)
         except Exception as e:
             state.discard(step)
             raise _run_failed(t, state.length, e) from e
+        if t > SMALL_STEP:
+            self._shrink_pending = True
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
         if (
@@ -536,7 +545,8 @@ class DecoderSession:
                 lane.bind_input(self.io.attention_mask, mask._ortvalue)
                 lane.binder.record_input(self.io.attention_mask, mask)
             try:
-                lane.run(lane.binding, self._run_options)
+                lane.run(lane.binding, self._shrink_options if self._shrink_pending else self._run_options)
+                self._shrink_pending = False
             except Exception as e:
                 state.discard(lane.cycle)
                 raise _run_failed(1, past, e) from e
@@ -545,6 +555,13 @@ class DecoderSession:
         ids = np.full((1, 1), token, dtype=np.int64)
         # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``
         return type(self).forward(self, state, ids, 1, copy=False)[0, -1]
+
+    def step_run_options(self) -> ort.RunOptions:
+        """The run options of a single-token forward: the arena shrinks after one that follows a prefill."""
+        if self._shrink_pending:
+            self._shrink_pending = False
+            return self._shrink_options
+        return self._run_options
 
     def _bad_ids(self, ids: np.ndarray, past: int) -> NoReturn:
         """Refuse ids outside the vocabulary before running (onnxruntime would fail mid-forward)."""
