@@ -179,3 +179,41 @@ def test_an_external_location_outside_the_model_folder_is_refused(tmp_path: Path
     onnx.save(graph, str(model_dir / "model.onnx"))
     with pytest.raises(ModelPackageError, match=r"'\.\./outside\.data' is not a relative path inside"):
         open_session(model_dir)
+
+
+def test_a_model_keeps_its_most_recently_used_prepared_graphs_only(
+    int4_dirs: dict[str, Path], cache_dir: Path
+) -> None:
+    package = ModelPackage.open(int4_dirs["hybrid-genai"])
+    settings = [
+        graph_cache.PassSettings(fuse=fuse, fast_ops=fast, last_logits=last)
+        for fuse in (True, False)
+        for fast in (True, False)
+        for last in (True, False)
+    ][: graph_cache.KEEP_PER_MODEL + 2]
+    folders = []
+    for s in settings:
+        prepared = graph_cache.prepare_session_graph(package.model_path, package.io, s)
+        folders.append(
+            cache_dir / "graphs" / graph_cache.cache_key(package.model_path, package.graph, package.io, s)
+        )
+        assert prepared.cache == "miss"
+    kept = sorted(p.name for p in (cache_dir / "graphs").iterdir() if (p / graph_cache.FACTS_FILE).is_file())
+    assert kept == sorted(f.name for f in folders[-graph_cache.KEEP_PER_MODEL :])
+
+
+def test_the_verify_plan_is_made_when_the_prepared_graph_was_pruned_meanwhile(
+    int4_dirs: dict[str, Path], cache_dir: Path
+) -> None:
+    import shutil
+
+    session = open_session(int4_dirs["hybrid-genai"])
+    plain = open_session(int4_dirs["hybrid-genai"], verify=False)
+    state, ref = session.new_state(32), plain.new_state(32)
+    np.testing.assert_array_equal(
+        session.forward(state, np.array([PROMPT]), 1), plain.forward(ref, np.array([PROMPT]), 1)
+    )
+    shutil.rmtree(session.prepared.graph_path.parent)  # type: ignore[union-attr]
+    assert isinstance(session.verify_plan, CapturePlan)
+    for t in (11, 12, 13):
+        np.testing.assert_array_equal(session.step(state, t), plain.step(ref, t))

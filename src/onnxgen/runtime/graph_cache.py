@@ -60,6 +60,7 @@ FACTS_FILE = "prepared.json"
 INLINE_LIMIT = 64 << 10  # inline weights of at least this many bytes are moved to weights.bin
 ALIGN = 4096  # onnxruntime maps an external tensor whose offset is page aligned
 _HASHED_BYTES = 64 << 20  # model files up to this size are keyed by content, larger ones by size and time
+KEEP_PER_MODEL = 4  # prepared graphs kept per model file (other settings, earlier versions of the model)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class SessionGraph:
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
+            "model": str(self.model_path.resolve()),
             "rewritten": self.graph_path is not None,
             "root": str(self.root) if self.root is not None else None,
             "logits_to_keep": self.logits_to_keep,
@@ -247,7 +249,9 @@ def prepare_session_graph(
     folder = root / key
     cached = _read(folder, model_path)
     if cached is not None:
+        os.utime(folder / FACTS_FILE)  # last used: what pruning keeps
         return cached
+    _prune(root, model_path, KEEP_PER_MODEL - 1)
     build = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
         prepared = _prepare(model_path, graph, io, settings, build, folder)
@@ -262,6 +266,22 @@ def prepare_session_graph(
     finally:
         shutil.rmtree(build, ignore_errors=True)
     return prepared
+
+
+def _prune(root: Path, model_path: Path, keep: int) -> None:
+    """Remove all but the ``keep`` most recently used prepared graphs of ``model_path``: entries of a
+    model that changed since, or of settings no longer used, would otherwise stay forever."""
+    target = str(model_path.resolve())
+    entries = []
+    for folder in root.iterdir():
+        try:
+            facts = json.loads((folder / FACTS_FILE).read_text())
+            if facts.get("model") == target:
+                entries.append(((folder / FACTS_FILE).stat().st_mtime, folder))
+        except (OSError, ValueError):
+            continue
+    for _, folder in sorted(entries, reverse=True)[keep:]:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _read(folder: Path, model_path: Path) -> SessionGraph | None:

@@ -234,6 +234,7 @@ class DecoderSession:
             fast_ops=fast_ops,
             fuse=on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False),
         )
+        self._settings = settings
         self.prepared = prepare_session_graph(model_path, io, settings, graph)
         del graph  # the caller's graph is not kept (the prepared one is read from disk when needed)
         self.logits_to_keep = self.prepared.logits_to_keep
@@ -350,6 +351,9 @@ class DecoderSession:
         """The prepared graph rewritten for the verify plan (serialized, weights by reference) and the plan;
         None (and why, logged) where no plan covers the model's states."""
         assert self._verify_strategy is not None
+        if self.prepared.graph_path is not None and not self.prepared.graph_path.is_file():
+            # its cache entry was pruned (another process, other settings) since: prepare it again
+            self.prepared = prepare_session_graph(self._model_path, self.io, self._settings)
         graph = self.prepared.load_graph()
         rewritten, plan, why = plan_graph(graph, self.io, self._providers, self._verify_strategy)
         if plan is None:
