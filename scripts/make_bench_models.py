@@ -14,7 +14,7 @@ OUT_DIR/<layout>-<precision> (default OUT_DIR: /work/bench-models/real):
 - ``qwen3-0.6b``: Qwen3-0.6B (28 layers, hidden 1024, 16 query / 8 KV heads of 128, MLP 3072); fp32, int4
 - ``qwen3_5-0.8b``: Qwen3.5-0.8B (24 layers, 3 Gated DeltaNet : 1 attention, hidden 1024, attention 8 / 2
   heads of 256, 16 linear heads of 128, MLP 3584); fp32, int4
-- ``qwen3_5-2b``: Qwen3.5-2B (as 0.8B with hidden 2048, MLP 6144); int4
+- ``qwen3_5-2b``: Qwen3.5-2B (as 0.8B with hidden 2048, MLP 6144); int4 (bfloat16 checkpoint)
 
 Prints each export's path and how long it took. Existing exports are kept unless --force is given.
 Needs torch, transformers and onnxruntime-genai (the ``external`` extra).
@@ -49,15 +49,17 @@ _QWEN3_5_0_8B = HFSize(
     lin_value_dim=128,
     mrope_section=(11, 11, 10),
 )
-# layout -> (family, geometry, precisions built by default)
-REAL_LAYOUTS: dict[str, tuple[str, HFSize, tuple[str, ...]]] = {
+# layout -> (family, geometry, precisions built by default, checkpoint dtype)
+REAL_LAYOUTS: dict[str, tuple[str, HFSize, tuple[str, ...], str]] = {
     "qwen3-0.6b": (
         "qwen3",
         replace(_QWEN3_5_0_8B, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072),
         PRECISIONS,
+        "float32",
     ),
-    "qwen3_5-0.8b": ("qwen3_5", _QWEN3_5_0_8B, PRECISIONS),
-    "qwen3_5-2b": ("qwen3_5", replace(_QWEN3_5_0_8B, hidden=2048, intermediate=6144), ("int4",)),
+    "qwen3_5-0.8b": ("qwen3_5", _QWEN3_5_0_8B, PRECISIONS, "float32"),
+    # bfloat16 checkpoint: the builder then holds ~3 GB instead of ~6 GB while it quantizes
+    "qwen3_5-2b": ("qwen3_5", replace(_QWEN3_5_0_8B, hidden=2048, intermediate=6144), ("int4",), "bfloat16"),
 }
 
 
@@ -77,13 +79,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _build(
-    out: Path, name: str, family: str, size: str | HFSize, precisions: list[str], args: argparse.Namespace
+    out: Path,
+    name: str,
+    family: str,
+    size: str | HFSize,
+    precisions: list[str],
+    args: argparse.Namespace,
+    dtype: str = "float32",
 ) -> None:
     """The checkpoint OUT/hf/NAME, then the exports OUT/NAME-PRECISION."""
     hf_dir = out / "hf" / name
     if args.force or not (hf_dir / "config.json").is_file():
         t0 = time.perf_counter()
-        build_hf_checkpoint(family, hf_dir, size=size, seed=args.seed)  # type: ignore[arg-type]
+        build_hf_checkpoint(family, hf_dir, size=size, seed=args.seed, dtype=dtype)  # type: ignore[arg-type]
         print(f"checkpoint {hf_dir}  ({time.perf_counter() - t0:.1f}s)", flush=True)
     for precision in precisions:
         dst = out / f"{name}-{precision}"
@@ -101,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.real:
         out = Path(args.out_dir or "/work/bench-models/real")
         for layout in args.layouts or list(REAL_LAYOUTS):
-            family, size, precisions = REAL_LAYOUTS[layout]
-            _build(out, layout, family, size, args.precisions or list(precisions), args)
+            family, size, precisions, dtype = REAL_LAYOUTS[layout]
+            _build(out, layout, family, size, args.precisions or list(precisions), args, dtype)
     else:
         out = Path(args.out_dir or "/work/bench-models")
         for family in args.families:

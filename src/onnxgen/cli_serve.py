@@ -65,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
             f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
         )
     min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
+    llm.package.release_graph()  # read again for that probe only
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
     app = create_app(llm, config, args.served_model_name)
     print(

@@ -126,11 +126,11 @@ def _common(s: HFSize) -> dict[str, Any]:
     }
 
 
-def _save(model_cls: Any, config: Any, out_dir: Path, s: HFSize, seed: int) -> Path:
+def _save(model_cls: Any, config: Any, out_dir: Path, s: HFSize, seed: int, dtype: str = "float32") -> Path:
     import torch
 
     torch.manual_seed(seed)
-    model = model_cls._from_config(config, dtype=torch.float32)
+    model = model_cls._from_config(config, dtype=getattr(torch, dtype))
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
@@ -138,7 +138,9 @@ def _save(model_cls: Any, config: Any, out_dir: Path, s: HFSize, seed: int) -> P
     return out_dir
 
 
-def build_qwen3_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_qwen3_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random ``Qwen3ForCausalLM`` (q/k RMSNorm, fused-rotary GQA in the export) to ``out_dir``."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -149,10 +151,12 @@ def build_qwen3_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", se
         attention_bias=False,
     )
     config.architectures = ["Qwen3ForCausalLM"]
-    return _save(Qwen3ForCausalLM, config, Path(out_dir), s, seed)
+    return _save(Qwen3ForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
-def build_llama_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_llama_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random ``LlamaForCausalLM`` to ``out_dir``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -163,10 +167,12 @@ def build_llama_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", se
         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
     )
     config.architectures = ["LlamaForCausalLM"]
-    return _save(LlamaForCausalLM, config, Path(out_dir), s, seed)
+    return _save(LlamaForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
-def build_qwen3_5_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_qwen3_5_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random hybrid ``Qwen3_5ForConditionalGeneration`` (text model + a minimal vision tower).
 
     Layers ``i % 4 == 3`` are full attention (gated q, q/k norm, partial interleaved mRoPE), the others
@@ -201,7 +207,7 @@ def build_qwen3_5_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", 
     }
     config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
     config.architectures = ["Qwen3_5ForConditionalGeneration"]
-    return _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed)
+    return _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed, dtype)
 
 
 _BUILDERS = {
@@ -212,12 +218,13 @@ _BUILDERS = {
 
 
 def build_hf_checkpoint(
-    family: Family, out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0
+    family: Family, out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
 ) -> Path:
-    """Dispatch to ``build_<family>_checkpoint``."""
+    """Dispatch to ``build_<family>_checkpoint``; ``dtype`` is the saved weights' torch dtype (``bfloat16``
+    halves what the checkpoint and onnxruntime-genai's builder hold in memory for large layouts)."""
     if family not in _BUILDERS:
         raise ValueError(f"family={family!r} is not one of {sorted(_BUILDERS)}")
-    return _BUILDERS[family](out_dir, size, seed)
+    return _BUILDERS[family](out_dir, size, seed, dtype)
 
 
 def export_with_genai_builder(
