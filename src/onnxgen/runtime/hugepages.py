@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxgen.env import HUGE_PAGES, env_switch
+from onnxgen.runtime import memory
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +93,10 @@ def available() -> bool:
 def anonymous_mappings(smaps: str | None = None) -> dict[int, tuple[Mapping, int]]:
     """Private read-write anonymous mappings of this process (the heap included): start -> (mapping,
     resident bytes), read from ``/proc/self/smaps`` (or ``smaps``, its text)."""
-    if smaps is None:
-        try:
-            smaps = Path("/proc/self/smaps").read_text()
-        except OSError:
-            return {}
     found: dict[int, tuple[Mapping, int]] = {}
-    current: Mapping | None = None
-    for line in smaps.splitlines():
-        head = line.split(maxsplit=5)
-        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
-            current = None
-            perms, inode = head[1], head[4]
-            name = head[5].strip() if len(head) > 5 else ""
-            if perms.startswith("rw") and perms.endswith("p") and inode == "0" and name in ("", "[heap]"):
-                start, end = (int(x, 16) for x in head[0].split("-"))
-                current = Mapping(start, end, name)
-        elif current is not None and head and head[0] == "Rss:":
-            found[current.start] = (current, int(head[1]) * 1024)
-            current = None
+    for m in memory.mappings(smaps=True, where=lambda path: path in ("", "[heap]"), text=smaps):
+        if m.perms.startswith("rw") and m.perms.endswith("p") and m.inode == 0:
+            found[m.start] = (Mapping(m.start, m.end, m.path), m.rss)
     return found
 
 

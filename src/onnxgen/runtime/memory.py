@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import re
 import resource
 import sys
@@ -23,10 +24,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 MADV_DONTNEED = 4
 MB = 1 << 20
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _madvise():  # type: ignore[no-untyped-def]
@@ -50,36 +54,45 @@ class Mapping:
     end: int
     path: str  # "" for anonymous memory, "[heap]", "[stack]", ... for the kernel's names
     perms: str = "r--p"
+    inode: int = 0
     rss: int = 0  # resident bytes (from smaps; 0 when read from maps)
     written: int = 0  # pages of a private file mapping this process wrote (anonymous copies, from smaps)
 
 
-_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+ *(.*)$", re.MULTILINE)
+_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ (\d+) *(.*)$", re.MULTILINE)
 _RSS = re.compile(r"^Rss: +(\d+) kB$", re.MULTILINE)
 _ANONYMOUS = re.compile(r"^Anonymous: +(\d+) kB$", re.MULTILINE)
 
 
-def mappings(smaps: bool = False, where: Callable[[str], bool] | None = None) -> list[Mapping]:
-    """This process's mappings (``/proc/self/maps``, or ``smaps`` with resident bytes), those whose path
-    ``where`` accepts when given; [] off Linux."""
-    try:
-        text = Path("/proc/self/smaps" if smaps else "/proc/self/maps").read_text()
-    except OSError:
-        return []
+def mappings(
+    smaps: bool = False, where: Callable[[str], bool] | None = None, text: str | None = None
+) -> list[Mapping]:
+    """This process's mappings (``/proc/self/maps``, or ``smaps`` with resident bytes; or ``text``, such a
+    file's contents), those whose path ``where`` accepts when given; [] off Linux."""
+    if text is None:
+        try:
+            text = Path("/proc/self/smaps" if smaps else "/proc/self/maps").read_text()
+        except OSError:
+            return []
     heads = list(_HEADER.finditer(text))
     found: list[Mapping] = []
     for i, head in enumerate(heads):
-        path = head.group(4).strip()
+        path = head.group(5).strip()
         if where is not None and not where(path):
             continue
-        start, end, perms = int(head.group(1), 16), int(head.group(2), 16), head.group(3)
+        start, end, perms, inode = (
+            int(head.group(1), 16),
+            int(head.group(2), 16),
+            head.group(3),
+            head.group(4),
+        )
         if not smaps:
-            found.append(Mapping(start, end, path, perms))
+            found.append(Mapping(start, end, path, perms, int(inode)))
             continue
         stop = heads[i + 1].start() if i + 1 < len(heads) else len(text)
         rss, anonymous = _RSS.search(text, head.end(), stop), _ANONYMOUS.search(text, head.end(), stop)
         kib = (int(rss.group(1)) if rss else 0), (int(anonymous.group(1)) if anonymous else 0)
-        found.append(Mapping(start, end, path, perms, kib[0] * 1024, kib[1] * 1024))
+        found.append(Mapping(start, end, path, perms, int(inode), kib[0] * 1024, kib[1] * 1024))
     return found
 
 
@@ -87,24 +100,50 @@ def _library(path: str) -> bool:
     return path.endswith(".so") or ".so." in path
 
 
-def _under(path: str, folders: Iterable[Path]) -> bool:
-    return path.startswith("/") and any(Path(path).parent == f or f in Path(path).parents for f in folders)
+def _prefixes(folders: Iterable[Path]) -> tuple[str, ...]:
+    return tuple(str(Path(f).resolve()).rstrip("/") + "/" for f in folders)
 
 
 def release_file_pages(folders: Iterable[Path]) -> int:
     """Drop from the resident set the pages of every file mapping under ``folders`` (see the module
-    docstring); the bytes advised (0 where unavailable)."""
+    docstring); the bytes advised (0 where unavailable). A mapping holding a page this process wrote (a
+    private copy, which dropping would lose) is left alone: ``/proc/self/pagemap`` tells which present
+    pages are anonymous (``/proc/self/smaps`` where pagemap cannot be read)."""
     if _MADVISE is None:
         return 0
-    folders = [Path(f).resolve() for f in folders]
+    prefixes = _prefixes(folders)
+    candidates = mappings(where=lambda path: path.startswith(prefixes) and not _library(path))
+    if not candidates:
+        return 0
+    try:
+        written = _written(candidates)
+    except OSError:
+        written = {
+            (m.start, m.end)
+            for m in mappings(smaps=True, where=lambda p: p.startswith(prefixes))
+            if m.written
+        }
     total = 0
-    for m in mappings(smaps=True, where=lambda path: not _library(path) and _under(path, folders)):
-        if m.written:
-            continue  # a page written in a private mapping would be lost: unchanged mappings only
-        if _MADVISE(m.start, m.end - m.start, MADV_DONTNEED) == 0:
+    for m in candidates:
+        if (m.start, m.end) not in written and _MADVISE(m.start, m.end - m.start, MADV_DONTNEED) == 0:
             total += m.end - m.start
     log.debug("released %.1f MB of mapped weight pages", total / MB)
     return total
+
+
+def _written(candidates: list[Mapping]) -> set[tuple[int, int]]:
+    """The mappings among ``candidates`` with a present anonymous page (bit 63 present, bit 61 file-backed
+    clear in ``/proc/self/pagemap``): pages of a private file mapping that this process wrote."""
+    fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        data = b"".join(os.pread(fd, (m.end - m.start) // PAGE * 8, m.start // PAGE * 8) for m in candidates)
+    finally:
+        os.close(fd)
+    entries = np.frombuffer(data, dtype=np.uint64)
+    flags = ((entries >> np.uint64(63)) & ~(entries >> np.uint64(61)) & np.uint64(1)).astype(np.int64)
+    starts = np.cumsum([0] + [(m.end - m.start) // PAGE for m in candidates[:-1]])
+    counts = np.add.reduceat(flags, starts) if flags.size else np.zeros(len(candidates), np.int64)
+    return {(m.start, m.end) for m, n in zip(candidates, counts, strict=True) if n}
 
 
 def rss_bytes() -> int | None:
@@ -145,7 +184,7 @@ class Breakdown:
 
 def breakdown(weight_folders: Iterable[Path]) -> Breakdown:
     """This process's resident memory by kind, weight files being the files under ``weight_folders``."""
-    folders = [Path(f).resolve() for f in weight_folders]
+    prefixes = _prefixes(weight_folders)
     out = Breakdown()
     for m in mappings(smaps=True):
         out.total += m.rss
@@ -153,7 +192,7 @@ def breakdown(weight_folders: Iterable[Path]) -> Breakdown:
             out.anonymous += m.rss
         elif _library(m.path):
             out.libraries += m.rss
-        elif _under(m.path, folders):
+        elif m.path.startswith(prefixes):
             size, rss = out.weights.get(m.path, (0, 0))
             out.weights[m.path] = (size + m.end - m.start, rss + m.rss)
         else:
