@@ -9,8 +9,9 @@ Each round starts, in shuffled order, one process per case:
 - ``onnxgen-warm``: ``onnxgen.load`` with the cache the cold loads filled: no pass runs;
 - ``genai``: ``og.Model`` and ``og.Tokenizer`` on the same folder with the same intra-op threads.
 
-Each process reports the seconds of its imports and of its load call, resident MiB right after the load
-and the most resident MiB until then; the script prints the medians and the warm/genai ratios of each.
+Each process reports the seconds of its imports (onnxgen's engine modules; onnxruntime-genai and numpy)
+and of its load call, resident MiB right after the load and the most resident MiB until then; the script
+prints the medians and the onnxgen/genai ratios of each.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ if engine == "genai":
     tokenizer = og.Tokenizer(loaded)
 else:
     import onnxgen
+    import onnxgen.llm  # the engine's modules (``import onnxgen`` alone imports them on first use)
     t1 = time.perf_counter()
     loaded = onnxgen.load(model, threads=threads)
 t2 = time.perf_counter()
