@@ -79,8 +79,7 @@ class SessionGraph:
 
     ``graph_path`` is the prepared graph in the cache (None: the export runs as it is, from
     ``model_path``); its weight locations are relative to ``root``. ``cache`` says how it was got:
-    ``"hit"`` (read from the cache, no pass ran), ``"miss"`` (prepared now and written) or ``"none"``
-    (nothing to rewrite).
+    ``"hit"`` (read from the cache, no pass ran) or ``"miss"`` (prepared now and written).
     """
 
     model_path: Path
@@ -92,7 +91,7 @@ class SessionGraph:
     fusions: Fusions = field(default_factory=Fusions)
     inplace_states: frozenset[str] = frozenset()
     length_mask: bool = False
-    cache: str = "none"
+    cache: str = "miss"
 
     def source(self) -> tuple[str | bytes, Path | None]:
         """What onnxruntime loads (a path, or the prepared graph's bytes) and the folder its weight
@@ -104,14 +103,6 @@ class SessionGraph:
     def load_graph(self) -> onnx.ModelProto:
         """The graph the session runs, weights by reference (for passes that rewrite it further)."""
         return onnx.load(str(self.graph_path or self.model_path), load_external_data=False)
-
-    def weight_files(self) -> list[Path]:
-        """The files the session's weights are read from (the export's data files, ``weights.bin``)."""
-        graph = self.load_graph()
-        base = self.root if self.graph_path is not None else self.model_path.parent
-        assert base is not None
-        files = {base / location_of(t) for t in external_tensors(graph)}
-        return sorted(files)
 
     def to_json(self) -> dict:
         return {
