@@ -141,7 +141,8 @@ def serve(factory: EngineFactory, argv: Sequence[str] | None = None) -> int:
         reply({"error": f"{type(e).__name__}: {e}"})
         return 1
     facts = {"load_s": load_s, "rss_load_mb": rss_mb(), "peak_load_mb": peak_rss_mb()}
-    reply({"ready": True, **engine.info(), "process_threads": process_threads(), **facts})
+    # an engine that timed its own load call (apart from work it waited for after it) reports that
+    reply({"ready": True, **facts, **engine.info(), "process_threads": process_threads()})
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("cmd") not in ("run", "encode"):
