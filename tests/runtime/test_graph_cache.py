@@ -217,3 +217,27 @@ def test_the_verify_plan_is_made_when_the_prepared_graph_was_pruned_meanwhile(
     assert isinstance(session.verify_plan, CapturePlan)
     for t in (11, 12, 13):
         np.testing.assert_array_equal(session.step(state, t), plain.step(ref, t))
+
+
+def test_a_cache_that_shares_no_folder_with_the_model_leaves_the_passes_out(
+    int4_dirs: dict[str, Path],
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As on Windows with the model and the cache on two drives: the export runs as it is, one warning."""
+
+    def no_common(paths: list[str]) -> str:
+        raise ValueError("Paths don't have the same drive")
+
+    monkeypatch.setattr(graph_cache.os.path, "commonpath", no_common)
+    with caplog.at_level("WARNING", logger="onnxgen.runtime.graph_cache"):
+        session = open_session(int4_dirs["hybrid-genai"], verify=False)
+    assert "share no folder" in caplog.text
+    assert session.prepared.graph_path is None and not session.fusions.rewritten
+    assert not session.logits_to_keep and session.inplace_states  # the analyses still hold
+    monkeypatch.undo()
+    plain = open_session(
+        int4_dirs["hybrid-genai"], fuse=False, verify=False, last_logits=False, fast_ops=False
+    )
+    np.testing.assert_array_equal(decode(session), decode(plain))

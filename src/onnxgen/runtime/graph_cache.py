@@ -296,6 +296,16 @@ def _prepare(
     """Run the passes on ``graph`` (new weights into ``build/weights.bin``) and save what changed."""
     base = model_path.parent
     out = SessionGraph(model_path, cache="miss")
+    try:
+        root = Path(os.path.commonpath([base.resolve(), folder.parent.resolve()]))
+    except ValueError:  # no folder holds both (Windows drives): the export runs as it is
+        log.warning(
+            "%s and the cache %s share no folder, so the graph passes are left out; set "
+            "ONNXGEN_CACHE_DIR to a folder on the model's drive",
+            base,
+            folder.parent,
+        )
+        return _analyses(out, graph, io, settings)
     original = graph
     if settings.last_logits:
         graph, out.logits_to_keep, out.logits_reason = keep_last_logits(graph, io.logits)
@@ -306,19 +316,27 @@ def _prepare(
             graph, out.fast_ops = apply_fast_ops(graph, settings.fast_ops)
         if settings.on_cpu and settings.fuse:
             graph, out.fusions = fuse_for_decode(graph, base, store=weights.store)
-        if settings.on_cpu and io.state_pairs:
-            out.inplace_states = inplace_states(graph, io)
-        if settings.on_cpu and io.attention_mask is not None and io.past_present_share_buffer:
-            out.length_mask = mask_feeds_lengths_only(graph, io.attention_mask)
+        _analyses(out, graph, io, settings)
         if graph is original and not weights.used:
             return out  # nothing rewritten: the session loads the export itself
         if graph is original:
             graph = _copy(graph)
         _externalize(graph, weights)
-    out.root = Path(os.path.commonpath([base.resolve(), folder.parent.resolve()]))
-    relocate(graph, base.resolve(), out.root, weights.names, folder.resolve())
+    out.root = root
+    relocate(graph, base.resolve(), root, weights.names, folder.resolve())
     onnx.save(graph, str(build / GRAPH_FILE))
     out.graph_path = folder / GRAPH_FILE
+    return out
+
+
+def _analyses(
+    out: SessionGraph, graph: onnx.ModelProto, io: DecoderIO, settings: PassSettings
+) -> SessionGraph:
+    """What the session reads off the graph it runs: the states updated in place, the length-only mask."""
+    if settings.on_cpu and io.state_pairs:
+        out.inplace_states = inplace_states(graph, io)
+    if settings.on_cpu and io.attention_mask is not None and io.past_present_share_buffer:
+        out.length_mask = mask_feeds_lengths_only(graph, io.attention_mask)
     return out
 
 
