@@ -69,6 +69,7 @@ class LLM:
             eos,
             package.context_length,
             final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
+            export=f"the export {package.model_path}",
         )
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()

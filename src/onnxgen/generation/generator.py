@@ -19,7 +19,7 @@ from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import TokenChoice, build_chain
-from onnxgen.generation.sampling import Sampler
+from onnxgen.generation.sampling import Sampler, check_model_logits
 from onnxgen.generation.speculative import PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
 from onnxgen.runtime.session import DecoderSession
@@ -56,8 +56,10 @@ class TokenLoop:
         params: SamplingParams,
         eos_ids: Sequence[int],
         constraint: Constraint | None = None,
+        export: str = "the model",
     ) -> None:
         self.session = session
+        self.export = export  # named by the error when the prompt's logits are not finite
         self.state = state
         self.params = params
         self.constraint = constraint
@@ -82,6 +84,7 @@ class TokenLoop:
         logits = self.session.forward(self.state, self.ids[None, : self.n], 1, copy=False)[0, -1]
         self.prefill_s = time.perf_counter() - start
         self.forward_passes += 1
+        check_model_logits(logits, self.export)
         return logits
 
     def _check(self, token: int) -> str | None:
@@ -131,10 +134,12 @@ class Generator:
         eos_ids: Sequence[int],
         context_length: int | None,
         final_stats: Callable[[], dict[str, Any]] | None = None,
+        export: str = "the model",
     ) -> None:
         """``final_stats`` adds entries to every request's statistics when it finishes (the LLM's decode
-        plan: which plan ran the decode steps)."""
+        plan: which plan ran the decode steps); ``export`` names the model in errors."""
         self.session = session
+        self.export = export
         self.final_stats = final_stats
         self.tokenizer = tokenizer
         self.eos_ids = tuple(eos_ids)
@@ -194,7 +199,7 @@ class Generator:
     ) -> TokenLoop:
         state = self.state_for(len(prompt_ids) + params.max_new_tokens)
         if speculative is None:
-            return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint)
+            return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint, self.export)
         from onnxgen.generation.speculative.loop import SpeculativeLoop
         from onnxgen.generation.speculative.proposers import DraftModelProposer, NgramProposer
 
@@ -218,6 +223,7 @@ class Generator:
             speculative.num_draft_tokens,
             speculative.adaptive,
             constraint,
+            self.export,
         )
 
     def stream(

@@ -152,21 +152,33 @@ def _read_configs(root: Path, notes: list[str]) -> dict[str, tuple[Path, dict[st
     return configs
 
 
+def _not_a_file(path: Path) -> ModelPackageError:
+    return ModelPackageError(
+        f"{path} is a directory, not an ONNX file; put the exported model file there instead of a folder"
+    )
+
+
 def _find_model(path: Path, genai: tuple[Path, dict[str, Any]] | None) -> Path:
     if path.is_file():
         return path
     if (path / MODEL_FILE).is_file():
         return path / MODEL_FILE
+    if (path / MODEL_FILE).is_dir():
+        raise _not_a_file(path / MODEL_FILE)
     decoder = ((genai[1].get("model") or {}).get("decoder") or {}) if genai else {}
     filename = decoder.get("filename") if isinstance(decoder, dict) else None
     if isinstance(filename, str) and filename:
         if (path / filename).is_file():
             return path / filename
+        if (path / filename).is_dir():
+            raise _not_a_file(path / filename)
         raise ModelPackageError(
             f"{path / filename} (named by genai_config.json model.decoder.filename) does not exist; "
             "copy the model file into the directory or fix the filename"
         )
-    others = sorted(p.name for p in path.glob("*.onnx"))
+    others = sorted(p.name for p in path.glob("*.onnx") if p.is_file())
+    if path.suffix == ".onnx" and not others:  # a model.onnx path given that is a folder without a model
+        raise _not_a_file(path)
     if len(others) == 1:
         return path / others[0]
     hint = f" (found {', '.join(others)}: pass the one to use)" if others else ""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxgen.errors import OnnxgenError
+from onnxgen.generation.sampling import check_model_logits
 from onnxgen.llm import LLM
 from onnxgen.runtime.batch import BatchState
 from onnxgen.server.metrics import ServerMetrics
@@ -159,6 +160,8 @@ class Scheduler:
             ids = np.asarray([job.prompt[job.offset : job.offset + take]], dtype=np.int64)
             try:
                 logits = self.llm.session.forward(self._prefill_state, ids, 1)[0, -1]
+                if job.offset + take == len(job.prompt):
+                    check_model_logits(logits, self.llm.generator.export)
             except OnnxgenError as e:
                 self._prefill = None
                 self._fail(job, job.runs, str(e))

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
 from onnxgen.testing.families import STYLES, build_graph
 from onnxgen.testing.graph import save_model
 from onnxgen.testing.loop import run_teacher_forced
@@ -107,6 +111,20 @@ def build_model(
     return out
 
 
+def poison_weights(model_dir: str | Path) -> Path:
+    """Overwrite every floating-point weight of the model in ``model_dir`` with NaN: a broken export, for
+    tests of what the engine does with non-finite outputs. Returns ``model_dir``."""
+    out = Path(model_dir)
+    model = onnx.load(str(out / "model.onnx"))
+    for tensor in model.graph.initializer:
+        weights = numpy_helper.to_array(tensor)
+        if np.issubdtype(weights.dtype, np.floating):
+            tensor.CopyFrom(numpy_helper.from_array(np.full_like(weights, np.nan), tensor.name))
+    (out / "model.onnx.data").unlink(missing_ok=True)
+    save_model(model, out)
+    return out
+
+
 __all__ = [
     "CHAT_TEMPLATE",
     "CONFIGS",
@@ -116,6 +134,7 @@ __all__ = [
     "TinySpec",
     "build_model",
     "make_weights",
+    "poison_weights",
     "reference_logits",
     "run_teacher_forced",
     "special_token_ids",

@@ -69,8 +69,9 @@ class SpeculativeLoop(TokenLoop):
         num_draft_tokens: int,
         adaptive: bool = True,
         constraint: Constraint | None = None,
+        export: str = "the model",
     ) -> None:
-        super().__init__(session, state, prompt, params, eos_ids, constraint)
+        super().__init__(session, state, prompt, params, eos_ids, constraint, export)
         self.proposer = proposer
         proposer.reset(self.prompt_len)  # penalties and min_new_tokens need the prompt/generated split
         self.k = num_draft_tokens
