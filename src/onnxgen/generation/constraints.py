@@ -62,6 +62,48 @@ def _compile_error(kind: str, message: str) -> ConstraintError:
     return ConstraintError(f"{kind} does not compile: {' '.join(message.split())}; {_HINTS[kind]}")
 
 
+def _first_line(message: str) -> str:
+    """llguidance's error without the parser-state dump it appends (``<state>...``)."""
+    return " ".join(message.split("<state>")[0].split()) or "no message"
+
+
+# What llguidance's errors at the first steps of a grammar mean, and how to fix the request
+_STEP_HINTS = {
+    "NoExtensionBias": "the grammar admits no finite output (a schema whose $ref refers only to itself, "
+    "a rule with no base case); give it a way to end",
+    "Current row has": "the grammar allows too many alternatives at one point for llguidance's parser "
+    "(e.g. hundreds of optional properties of one object); make properties required or split the schema",
+}
+PROBE_STEPS = 8  # forced-token runs a new grammar is taken through before it is accepted
+
+
+def _step_error(kind: str, message: str) -> ConstraintError:
+    line = _first_line(message)
+    hint = next((h for key, h in _STEP_HINTS.items() if key in line), _HINTS[kind])
+    return ConstraintError(f"{kind} cannot constrain the output: llguidance fails on it ({line}); {hint}")
+
+
+def _probe(matcher: llg.LLMatcher, kind: str) -> None:
+    """Take a copy of a freshly compiled grammar through its first mask and the forced tokens after it.
+
+    llguidance builds its parser lazily: a grammar that compiles can still fail when the first masks are
+    computed (``{"$ref": "#"}``: no output can end; an object with hundreds of optional properties: the
+    parser row after the forced ``{`` exceeds its item limit). Found here, that is a bad request before
+    decoding starts rather than a failure in the middle of it.
+    """
+    probe = matcher.deep_copy()
+    for _ in range(PROBE_STEPS):
+        probe.compute_bitmask()
+        if probe.is_error():
+            raise _step_error(kind, probe.get_error())
+        forced = probe.compute_ff_tokens()
+        if not forced or probe.is_stopped():
+            return
+        probe.consume_tokens(forced)
+        if probe.is_error():
+            raise _step_error(kind, probe.get_error())
+
+
 def check_constraint(params: SamplingParams) -> None:
     """Compile the constraint without a tokenizer (cheap); raise :class:`ConstraintError` if it is invalid."""
     source = grammar_source(params)
@@ -205,6 +247,8 @@ class Constraint:
         followed = self._follow(generated)
         self.seconds += time.perf_counter() - start
         if not followed:
+            if self._matcher.is_error():  # a parser limit hit in the middle of the output
+                raise _step_error(self.kind, self._matcher.get_error())
             done = len(self._taken) // 8
             raise GenerationError(
                 f"token {int(generated[done])} (position {done}) is outside the {self.kind} "
@@ -247,7 +291,7 @@ class Constraint:
             return self._bias
         self._matcher.unsafe_compute_mask_ptr(self._words_ptr, self._words.nbytes)
         if self._matcher.is_error():
-            raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
+            raise _step_error(self.kind, self._matcher.get_error())
         if self._rows_key != (width, dtype):  # a new logits width or dtype: rows built before do not fit
             self._rows = {}
             self._rows_key = (width, dtype)
@@ -276,7 +320,7 @@ class Constraint:
         return rows[:width]
 
     def _error(self) -> str:
-        return " ".join(self._matcher.get_error().split()) or "no message"
+        return _first_line(self._matcher.get_error())
 
 
 class ConstraintCompiler:
@@ -298,8 +342,9 @@ class ConstraintCompiler:
         self._lock = threading.Lock()
 
     def compile(self, params: SamplingParams) -> Constraint | None:
-        """The request's :class:`Constraint` (None when it sets none); raises before any decoding when the
-        schema/regex/grammar is invalid or the model has no tokenizer."""
+        """The request's :class:`Constraint` (None when it sets none); raises :class:`ConstraintError`
+        before any decoding when the schema/regex/grammar is invalid or fails its first steps, and
+        :class:`GenerationError` when the model has no tokenizer."""
         source = grammar_source(params)
         if source is None:
             return None
@@ -313,6 +358,7 @@ class ConstraintCompiler:
         template = llg.LLMatcher(ll_tokenizer, grammar, log_level=0)
         if template.is_error():
             raise _compile_error(kind, template.get_error())
+        _probe(template, kind)
         with self._lock:
             self._compiled[source] = template
             while len(self._compiled) > self.cache_size:
