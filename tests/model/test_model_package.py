@@ -104,7 +104,9 @@ def test_missing_model_onnx_is_an_error_naming_the_file(tmp_path: Path) -> None:
 def test_a_model_onnx_that_is_a_directory_is_one_error_saying_so(
     tmp_path: Path, genai_config: bool, given: str
 ) -> None:
-    configs = {"genai_config.json": {"model": {"decoder": {"filename": "model.onnx"}}}} if genai_config else {}
+    configs = (
+        {"genai_config.json": {"model": {"decoder": {"filename": "model.onnx"}}}} if genai_config else {}
+    )
     write_package(tmp_path, None, configs)
     (tmp_path / "model.onnx").mkdir()
     (tmp_path / "model.onnx" / "model.onnx.data").write_bytes(b"")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxgen.errors import OnnxgenError
+from onnxgen.generation.constraints import ConstraintError
 from onnxgen.generation.sampling import check_model_logits
 from onnxgen.llm import LLM
 from onnxgen.runtime.batch import BatchState
@@ -201,7 +202,7 @@ class Scheduler:
             return run.add(run.select(logits))
         except OnnxgenError as e:  # e.g. every token masked by the request's own filters
             run.finish_reason = "error"
-            return Delta(run.index, -1, "", "error", str(e))
+            return Delta(run.index, -1, "", "error", str(e), isinstance(e, ConstraintError))
 
     def _decode_step(self) -> None:
         n = self.batch.n
