@@ -49,12 +49,17 @@ class ConstraintError(SamplingParamsError):
 def grammar_source(params: SamplingParams) -> tuple[str, str] | None:
     """``(field name, llguidance grammar text)`` for the constraint ``params`` sets, or None."""
     kind = params.constraint
-    if kind == "json_schema":
-        return kind, llg.LLMatcher.grammar_from_json_schema(str(params.json_schema), defaults=JSON_OPTIONS)
-    if kind == "regex":
-        return kind, llg.LLMatcher.grammar_from_regex(str(params.regex))
-    if kind == "grammar":
-        return kind, llg.LLMatcher.grammar_from_lark(str(params.grammar))
+    try:
+        if kind == "json_schema":
+            return kind, llg.LLMatcher.grammar_from_json_schema(
+                str(params.json_schema), defaults=JSON_OPTIONS
+            )
+        if kind == "regex":
+            return kind, llg.LLMatcher.grammar_from_regex(str(params.regex))
+        if kind == "grammar":
+            return kind, llg.LLMatcher.grammar_from_lark(str(params.grammar))
+    except ValueError as e:  # e.g. a schema nested past llguidance's recursion limit
+        raise _compile_error(kind, str(e)) from e
     return None
 
 
