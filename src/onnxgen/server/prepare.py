@@ -92,7 +92,7 @@ class Prepared:
     request: ChatCompletionRequest | CompletionRequest
     prompts: list[list[int]]
     runs: list[list[SequenceRun]]
-    prompt_text: str  # for the request log, where prompts are logged
+    prompt_text: Any  # for the request log: the rendered chat, or the completion prompt as given
 
     @property
     def choices(self) -> int:
@@ -122,7 +122,7 @@ class RequestPreparer:
             else:
                 prompts = self._completion_prompts(req)
                 max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-                shown = repr(req.prompt)
+                shown = req.prompt
             runs = self._runs(req, prompts, max_tokens)
         except RecursionError as e:  # a schema nested deeper than the JSON encoder or llguidance go
             raise ApiError(400, "response_format nests too deeply to compile; flatten the schema") from e
