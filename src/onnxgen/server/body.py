@@ -50,7 +50,7 @@ async def read_body(request: Request) -> bytes:
 
     try:
         await asyncio.wait_for(receive(), BODY_TIMEOUT_S)
-    except TimeoutError as e:
+    except asyncio.TimeoutError as e:  # not the builtin TimeoutError before Python 3.11
         raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from e
     return bytes(body)
 
