@@ -130,11 +130,14 @@ def _log_requests(level: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from onnxgen.server.scheduler import SchedulerConfig
     from onnxgen.server.security import SecurityConfig
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
+    sizes = (args.max_batch, args.max_queue, args.max_model_len or DEFAULT_MAX_MODEL_LEN, args.prefill_chunk)
+    SchedulerConfig(*sizes, fixed_rows or 1)  # a bad size is an error before the port and the model
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
     model = Path(resolve_model(args.model))

@@ -24,6 +24,8 @@ from onnxgen.testing import build_model, poison_weights
             ["/nonexistent-model-dir", "--min-batch-rows", "0"],
             "--min-batch-rows must be 'auto' or an integer >= 1",
         ),
+        (["/nonexistent-model-dir", "--prefill-chunk", "1"], "prefill_chunk must be an integer >= 2 (got 1)"),
+        (["/nonexistent-model-dir", "--api-key", " "], "the API key is empty"),
     ],
 )
 def test_a_bad_serve_flag_or_model_is_one_error_line_and_exit_code_2(

@@ -1,4 +1,5 @@
-"""Who may call the app: API key, Host, Origin/CORS, docs; and /metrics counting 5xx answers."""
+"""The app in process: who may call it (API key, Host, Origin/CORS, docs), /metrics counting 5xx answers,
+and errors found in the middle of decoding."""
 
 from __future__ import annotations
 
@@ -161,3 +162,22 @@ def test_a_model_computing_nan_fails_each_request_with_a_500_naming_the_export(t
         assert r.status_code == 500 and str(model / "model.onnx") in r.json()["error"]["message"]
         assert _count(c, "completions", "500") == 1
         assert c.get("/health").status_code == 200
+
+
+def test_a_schema_that_hits_a_parser_limit_in_the_middle_of_the_output_is_a_client_error(llm: LLM) -> None:
+    optional = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(500)}}
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 1}, "b": optional}}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 40,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {**schema, "required": ["a", "b"]}},
+        },
+    }
+    with client(llm, SecurityConfig()) as c:
+        r = c.post("/v1/chat/completions", json=body)  # the probe passes: the limit is after a free choice
+        assert r.status_code == 400 and "too many alternatives" in r.json()["error"]["message"]
+        streamed = c.post("/v1/chat/completions", json={**body, "stream": True}).text
+        assert '"type":"invalid_request_error"' in streamed and "too many alternatives" in streamed
+        assert _count(c, "chat", "500") == 0

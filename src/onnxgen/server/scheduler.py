@@ -59,12 +59,9 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (2 if name in ("max_model_len", "prefill_chunk") else 1):
-                least = (
-                    "an integer >= 2" if name in ("max_model_len", "prefill_chunk") else "a positive integer"
-                )
-                raise ValueError(f"{name} must be {least} (got {value!r})")
+            value, least = getattr(self, name), 2 if name in ("max_model_len", "prefill_chunk") else 1
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least} (got {value!r})")
 
 
 class Scheduler:
