@@ -177,6 +177,7 @@ def test_public_api_of_onnxgen_testing_is_pinned() -> None:
         "TinySpec",
         "build_model",
         "make_weights",
+        "poison_weights",
         "reference_logits",
         "run_teacher_forced",
         "special_token_ids",
