@@ -139,6 +139,9 @@ class DecoderIO:
     past_present_share_buffer: bool = False
     # Static KV caches (fixed-length buffers written at given indices); their pairs have layout "static".
     static_cache: StaticCache | None = None
+    # The attention reads each row's length from the count of ones in its mask (GroupQueryAttention):
+    # padded batches must be right-padded.
+    lengths_from_mask: bool = False
     # Every other graph input, with how it is fed (unknown extra inputs are an error at derivation).
     extra_inputs: tuple[Port, ...] = ()
     notes: tuple[str, ...] = field(default=())

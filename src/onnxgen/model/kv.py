@@ -153,3 +153,18 @@ def shares_buffer(model: onnx.ModelProto, pairs: list[KVPair]) -> bool:
             if not nodes or any(n.op_type != "GroupQueryAttention" or n.domain != MS_DOMAIN for n in nodes):
                 return False
     return True
+
+
+def reads_lengths_from_mask(model: onnx.ModelProto, pairs: list[KVPair]) -> bool:
+    """Some past key/value reaches a com.microsoft GroupQueryAttention node (directly, or through the
+    Gather that splits a stacked cache): that op takes each row's length from its mask's count of ones."""
+    users = consumers(model)
+    for pair in pairs:
+        for name in pair.inputs:
+            nodes = list(users.get(name, []))
+            nodes += [
+                u for n in nodes if n.op_type == "Gather" for out in n.output for u in users.get(out, [])
+            ]
+            if any(n.op_type == "GroupQueryAttention" and n.domain == MS_DOMAIN for n in nodes):
+                return True
+    return False

@@ -21,7 +21,9 @@ Per-row lengths drive the attention mask and position ids:
   index) and reads ``len_r + 1`` positions of it.
 - *growing* KV (present = concat(past, new); stacked caches too): rows share one past length ``P``; row
   ``r`` keeps its tokens at ``[P - len_r, P)`` (left-padded, mask zeros before them), so new tokens append
-  contiguously and retiring the longest row trims the common prefix.
+  contiguously and retiring the longest row trims the common prefix. Where the attention reads each
+  row's length from its mask (GroupQueryAttention, ``io.lengths_from_mask``) rows are right-padded
+  instead: tokens at ``[0, len_r)``, and the op writes each row's new token at its own length.
 
 Caches are handled through :func:`rows_first`, a view of a cache with the batch axis first and the
 sequence axis second, whatever the graph's layout (``[2, batch, heads, seq, dim]`` for a stacked cache).
@@ -129,6 +131,7 @@ class BatchState:
                 for pair in self._kv_pairs
             ]
         self._past = 0  # growing mode: the common past length of every row
+        self._left = not io.lengths_from_mask  # growing mode: rows end at the common past (left-padded)
         self._kv_grown: list[HostBuffer | ort.OrtValue] = []
         self._state_in = [pair.input for pair in io.state_pairs]
         self._state_out = [pair.output for pair in io.state_pairs]
@@ -203,11 +206,12 @@ class BatchState:
         rows = max(n + 1, self.min_rows)
         olds = self._grown_arrays() if n else [None] * len(kv)
         merged = []
+        shift, start = (past - self._past, past - length) if self._left else (0, 0)
         for old, new, pair in zip(olds, kv, self._kv_pairs, strict=True):
             out = np.zeros(pair.buffer_shape(rows, past), dtype=new.dtype)
             if old is not None:
-                rows_first(out, pair)[:n, past - self._past :] = rows_first(old, pair)[:n]
-            rows_first(out, pair)[n, past - length :] = rows_first(new, pair)[0]
+                rows_first(out, pair)[:n, shift : shift + self._past] = rows_first(old, pair)[:n]
+            rows_first(out, pair)[n, start : start + length] = rows_first(new, pair)[0]
             merged.append(out)
         self._past = past
         self._set_grown(merged)
@@ -244,7 +248,8 @@ class BatchState:
         trimmed = []
         for a, pair in zip(self._grown_arrays(), self._kv_pairs, strict=True):
             out = np.zeros(pair.buffer_shape(self.bound_rows, past), dtype=a.dtype)
-            rows_first(out, pair)[: self.n] = rows_first(a, pair)[order, self._past - past :]
+            kept = slice(self._past - past, self._past) if self._left else slice(0, past)
+            rows_first(out, pair)[: self.n] = rows_first(a, pair)[order, kept]
             trimmed.append(out)
         self._past = past
         self._set_grown(trimmed)
@@ -292,8 +297,8 @@ class BatchState:
             arrays.append(np.array([1], dtype=np.int64))
             binding.bind_cpu_input(LOGITS_TO_KEEP, arrays[-1])
         if io.attention_mask is not None:
-            if self.shared_kv:  # right-padded: ones in [0, len + 1)
-                width = int(lengths.max()) + 1
+            if self.shared_kv or not self._left:  # right-padded: ones in [0, len + 1)
+                width = int(lengths.max()) + 1 if self.shared_kv else self._past + 1
                 mask = np.arange(width)[None, :] < (lengths + 1)[:, None]
             else:  # left-padded: ones in [past - len, past + 1)
                 mask = np.arange(self._past + 1)[None, :] >= (self._past - lengths)[:, None]
@@ -344,7 +349,7 @@ class BatchState:
         """The live KV of ``row`` by past input name, in the graph's layout without the batch axis (copies)."""
         length = int(self.lengths[row])
         arrays = [b.array for b in self._kv_shared] if self.shared_kv else self._grown_arrays()
-        start = 0 if self.shared_kv else self._past - length
+        start = self._past - length if not self.shared_kv and self._left else 0
         out = {}
         for name, array, pair in zip(self._kv_in, arrays, self._kv_pairs, strict=True):
             index: list[int | slice] = [slice(None)] * array.ndim

@@ -240,6 +240,9 @@ class DecoderSession:
         opts = options or make_session_options(self.threads)
         model_path = Path(model_path)
         source: str | bytes = str(model_path)
+        if model_path.suffix == ".textproto":  # onnxruntime reads binary protobuf only
+            graph = graph if graph is not None else onnx.load(str(model_path))
+            source = graph.SerializeToString()
         self.logits_to_keep = False
         if last_logits:
             if graph is None:
