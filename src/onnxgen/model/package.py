@@ -127,7 +127,11 @@ class ModelPackage:
 
     @property
     def context_length(self) -> int | None:
-        return self.settings.context_length
+        """The configs' context length; a static KV cache's length where that is shorter (or unstated)."""
+        stated, static = self.settings.context_length, self.io.static_cache
+        if static is None:
+            return stated
+        return static.length if stated is None else min(stated, static.length)
 
     @property
     def notes(self) -> tuple[str, ...]:
