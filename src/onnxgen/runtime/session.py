@@ -268,7 +268,8 @@ class DecoderSession:
         # fewer kernel launches per decode step with bit-identical outputs (onnxgen.graph.decode_fusions):
         # merged sibling MatMulNBits, one query/key RMSNorm; CPU provider, where it was measured
         self.fusions = Fusions()
-        if on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False):
+        self._fuse = on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False)
+        if self._fuse:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
             graph, self.fusions = fuse_for_decode(graph, model_path.parent)
@@ -345,6 +346,21 @@ class DecoderSession:
         self._ones_buf = np.ones(0, dtype=self._mask_dtype)
         self._ones_values: dict[tuple[int, int], ort.OrtValue] = {}
         self._run_options = ort.RunOptions()  # what the wrapper's run_with_iobinding passes by default
+
+    def same_rewrites(self, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
+        """``graph`` (a sibling of this session's model, e.g. its Scans inlined) with the rewrites this
+        session made to its own: logits-to-keep, fast ops, decode fusions, in that order. A sibling that
+        runs some forwards of a decode state must round as this session does (plans are checked bit for
+        bit), so it takes the same passes or none."""
+        if self.logits_to_keep:
+            graph, done, reason = keep_last_logits(graph, self.io.logits)
+            if not done:
+                raise UnsupportedModelError(f"the graph takes no logits-to-keep input: {reason}")
+        if not self.fast_ops.off:  # the pass ran on this session's graph
+            graph, _ = apply_fast_ops(graph, True)
+        if self._fuse:
+            graph, _ = fuse_for_decode(graph, base_dir)
+        return graph
 
     def _load(self, source: str | bytes) -> ort.InferenceSession:
         try:

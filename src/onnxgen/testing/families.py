@@ -49,7 +49,7 @@ KVForm = Literal["split", "stacked", "static"]
 KV_FORMS = ("split", "stacked", "static")
 INDEX_DTYPES = ("int64", "int32")
 StateNaming = Literal["genai", "mobius"]
-LinearForm = Literal["fused", "scan"]
+LinearForm = Literal["fused", "scan", "scan-fused"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,8 @@ STYLES: dict[str, Style] = {
     "hybrid-scan": Style(
         "rms_op", "onnx24", 2, 24, "metadata", states="mobius", linear="scan", plain_onnx=True
     ),
+    # hybrid-genai with each LinearAttention rewritten into a Scan (conv and gated norm stay fused ops)
+    "hybrid-genai-scan": Style("fused", "gqa", 3, 21, "genai", states="genai", linear="scan-fused"),
 }
 
 
@@ -256,8 +258,12 @@ def _mixer(d: Decoder, style: Style, ports: Ports) -> Mixer:
             att.restack_kv(d, split, kv[layer].present_key)
             return out
         conv, rec = states[(layer, "conv")], states[(layer, "recurrent")]
-        fn = linear.linear_layer_scan if style.linear == "scan" else linear.linear_layer_fused
-        return fn(d.b, x, d.w, d.spec, layer, conv.input, rec.input, conv.output, rec.output)
+        names = (conv.input, rec.input, conv.output, rec.output)
+        if style.linear == "fused":
+            return linear.linear_layer_fused(d.b, x, d.w, d.spec, layer, *names)
+        return linear.linear_layer_scan(
+            d.b, x, d.w, d.spec, layer, *names, fused_ops=style.linear == "scan-fused"
+        )
 
     return mix
 
