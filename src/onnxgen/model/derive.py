@@ -26,7 +26,7 @@ from onnxgen.model.declared import declared_plan
 from onnxgen.model.genai import genai_plan
 from onnxgen.model.graph_ports import GraphSignature
 from onnxgen.model.io import DecoderIO, KVPair, StatePair, StaticCache
-from onnxgen.model.kv import KVBuilder, reads_lengths_from_mask, shares_buffer
+from onnxgen.model.kv import KVBuilder, reads_lengths_from_mask, shares_buffer, sliding_window
 from onnxgen.model.naming import StateNames
 from onnxgen.model.pairs import pair_by_name, special_kv_by_name, state_pair
 from onnxgen.model.plan import Plan, graph_plan
@@ -89,6 +89,7 @@ def derive_io(package: ModelPackage) -> DecoderIO:
         past_present_share_buffer=_share_buffer(package, list(kv_pairs), notes),
         static_cache=static,
         lengths_from_mask=reads_lengths_from_mask(package.graph, list(kv_pairs)),
+        min_kv_capacity=sliding_window(package.graph),
         notes=tuple(notes),
         input_ports=sig.inputs,
         output_ports=sig.outputs,

@@ -142,6 +142,9 @@ class DecoderIO:
     # The attention reads each row's length from the count of ones in its mask (GroupQueryAttention):
     # padded batches must be right-padded.
     lengths_from_mask: bool = False
+    # The fewest positions a shared KV buffer may hold (GroupQueryAttention's local_window_size: a
+    # sliding-window layer refuses a smaller buffer).
+    min_kv_capacity: int = 0
     # Every other graph input, with how it is fed (unknown extra inputs are an error at derivation).
     extra_inputs: tuple[Port, ...] = ()
     notes: tuple[str, ...] = field(default=())

@@ -168,3 +168,15 @@ def reads_lengths_from_mask(model: onnx.ModelProto, pairs: list[KVPair]) -> bool
             if any(n.op_type == "GroupQueryAttention" and n.domain == MS_DOMAIN for n in nodes):
                 return True
     return False
+
+
+def sliding_window(model: onnx.ModelProto) -> int:
+    """The largest ``local_window_size`` of the graph's GroupQueryAttention nodes (0: none has one)."""
+    sizes = [
+        a.i
+        for n in model.graph.node
+        if n.op_type == "GroupQueryAttention" and n.domain == MS_DOMAIN
+        for a in n.attribute
+        if a.name == "local_window_size"
+    ]
+    return max([0, *sizes])

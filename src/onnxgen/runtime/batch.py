@@ -108,6 +108,8 @@ class BatchState:
             raise ValueError(
                 f"max_batch, min_rows must be >= 1 and capacity >= 2 (got {max_batch}, {min_rows}, {capacity})"
             )
+        if session.io.past_present_share_buffer:  # a sliding-window GroupQueryAttention needs its window
+            capacity = max(capacity, session.io.min_kv_capacity)
         self.min_rows = min(min_rows, max_batch)
         self.session = session
         self.io = io = session.io

@@ -258,12 +258,11 @@ class DecodePlan:
                         self.sibling = build_sibling(main, self._inline_path)
                     except Exception as e:
                         self.failed = str(e)
-                        warn_once(
-                            self._inline_path,
-                            "inline",
-                            "the inline decode plan is unavailable, decoding on the Scan plan: %s",
-                            e,
-                        )
+                        message = "the inline decode plan is unavailable, decoding on the Scan plan: %s"
+                        if self.choice.requested == "inline":  # asked for: said once per model
+                            warn_once(self._inline_path, "inline", message, e)
+                        else:  # auto's pick: the Scan plan it falls back on is what was asked for
+                            log.info(message, e)
         return self.sibling if self.sibling is not None else main.session
 
 

@@ -96,6 +96,8 @@ class DecodeState:
             raise ValueError(f"capacity must be >= 1 (got {capacity})")
         if io.static_cache is not None:  # the buffers' own length; prepare() refuses to run past it
             capacity = min(capacity, io.static_cache.length)
+        elif shared_kv:  # a sliding-window GroupQueryAttention refuses a buffer shorter than its window
+            capacity = max(capacity, io.min_kv_capacity)
         self.io = io
         self.batch = batch
         self.capacity = capacity
