@@ -32,12 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     from onnxgen.cli_generate import add_generate
     from onnxgen.cli_inspect import add_inspect
     from onnxgen.cli_serve import add_serve
+    from onnxgen.cli_validate import add_validate
 
     add_generate(sub)
     add_chat(sub)
     add_bench(sub)
     add_inspect(sub)
     add_serve(sub)
+    add_validate(sub)
     return parser
 
 

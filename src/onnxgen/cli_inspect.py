@@ -28,7 +28,10 @@ def decode_plan_summary(package: ModelPackage) -> dict[str, str]:
     """The plan ``load(model)`` (``decode_plan="auto"``) chooses for single-token steps, and why; from the
     graph alone (no weights loaded, no session made)."""
     choice = choose_decode_plan("auto", summarize_scans(package.graph))
-    return {"decode_plan": choice.plan, "decode_plan_reason": choice.reason}
+    reason = choice.reason
+    if choice.plan == "inline":  # what the runtime checks before it uses the sibling
+        reason += "; used where its first step equals the Scan plan's bit for bit, else the Scan plan"
+    return {"decode_plan": choice.plan, "decode_plan_reason": reason}
 
 
 def fast_ops_summary(package: ModelPackage) -> dict[str, str]:

@@ -63,6 +63,13 @@ class LLM:
         if package.tokenizer_path is not None:
             self.tokenizer = Tokenizer.from_dir(package.root)
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
+        if not eos:
+            log.warning(
+                "%s names no end-of-sequence token (no config states one and tokenizer.json has none of "
+                "the usual end-of-text tokens): generation stops only at max_new_tokens or a stop string; "
+                "SamplingParams(stop_token_ids=[...]) adds tokens to stop at",
+                package.root,
+            )
         self.generator = Generator(
             self.session,
             self.tokenizer,

@@ -171,8 +171,11 @@ def test_public_api_of_onnxgen_testing_is_pinned() -> None:
     assert set(t.__all__) == {
         "CHAT_TEMPLATE",
         "CONFIGS",
+        "EXTRA_FAMILIES",
         "FAMILIES",
+        "KV_FORMS",
         "PRECISIONS",
+        "VARIANTS",
         "SPECIAL_TOKENS",
         "TinySpec",
         "build_model",

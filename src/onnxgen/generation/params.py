@@ -90,6 +90,9 @@ class SamplingParams:
         seed: seed of the request's random generator; ``None`` draws from OS entropy.
         stop: stop strings; a single string is accepted and stored as a one-element tuple.
         ignore_eos: keep generating past end-of-sequence tokens.
+        stop_token_ids: more token ids that end the request as end-of-sequence does (e.g. where the model
+            package names none, or a chat model's end-of-turn token); unlike eos they stop even with
+            ``ignore_eos``.
         min_new_tokens: end-of-sequence tokens are masked until this many tokens were generated.
         json_schema: constrain the output to JSON valid under this schema (a dict or JSON text; stored as
             JSON text). At most one of ``json_schema``, ``regex``, ``grammar`` may be given.
@@ -113,6 +116,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] | list[str] | str = field(default_factory=tuple)
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] | list[int] = ()
     min_new_tokens: int = 0
     json_schema: str | Mapping[str, Any] | None = None
     regex: str | None = None
@@ -128,6 +132,12 @@ class SamplingParams:
             _check_int("seed", self.seed, 0, "use a non-negative integer, or None for a random seed")
         if not isinstance(self.ignore_eos, bool):
             raise _invalid("ignore_eos", "a bool", self.ignore_eos, "use True or False")
+        ids = self.stop_token_ids
+        if isinstance(ids, (str, bytes)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+        ):
+            raise _invalid("stop_token_ids", "a list of token ids >= 0", ids, "e.g. stop_token_ids=[2]")
+        object.__setattr__(self, "stop_token_ids", tuple(ids))
         if not isinstance(self.detokenize, bool):
             raise _invalid("detokenize", "a bool", self.detokenize, "use True or False")
         if self.stop and not self.detokenize:

@@ -18,14 +18,16 @@ FinishReason = Literal["stop", "length"]
 
 
 class StopChecker:
-    """Token-level stopping for one request: eos ids (unless ``ignore_eos``) and ``max_new_tokens``.
+    """Token-level stopping for one request: eos ids (unless ``ignore_eos``), the request's
+    ``stop_token_ids`` and ``max_new_tokens``.
 
     ``min_new_tokens`` holds back eos only (stop strings apply from the first token); the eos mask in
     :class:`~onnxgen.generation.processors.MinNewTokens` keeps eos from being chosen that early at all.
     """
 
     def __init__(self, params: SamplingParams, eos_ids: Iterable[int]) -> None:
-        self.eos_ids = frozenset() if params.ignore_eos else frozenset(int(i) for i in eos_ids)
+        eos = frozenset() if params.ignore_eos else frozenset(int(i) for i in eos_ids)
+        self.eos_ids = eos | frozenset(params.stop_token_ids)
         self.max_new_tokens = params.max_new_tokens
         self.min_new_tokens = params.min_new_tokens
 
