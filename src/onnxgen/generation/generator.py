@@ -20,8 +20,9 @@ from onnxgen.generation.constraints import Constraint, ConstraintCompiler
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import TokenChoice, build_chain
 from onnxgen.generation.sampling import Sampler
-from onnxgen.generation.speculative import PromptLookup, Speculative
+from onnxgen.generation.speculative import MTP, PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
+from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -131,10 +132,13 @@ class Generator:
         eos_ids: Sequence[int],
         context_length: int | None,
         final_stats: Callable[[], dict[str, Any]] | None = None,
+        mtp_head: Callable[[], MTPHeadSession] | None = None,
     ) -> None:
         """``final_stats`` adds entries to every request's statistics when it finishes (the LLM's decode
-        plan: which plan ran the decode steps)."""
+        plan: which plan ran the decode steps). ``mtp_head`` gives the model's MTP head (loaded on first
+        use) where it has one and the session outputs the final hidden state."""
         self.session = session
+        self.mtp_head = mtp_head
         self.final_stats = final_stats
         self.tokenizer = tokenizer
         self.eos_ids = tuple(eos_ids)
@@ -196,11 +200,20 @@ class Generator:
         if speculative is None:
             return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint)
         from onnxgen.generation.speculative.loop import SpeculativeLoop
+        from onnxgen.generation.speculative.mtp import MTPProposer
         from onnxgen.generation.speculative.proposers import DraftModelProposer, NgramProposer
 
-        proposer: NgramProposer | DraftModelProposer
+        proposer: NgramProposer | DraftModelProposer | MTPProposer
         if isinstance(speculative, PromptLookup):
             proposer = NgramProposer(speculative.max_ngram, speculative.min_ngram)
+        elif isinstance(speculative, MTP):
+            hidden = self.session.hidden_state
+            if self.mtp_head is None or hidden is None:
+                raise GenerationError(
+                    "MTP speculation needs the model's MTP head (mtp.onnx beside model.onnx) and its final "
+                    "hidden state; write the head with `onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR`"
+                )
+            proposer = MTPProposer(self.mtp_head(), hidden, params, self.eos_ids, state.capacity)
         else:
             if draft is None:
                 raise GenerationError("a DraftModel needs its loaded draft model")
@@ -218,6 +231,7 @@ class Generator:
             speculative.num_draft_tokens,
             speculative.adaptive,
             constraint,
+            auto=isinstance(speculative, MTP) and speculative.auto,
         )
 
     def stream(

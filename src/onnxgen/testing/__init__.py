@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from onnxgen.testing.families import STYLES, build_graph
 from onnxgen.testing.graph import save_model
 from onnxgen.testing.loop import run_teacher_forced
@@ -83,13 +85,15 @@ def build_model(
     *,
     precision: str = "fp32",
     config: str | None = None,
+    weights: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Build the tiny decoder of ``family`` into ``out_dir`` and return that model directory.
 
     ``spec`` defaults to ``TinySpec()`` (dense) or ``TinySpec.hybrid()`` (hybrid families). ``precision``
     is ``"fp32"`` or ``"int4"`` (MatMulNBits projections; genai and mobius families). ``config`` is
     ``"genai"``, ``"metadata"`` or ``"none"``; None picks the family's own (genai for the genai families,
-    metadata for mobius/scan, none for standard-dense). Same arguments give byte-identical files.
+    metadata for mobius/scan, none for standard-dense). ``weights`` replaces ``make_weights(spec)`` (same
+    names and shapes). Same arguments give byte-identical files.
     """
     style = STYLES.get(family)
     if spec is None:
@@ -101,7 +105,8 @@ def build_model(
     out.mkdir(parents=True, exist_ok=True)
     for name in _PACKAGE_FILES:
         (out / name).unlink(missing_ok=True)
-    model, ports = build_graph(family, spec, make_weights(spec), precision)  # type: ignore[arg-type]
+    chosen = weights if weights is not None else make_weights(spec)
+    model, ports = build_graph(family, spec, chosen, precision)  # type: ignore[arg-type]
     save_model(model, out)
     write_package(out, spec, style, ports, config)
     return out

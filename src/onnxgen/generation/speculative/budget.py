@@ -77,21 +77,36 @@ class DraftBudget:
 
     def cap(self, k: int) -> int:
         """The number of drafts (1 to ``k``) that gives the most tokens per unit of time."""
+        best = self._best(k)
+        return k if best is None else best[0]
+
+    def gain(self, k: int) -> float | None:
+        """The predicted speedup over plain decoding of verifies of the best draft count up to ``k``:
+        tokens per unit of time relative to plain steps' one token per step (None until measured).
+
+        Acceptance is taken over every verify, not only those after a partial accept as for :meth:`cap`:
+        this answers whether speculating pays at all, not how far to draft from here."""
+        best = self._best(k, overall=True)
+        return None if best is None else best[1]
+
+    def _best(self, k: int, overall: bool = False) -> tuple[int, float] | None:
         one = self._cost.get(1)
-        tried = self._tried[self._after_full]
+        state = self._after_full
+        accepted = sum(self._accepted) if overall else self._accepted[state]
+        tried = sum(self._tried) if overall else self._tried[state]
         if k < 1 or one is None or self._verifies < MIN_VERIFIES or tried <= 0:
-            return k
-        rate = min(self._accepted[self._after_full] / tried, 0.999)
+            return None
+        rate = min(accepted / tried, 0.999)
         fresh = self._fresh()
         best, best_value = 1, 0.0
         for n in range(1, k + 1):
             cost = _estimate(fresh, n + 1)
             if cost is None or cost <= 0:
-                return k
+                return None
             value = (1.0 - rate ** (n + 1)) / (1.0 - rate) / ((cost + n * self._draft_cost) / one)
             if value > best_value:
                 best, best_value = n, value
-        return best
+        return best, best_value
 
 
 def _estimate(costs: dict[int, float], tokens: int) -> float | None:
