@@ -12,7 +12,6 @@ else fp32.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,11 +24,10 @@ from onnxgen.errors import ModelPackageError, UnsupportedModelError
 from onnxgen.export.mtp_graph import BLOCK_SIZE, MS, Borrowed, Quantize, build_mtp_graph
 from onnxgen.export.mtp_weights import MTPGeometry, check_weights, read_mtp_checkpoint
 from onnxgen.graph.logits_to_keep import find_lm_head
+from onnxgen.model.mtp import MTP_FILE, find_mtp_head, mtp_head_io
 from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.mtp_head import MTPHeadSession
 
-log = logging.getLogger(__name__)
-
-MTP_FILE = "mtp.onnx"
 MTP_DATA = "mtp.onnx.data"
 PRECISIONS = ("fp32", "int4")
 EXTERNAL_MIN_BYTES = 1024
@@ -200,4 +198,19 @@ def _quantizer(accuracy_level: int) -> Quantize:
     return quantize
 
 
-__all__ = ["MTP_DATA", "MTP_FILE", "PRECISIONS", "MTPExport", "export_mtp", "write_mtp_head"]
+def check_head(export_dir: str | Path) -> None:
+    """Load the head beside the decoder in ``export_dir`` as the engine does and run one entry through
+    it; raises what the engine would (a head that does not load, or does not fit the decoder)."""
+    package = ModelPackage.open(export_dir)
+    path = find_mtp_head(package)
+    if path is None:
+        raise ModelPackageError(f"{package.root} has no MTP head to check")
+    head = MTPHeadSession(mtp_head_io(package, path), threads=1, fuse=False)
+    state = head.new_state(1)
+    hidden = np.zeros((1, 1, head.hidden_size), dtype=np.float32)
+    logits, _ = head.forward(state, np.zeros((1, 1), dtype=np.int64), hidden)
+    if not np.isfinite(logits).all():
+        raise UnsupportedModelError(f"{path} gives non-finite logits on a first entry; re-export it")
+
+
+__all__ = ["MTP_DATA", "MTP_FILE", "PRECISIONS", "MTPExport", "check_head", "export_mtp", "write_mtp_head"]
