@@ -45,10 +45,13 @@ class DraftBudget:
         self._after_full = 0  # whether the last verify accepted every draft
         self._verifies = 0
         self._draft_cost = 0.0  # moving average of the proposer's seconds per draft token
+        self._proposals = 0
 
     def observe_proposal(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            self._draft_cost = DECAY * self._draft_cost + (1.0 - DECAY) * seconds / tokens
+        if tokens > 0:  # the first proposal sets the average (blending it with 0 would undercount drafts)
+            seen = self._draft_cost if self._proposals else seconds / tokens
+            self._draft_cost = DECAY * seen + (1.0 - DECAY) * seconds / tokens
+            self._proposals += 1
 
     def observe_forward(self, tokens: int, seconds: float) -> None:
         old = self._cost.get(tokens)
