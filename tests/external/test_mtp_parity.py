@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
 import onnxgen
-from conftest import TinyExports
 from onnxgen import MTP, SamplingParams
 from onnxgen.export.mtp import export_mtp
 from onnxgen.export.mtp_weights import geometry_from_config, read_mtp_checkpoint
@@ -21,6 +21,11 @@ from onnxgen.model.package import ModelPackage
 from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.testing.hf import build_qwen3_5_checkpoint, export_with_genai_builder
 from onnxgen.testing.mtp import mtp_reference
+
+if TYPE_CHECKING:
+    from conftest import TinyExports
+
+pytestmark = pytest.mark.external
 
 PROMPT = [5, 17, 200, 33, 44, 91, 12, 8]
 

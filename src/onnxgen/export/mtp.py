@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
+from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 from onnxgen.errors import ModelPackageError, UnsupportedModelError
 from onnxgen.export.mtp_graph import BLOCK_SIZE, MS, Borrowed, Quantize, build_mtp_graph
@@ -77,7 +78,7 @@ def write_mtp_head(
     level = _accuracy_level(decoder)
     precision = precision or ("int4" if level is not None else "fp32")
     level = level if level is not None else DEFAULT_ACCURACY_LEVEL
-    quantize = _quantizer(level) if precision == "int4" else None
+    quantize: Quantize | None = _quantize_int4 if precision == "int4" else None
     model = build_mtp_graph(geometry, weights, embedding, lm_head, quantize, level)
     report = MTPExport(root / MTP_FILE, precision, level if precision == "int4" else None)
     own = []
@@ -179,23 +180,19 @@ def _accuracy_level(decoder: ir.Model) -> int | None:
     return None
 
 
-def _quantizer(accuracy_level: int) -> Quantize:
-    """Symmetric blockwise int4 with onnxruntime's quantizer (what onnxruntime-genai's builder uses)."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        DefaultWeightOnlyQuantizer,
-    )
-
-    config = DefaultWeightOnlyQuantConfig(
-        block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=accuracy_level
-    )
-    quantizer = DefaultWeightOnlyQuantizer(config)
-
-    def quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        packed, scales, _ = quantizer.qbits_block_quant(w)
-        return packed, scales
-
-    return quantize
+def _quantize_int4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric blockwise int4 of ``w`` ``[K, N]`` by onnxruntime's own kernel (the one its
+    ``MatMulNBitsQuantizer``, and so onnxruntime-genai's builder, runs; called directly, as that module's
+    import pulls in sympy): packed ``[N, blocks, 16]`` uint8 and scales ``[N, blocks]``."""
+    k, n = w.shape
+    blocks = -(-k // BLOCK_SIZE)
+    padded = np.zeros((blocks * BLOCK_SIZE, n), dtype=np.float32)
+    padded[:k] = w
+    packed = np.zeros((n, blocks, BLOCK_SIZE // 2), dtype=np.uint8)
+    scales = np.zeros((n, blocks), dtype=np.float32)
+    zero_points = np.zeros((n, (blocks + 1) // 2), dtype=np.uint8)
+    quantize_matmul_4bits(packed, padded, scales, zero_points, BLOCK_SIZE, n, blocks * BLOCK_SIZE, True)
+    return packed, scales
 
 
 def check_head(export_dir: str | Path) -> None:
