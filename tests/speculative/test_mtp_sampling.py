@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from mtp_helpers import MTPZoo
-from speculative_helpers import PROMPT, chi2_critical, chi2_statistic, plain_distribution
+from speculative_helpers import PROMPT, chi2_critical, chi2_statistic, plain_distribution, spread_sampling
 
 from onnxgen import MTP, SamplingParams
 from onnxgen.generation.sampling import Sampler, probs
@@ -31,15 +31,7 @@ SPECULATIVE = MTP(num_draft_tokens=2, auto=False)
 
 
 def params(seed: int) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=LENGTH,
-        temperature=1.3,
-        top_k=4,
-        top_p=0.9,
-        presence_penalty=0.5,
-        ignore_eos=True,
-        seed=seed,
-    )
+    return spread_sampling(seed, LENGTH)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxgen.export.mtp_weights import MTPGeometry
+from onnxgen.testing.reference import causal_gqa
 from onnxgen.testing.spec import TinySpec
 
 _P = "mtp.layers.0."
@@ -166,13 +167,7 @@ def mtp_reference(
     v = (a @ w[_P + "self_attn.v_proj.weight"].T).reshape(t, g.kv_heads, hd)
     pos = np.arange(t)
     q, k = _rotate(q, pos, g.rotary_dim, g.rope_theta), _rotate(k, pos, g.rotary_dim, g.rope_theta)
-    rep = g.heads // g.kv_heads
-    kr, vr = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    scores = np.einsum("shd,thd->hst", q, kr) * hd**-0.5
-    scores = np.where(np.tril(np.ones((t, t), dtype=bool)), scores, -np.inf)
-    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    ctx = np.einsum("hst,thd->shd", p, vr).reshape(t, g.heads * hd)
+    ctx = causal_gqa(q, k, v)
     x = x + (ctx / (1.0 + np.exp(-gate))) @ w[_P + "self_attn.o_proj.weight"].T
     m = _rms(x, w[_P + "post_attention_layernorm.weight"], eps)
     gate_mlp = m @ w[_P + "mlp.gate_proj.weight"].T
