@@ -62,6 +62,8 @@ def test_export_mtp_writes_a_head_that_mtp_speculation_runs_with(
     assert main(["export-mtp", str(checkpoint), str(d)]) == 0
     out = capsys.readouterr().out
     assert f"wrote {d / MTP_FILE} (fp32)" in out and "shares embed, lm_head" in out
+    assert main(["inspect", str(d)]) == 0
+    assert "MTP head:       mtp.onnx (reads 'hidden_states'" in capsys.readouterr().out
     llm = load(d, threads=1)
     params = SamplingParams(max_new_tokens=12)
     plain = llm.generate([5, 17, 200, 33], params)
