@@ -23,6 +23,7 @@ from speculative_helpers import (
 from onnxgen import MTP, GenerationError, SamplingParams
 from onnxgen.generation.speculative.mtp import MTPProposer
 from onnxgen.llm import LLM
+from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
@@ -103,31 +104,42 @@ def test_without_auto_a_head_drafts_throughout(mtp_zoo: MTPZoo) -> None:
 # -- the head's cache and the target's states after partial accepts ---------------------------------------
 
 
-def record_proposals(monkeypatch: pytest.MonkeyPatch) -> tuple[list[MTPProposer], list[int]]:
-    """Wrap MTPProposer.propose: the proposers made and the target length at each proposal."""
+def record_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[MTPProposer], list[tuple[int, np.ndarray, np.ndarray]]]:
+    """The proposers made, and the catch-up forward of every proposal (the first head forward after it
+    starts: the entries built from the target's hidden states) as (start, tokens, hidden)."""
     proposers: list[MTPProposer] = []
-    lengths: list[int] = []
-    propose = MTPProposer.propose
+    catch_ups: list[tuple[int, np.ndarray, np.ndarray]] = []
+    propose, forward = MTPProposer.propose, MTPHeadSession.forward
 
-    def recorded(self: MTPProposer, history: np.ndarray, k: int) -> Any:
+    def recorded_propose(self: MTPProposer, history: np.ndarray, k: int) -> Any:
         if not proposers or proposers[-1] is not self:
             proposers.append(self)
-        lengths.append(len(history) - 1)
+        catch_ups.append((-1, history, history))  # filled in by the forward that follows
         return propose(self, history, k)
 
-    monkeypatch.setattr(MTPProposer, "propose", recorded)
-    return proposers, lengths
+    def recorded_forward(
+        self: MTPHeadSession, state: DecodeState, tokens: np.ndarray, hidden: np.ndarray
+    ) -> Any:
+        if catch_ups and catch_ups[-1][0] == -1:
+            catch_ups[-1] = (state.length, tokens.copy(), hidden.copy())
+        return forward(self, state, tokens, hidden)
+
+    monkeypatch.setattr(MTPProposer, "propose", recorded_propose)
+    monkeypatch.setattr(MTPHeadSession, "forward", recorded_forward)
+    return proposers, catch_ups
 
 
 def head_replay(
-    proposer: MTPProposer, tokens: list[int], bounds: list[int], hidden: np.ndarray
+    proposer: MTPProposer, catch_ups: list[tuple[int, np.ndarray, np.ndarray]]
 ) -> dict[str, np.ndarray]:
-    """A fresh head cache fed the entries the target committed, one forward per proposal's catch-up."""
-    state = proposer.head.new_state(len(tokens) + 8)
-    start = 0
-    for end in bounds:
-        proposer.head.forward(state, ids(tokens[start + 1 : end + 1]), hidden[None, start:end])
-        start = end
+    """A fresh head cache fed the catch-up entries (those built from the target's hidden states) only,
+    one forward each as the proposer ran them."""
+    state = proposer.head.new_state(proposer.state.capacity)
+    for start, tokens, hidden in catch_ups:
+        assert start == state.length, "a catch-up did not start where the previous one ended"
+        proposer.head.forward(state, tokens, hidden)
     return state.kv_arrays()
 
 
@@ -136,30 +148,31 @@ def test_the_heads_cache_after_partial_accepts_is_bit_identical_to_a_replay_of_t
     mtp_zoo: MTPZoo, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
     llm = mtp_zoo.llm(family)
-    proposers, lengths = record_proposals(monkeypatch)
+    proposers, catch_ups = record_head(monkeypatch)
     result = run_mtp(llm, PROMPT)
     stats = result.stats
     assert 0 < stats["accepted_draft_tokens"] < stats["proposed_draft_tokens"]
     (proposer,) = proposers
+    catch_ups = [c for c in catch_ups if c[0] >= 0]
     tokens = [*PROMPT, *result.token_ids]
-    bounds = sorted(set(lengths))
-    assert proposer.fed == bounds[-1]
-    # the hidden states handed over are the target's at those positions (to rounding: verifies and plain
-    # steps group the tokens differently)
+    # the entries are (token after i, the target's hidden state at i): the tokens are the output's, the
+    # hidden states the target's at those positions (to rounding: verifies and plain steps group the
+    # tokens differently from the single forward here)
+    assert np.concatenate([t[0] for _, t, _ in catch_ups]).tolist() == tokens[1 : proposer.fed + 1]
     state = llm.session.new_state(len(tokens))
     fetched: dict[str, Any] = {}
-    llm.session.forward(
-        state, ids(tokens[: proposer.known]), fetch=(llm.session.hidden_state,), fetched=fetched
-    )
-    np.testing.assert_allclose(
-        proposer.hidden[: proposer.known], fetched[llm.session.hidden_state].numpy()[0], atol=1e-4
-    )
+    hidden_name = llm.session.hidden_state
+    llm.session.forward(state, ids(tokens[: proposer.fed]), fetch=(hidden_name,), fetched=fetched)
+    handed = np.concatenate([h[0] for _, _, h in catch_ups])
+    np.testing.assert_allclose(handed, fetched[hidden_name].numpy()[0], atol=1e-4)
     kept = {name: kv[:, :, : proposer.fed] for name, kv in proposer.state.kv_arrays().items()}
-    assert list(mismatches(kept, head_replay(proposer, tokens, bounds, proposer.hidden))) == []
+    assert list(mismatches(kept, head_replay(proposer, catch_ups))) == []
     # negative control: one hidden state off by a little, and the replay no longer matches
-    off = proposer.hidden.copy()
-    off[len(PROMPT)] += 1e-3
-    assert list(mismatches(kept, head_replay(proposer, tokens, bounds, off))) != []
+    start, t, h = catch_ups[1]
+    off = h.copy()
+    off[0, 0] += 1e-3
+    catch_ups[1] = (start, t, off)
+    assert list(mismatches(kept, head_replay(proposer, catch_ups))) != []
 
 
 def final_state(monkeypatch: pytest.MonkeyPatch, llm: LLM) -> list[DecodeState]:

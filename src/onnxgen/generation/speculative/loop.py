@@ -171,7 +171,7 @@ class SpeculativeLoop(TokenLoop):
                 k = 0
             if self.auto and self.verifies and self.budget is not None and self.budget.cost(1) is None:
                 k = 0  # auto needs a plain step's time to compare verifies with
-            if self.budget is not None and k > 0:
+            if self.adaptive and self.budget is not None and k > 0:
                 k = self.budget.cap(k)
             started = time.perf_counter()
             drafts, q = self.proposer.propose(self.ids[: self.n], k) if k > 0 else ([], None)

@@ -1,10 +1,10 @@
 """MTPProposer: drafts with the model's own multi-token-prediction head.
 
 The head's entry at position i pairs the token after i with the target's final hidden state at i, and
-predicts the token after that. The proposer keeps the target's hidden state of every position the target
-has run (handed over after each target forward, :meth:`observe_target`) and the head's KV cache in two
-parts: positions whose entries were built from the target's hidden states (``fed``), and the entries it
-drafted with past them, whose hidden state was the head's own output.
+predicts the token after that. The target hands its hidden states over after each of its forwards
+(:meth:`observe_target`); the proposer keeps those the head has not fed yet, and the head's KV cache in
+two parts: positions whose entries were built from the target's hidden states (``fed``), and the entries
+it drafted with past them, whose hidden state was the head's own output.
 
 A proposal, with the target at length L (ids ``[0, L]``, the last one pending):
 1. rewind the head's cache to ``fed`` (drop the drafted entries: their hidden states were the head's
@@ -44,25 +44,26 @@ class MTPProposer:
         self.target_outputs = (target_hidden,)  # what every target forward must hand over
         self.choose = DraftChoice(params, eos_ids)
         self.state = head.new_state(capacity)
-        self.hidden = np.zeros((capacity, head.hidden_size), dtype=np.float32)
-        self.known = 0  # the target's hidden states of positions [0, known) are in ``hidden``
         self.fed = 0  # head cache entries [0, fed) were built from the target's hidden states
+        self.known = 0  # the target has handed over its hidden states of positions [0, known) ...
+        self._pending: list[np.ndarray] = []  # ... and those of [fed, known) are kept here until fed
         self.head_forwards = 0
 
     def reset(self, prompt_len: int) -> None:
         self.state.reset()
         self.known = self.fed = 0
+        self._pending = []
         self.choose.prompt_len = prompt_len
 
     def observe_target(self, start: int, fetched: Mapping[str, ort.OrtValue], rows: int) -> None:
         """The target ran positions ``start ..``; keep the hidden states of the first ``rows`` of them (the
-        committed ones)."""
-        if start > self.known:
+        committed ones) until the head has fed them."""
+        if start != self.known:
             raise GenerationError(
-                f"the MTP head missed the target's hidden states of positions {self.known}..{start - 1}"
+                f"the MTP head was handed the target's hidden states from position {start}, "
+                f"expected {self.known}"
             )
-        h = fetched[self.target_outputs[0]].numpy()
-        self.hidden[start : start + rows] = h[0, :rows]
+        self._pending.append(fetched[self.target_outputs[0]].numpy()[0, :rows].copy())
         self.known = start + rows
 
     def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], list[np.ndarray] | None]:
@@ -70,16 +71,16 @@ class MTPProposer:
         k = min(k, self.state.capacity - target_len + 1)  # drafted entries reach target_len + k - 1
         if k <= 0 or target_len <= self.fed:
             return [], None
-        if self.known < target_len:
+        if self.known != target_len:
             raise GenerationError(
                 f"the MTP head has the target's hidden states up to position {self.known}, not {target_len}"
             )
         self.state.rewind(self.fed)
+        fresh = np.concatenate(self._pending)[None, : target_len - self.fed]
         logits, hidden = self.head.forward(
-            self.state,
-            np.asarray(ids[None, self.fed + 1 :], dtype=np.int64),
-            self.hidden[None, self.fed : target_len],
+            self.state, np.asarray(ids[None, self.fed + 1 :], dtype=np.int64), fresh
         )
+        self._pending = []
         self.fed = target_len
         self.head_forwards += 1
         drafts: list[int] = []
