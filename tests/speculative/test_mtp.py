@@ -59,8 +59,8 @@ def test_mtp_greedy_emits_the_plain_greedy_tokens_with_drafts_both_accepted_and_
 
 def test_mtp_speculation_without_a_head_says_how_to_get_one(zoo: ModelZoo) -> None:
     llm = zoo.llm("genai-dense")
-    with pytest.raises(GenerationError, match="export-mtp"):
-        llm.generate(PROMPT, SamplingParams(max_new_tokens=4), speculative=MTP())
+    with pytest.raises(GenerationError, match="export-mtp"):  # when the stream is asked for, not later
+        llm.stream(PROMPT, SamplingParams(max_new_tokens=4), speculative=MTP())
 
 
 def test_a_session_that_outputs_the_hidden_state_gives_the_plain_sessions_logits_bit_for_bit(

@@ -207,13 +207,8 @@ class Generator:
         if isinstance(speculative, PromptLookup):
             proposer = NgramProposer(speculative.max_ngram, speculative.min_ngram)
         elif isinstance(speculative, MTP):
-            hidden = self.session.hidden_state
-            if self.mtp_head is None or hidden is None:
-                raise GenerationError(
-                    "MTP speculation needs the model's MTP head (mtp.onnx beside model.onnx) and its final "
-                    "hidden state; write the head with `onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR`"
-                )
-            proposer = MTPProposer(self.mtp_head(), hidden, params, self.eos_ids, state.capacity)
+            head, hidden = self._mtp()
+            proposer = MTPProposer(head, hidden, params, self.eos_ids, state.capacity)
         else:
             if draft is None:
                 raise GenerationError("a DraftModel needs its loaded draft model")
@@ -234,6 +229,16 @@ class Generator:
             auto=isinstance(speculative, MTP) and speculative.auto,
         )
 
+    def _mtp(self) -> tuple[MTPHeadSession, str]:
+        """The MTP head (loaded on first use) and the decoder's hidden-state output it reads."""
+        hidden = self.session.hidden_state
+        if self.mtp_head is None or hidden is None:
+            raise GenerationError(
+                "MTP speculation needs the model's MTP head (mtp.onnx beside model.onnx) and its final "
+                "hidden state; write the head with `onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR`"
+            )
+        return self.mtp_head(), hidden
+
     def stream(
         self,
         prompt_ids: Sequence[int],
@@ -249,6 +254,8 @@ class Generator:
                 "tokenizer; put its tokenizer.json beside model.onnx, or stop on token ids (eos) instead"
             )
         constraint = self.constraints.compile(params)  # an invalid schema/regex/grammar raises here
+        if isinstance(speculative, MTP):
+            self._mtp()  # no head, or one that does not fit the model: raises here
         return self._events(prompt_ids, self._budget(len(prompt_ids), params), speculative, draft, constraint)
 
     def _events(
