@@ -126,7 +126,7 @@ def _read_mtp_tensors(root: Path) -> dict[str, np.ndarray]:
         from safetensors import safe_open
     except ImportError as e:  # an optional dependency: only the exporter needs it
         raise ModelPackageError(
-            "reading an MTP head from a checkpoint needs the safetensors package: pip install safetensors"
+            "reading an MTP head from a checkpoint needs the safetensors package: pip install 'onnxgen[export]' (or safetensors)"
         ) from e
     shards = sorted(root.glob("*.safetensors"))
     if not shards:
