@@ -91,3 +91,15 @@ def test_export_mtp_into_a_directory_without_an_export_says_so(
     assert main(["export-mtp", str(checkpoint), str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "Traceback" not in err
+
+
+def test_export_mtp_leaves_a_head_onnxruntime_genai_exported_alone(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = build_model(tmp_path / "model", "hybrid-genai", SPEC)
+    config = json.loads((d / "genai_config.json").read_text())
+    config["model"]["mtp"] = {"enabled": True, "filename": MTP_FILE}
+    (d / "genai_config.json").write_text(json.dumps(config))
+    assert main(["export-mtp", str(checkpoint), str(d)]) == 2
+    assert "already has an MTP head" in capsys.readouterr().err
+    assert not (d / MTP_FILE).exists()

@@ -167,6 +167,20 @@ def test_a_decoder_with_its_weights_inside_the_model_file_has_them_copied(tmp_pa
     np.testing.assert_allclose(logits, ref[np.cumsum(SPLIT) - 1], rtol=1e-4, atol=1e-4)
 
 
+def test_a_decoder_data_file_linked_from_elsewhere_is_refused_with_the_fix(tmp_path: Path) -> None:
+    # onnxruntime loads no external data from outside the model's directory, symlink targets included
+    spec = spec_of("genai-dense")
+    src = build_model(tmp_path / "src", "genai-dense", spec)
+    d = tmp_path / "linked"
+    d.mkdir()
+    for f in src.iterdir():
+        (d / f.name).symlink_to(f)
+    g = geometry_of(spec)
+    with pytest.raises(ModelPackageError, match="copy the export's files into one directory"):
+        write_mtp_head(d, g, make_mtp_weights(g))
+    assert not (d / MTP_FILE).exists()
+
+
 @pytest.mark.parametrize(
     "change,message",
     [

@@ -71,6 +71,12 @@ def write_mtp_head(
     check_weights(geometry, weights, "the MTP weights")
     package = ModelPackage.open(export_dir)
     root = package.root
+    section = ((package.genai_config or {}).get("model") or {}).get("mtp")
+    if section is not None:  # onnxruntime-genai reads its own head through that section: leave it be
+        raise ModelPackageError(
+            f"{root} already has an MTP head (genai_config.json model.mtp, written by onnxruntime-genai's "
+            "builder); onnxgen uses it as it is, so there is nothing to export"
+        )
     decoder = ir.load(str(package.model_path))
     io = package.io
     embedding = _borrow_embedding(decoder, io.token_input, package.model_path)
@@ -110,7 +116,14 @@ def _shareable(tensor: ir.TensorProtocol, root: Path) -> bool:
     if not isinstance(tensor, ir.ExternalTensor):
         return False
     location = Path(os.fspath(tensor.location))
-    return len(location.parts) == 1 and location.name != MTP_DATA and (root / location).is_file()
+    path = root / location
+    if path.is_file() and path.resolve().parent != root.resolve():
+        # onnxruntime (and onnx-ir) read no external data from outside the model's directory
+        raise ModelPackageError(
+            f"{path} links to {path.resolve()}, outside {root}; onnxruntime reads no weights from outside "
+            "a model's directory: copy the export's files into one directory instead of linking them"
+        )
+    return len(location.parts) == 1 and location.name != MTP_DATA and path.is_file()
 
 
 def _borrowed_names(*nodes: Borrowed) -> set[str]:
