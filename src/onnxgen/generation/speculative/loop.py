@@ -175,7 +175,8 @@ class SpeculativeLoop(TokenLoop):
                 k = self.budget.cap(k)
             started = time.perf_counter()
             drafts, q = self.proposer.propose(self.ids[: self.n], k) if k > 0 else ([], None)
-            if self.budget is not None:
+            if self.budget is not None and self.verifies:
+                # (not before the first verify: a draft model or MTP head also runs the prompt then)
                 self.budget.observe_proposal(len(drafts), time.perf_counter() - started)
             if not drafts:  # nothing to verify: a plain step
                 started = time.perf_counter()
