@@ -63,6 +63,14 @@ def test_the_exported_head_is_found_and_its_io_derived_from_the_graph(model_dir:
     assert "hidden_states" in {p.name for p in io.input_ports}
 
 
+def test_a_decoder_of_another_name_is_still_found_beside_its_head(model_dir: Path) -> None:
+    (model_dir / "model.onnx").rename(model_dir / "decoder.onnx")
+    (model_dir / "genai_config.json").unlink()  # (it names model.onnx)
+    package = ModelPackage.open(model_dir)
+    assert package.model_path.name == "decoder.onnx"
+    assert find_mtp_head(package) == model_dir / MTP_FILE
+
+
 def test_a_decoder_without_a_head_has_none(tmp_path: Path) -> None:
     assert find_mtp_head(ModelPackage.open(build_model(tmp_path, "genai-dense", SPEC))) is None
 

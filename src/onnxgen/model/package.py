@@ -23,6 +23,7 @@ from onnxgen.model.io import DecoderIO
 from onnxgen.model.settings import ModelSettings, resolve_settings
 
 MODEL_FILE = "model.onnx"
+AUXILIARY_MODELS = ("mtp.onnx",)  # beside a decoder, never the decoder (onnxgen.model.mtp)
 
 
 class ModelPackage:
@@ -166,7 +167,7 @@ def _find_model(path: Path, genai: tuple[Path, dict[str, Any]] | None) -> Path:
             f"{path / filename} (named by genai_config.json model.decoder.filename) does not exist; "
             "copy the model file into the directory or fix the filename"
         )
-    others = sorted(p.name for p in path.glob("*.onnx"))
+    others = sorted(p.name for p in path.glob("*.onnx") if p.name not in AUXILIARY_MODELS)
     if len(others) == 1:
         return path / others[0]
     hint = f" (found {', '.join(others)}: pass the one to use)" if others else ""
