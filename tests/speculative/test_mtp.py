@@ -82,23 +82,25 @@ def test_a_session_that_outputs_the_hidden_state_gives_the_plain_sessions_logits
 # -- auto ---------------------------------------------------------------------------------------------------
 
 
+LONG = 96  # with back-off (1, 2, 4, 8, 16 plain steps after each missed verify): 8 verifies when drafting on
+
+
 def test_auto_turns_a_random_head_off_and_keeps_the_plain_greedy_tokens(mtp_zoo: MTPZoo) -> None:
     llm = mtp_zoo.llm("hybrid-genai", head="random")
-    plain = greedy(llm, PROMPT, 48)
-    result = llm.generate(PROMPT, SamplingParams(max_new_tokens=48), speculative=MTP())
+    plain = greedy(llm, PROMPT, LONG)
+    result = llm.generate(PROMPT, SamplingParams(max_new_tokens=LONG), speculative=MTP(num_draft_tokens=1))
     assert result.token_ids == plain.token_ids
     stats = result.stats
     assert stats["speculation"].startswith("off after"), stats
     assert stats["predicted_speedup"] < 1.0
-    assert stats["proposed_draft_tokens"] < 24, "drafting went on after auto turned it off"
+    assert stats["proposed_draft_tokens"] <= 5, "drafting went on after auto turned it off"
 
 
-def test_without_auto_a_head_drafts_throughout(mtp_zoo: MTPZoo) -> None:
+def test_without_auto_a_random_head_drafts_throughout(mtp_zoo: MTPZoo) -> None:
     llm = mtp_zoo.llm("hybrid-genai", head="random")
-    result = run_mtp(llm, PROMPT, 48, num_draft_tokens=1, adaptive=False)
+    result = run_mtp(llm, PROMPT, LONG, num_draft_tokens=1, adaptive=False)
     assert "speculation" not in result.stats
-    # back-off after misses: 1, 2, 4, ... plain steps between verifies, yet verifies keep coming
-    assert result.stats["proposed_draft_tokens"] >= 6
+    assert result.stats["proposed_draft_tokens"] >= 7
 
 
 # -- the head's cache and the target's states after partial accepts ---------------------------------------
