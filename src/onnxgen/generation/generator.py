@@ -95,8 +95,12 @@ class TokenLoop:
         return self.choose(self.ids[: self.n], self.prompt_len, logits)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
-        """Yield (token id, finish reason or None); the last yielded token carries the reason."""
-        logits = self._prefill()
+        """Yield (token id, finish reason or None); the last yielded token carries the reason. The prompt
+        runs when this is called."""
+        return self._decode(self._prefill())
+
+    def _decode(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
+        """Plain decoding on from ``logits``, those of the last forward (after the last id in ``ids``)."""
         # what runs per token runs with caches the forward evicted: names bound once, and where the raw
         # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain; where
         # it does not, the chain decides without taking that argmax again

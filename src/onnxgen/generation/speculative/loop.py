@@ -68,7 +68,7 @@ class SpeculativeLoop(TokenLoop):
 
     ``auto``: speculation stops for the rest of the request once the cost model (:mod:`.budget`, fed with
     this request's timings) predicts it slower than plain decoding, after ``AUTO_MIN_VERIFIES`` verifies;
-    from then on every step is a plain one (no drafts, no target outputs fetched).
+    the rest of the request is :class:`TokenLoop`'s plain decoding (no drafts, no target outputs fetched).
     """
 
     def __init__(
@@ -141,7 +141,7 @@ class SpeculativeLoop(TokenLoop):
         return logits
 
     def _plain_step(self) -> np.ndarray:
-        if self.wanted and self.speculating:
+        if self.wanted:
             return self._forward_fetching(1, 1)[-1]
         return self.session.step(self.state, int(self.ids[self.n - 1]))
 
@@ -165,7 +165,7 @@ class SpeculativeLoop(TokenLoop):
         yield token, reason
         while reason is None:
             room = self.params.max_new_tokens - (self.n - self.prompt_len)
-            k = min(self.k, room - 1) if self.speculating else 0
+            k = min(self.k, room - 1)
             if self._skip > 0:
                 self._skip -= 1
                 k = 0
@@ -195,6 +195,11 @@ class SpeculativeLoop(TokenLoop):
                 yield token, reason
                 if reason is not None:
                     return
+            if not self.speculating:  # auto turned drafting off: the rest is plain decoding
+                logits = self.session.step(self.state, int(self.ids[self.n - 1]))
+                self.forward_passes += 1
+                yield from self._decode(logits)
+                return
 
     def _verify(self, drafts: list[int], q: list[np.ndarray] | None) -> list[int]:
         k = len(drafts)
