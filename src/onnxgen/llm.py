@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxgen.errors import GenerationError, TokenizerError
+from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import DraftModel, Speculative
@@ -52,7 +52,11 @@ class LLM:
         self.io = package.io
         self.decode_plan = prepare_decode_plan(package, decode_plan, providers=providers)
         # an MTP head beside the model: the session also outputs the final hidden state the head reads
-        self.mtp_path = self._mtp_path(package)
+        self._mtp_missing = (
+            f"MTP speculation needs the model's MTP head: {package.root} has no mtp.onnx; write it with "
+            "`onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR` from the checkpoint this model was exported from"
+        )
+        self.mtp_path = self._find_mtp(package)
         self._mtp: MTPHeadSession | None = None
         self._mtp_lock = threading.Lock()
         self._providers = providers
@@ -79,7 +83,7 @@ class LLM:
             eos,
             package.context_length,
             final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
-            mtp_head=self.mtp_head if self.mtp_path is not None else None,
+            mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
         )
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
@@ -110,17 +114,23 @@ class LLM:
         return tok.encode(text, add_special_tokens=False)
 
     # -- speculative decoding -----------------------------------------------------------------------
-    @staticmethod
-    def _mtp_path(package: ModelPackage) -> Path | None:
-        """The MTP head beside the model, where the decoder's final hidden state can be exposed for it."""
-        path = find_mtp_head(package)
+    def _find_mtp(self, package: ModelPackage) -> Path | None:
+        """The MTP head beside the model, where the decoder's final hidden state can be output for it;
+        otherwise None, and why in ``_mtp_missing`` (plain decoding is not held up by a broken head)."""
+        try:
+            path = find_mtp_head(package)
+        except OnnxgenError as e:
+            self._mtp_missing = str(e)
+            log.warning("MTP speculation is unavailable: %s", e)
+            return None
         if path is None:
             return None
         exposed = expose_hidden_state(package.graph, package.io.logits)
         if exposed.output is None:
-            log.warning(
-                "%s is not used: the decoder's final hidden state cannot be output (%s)", path, exposed.report
+            self._mtp_missing = (
+                f"{path} cannot be used: the decoder's final hidden state cannot be output ({exposed.report})"
             )
+            log.warning("%s", self._mtp_missing)
             return None
         return path
 
@@ -129,7 +139,7 @@ class LLM:
         with self._mtp_lock:
             if self._mtp is None:
                 if self.mtp_path is None:
-                    raise GenerationError(f"{self.package.root} has no MTP head (mtp.onnx)")
+                    raise GenerationError(self._mtp_missing)
                 head = MTPHeadSession(
                     mtp_head_io(self.package, self.mtp_path),
                     threads=draft_threads(self.session.threads),

@@ -8,7 +8,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-from onnxgen.errors import AmbiguousIOError, ModelPackageError
+import onnxgen
+from onnxgen import SamplingParams
+from onnxgen.errors import AmbiguousIOError, GenerationError, ModelPackageError
 from onnxgen.export.mtp import MTP_FILE, write_mtp_head
 from onnxgen.model.mtp import find_mtp_head, mtp_head_io
 from onnxgen.model.package import ModelPackage
@@ -118,6 +120,11 @@ def test_a_disabled_section_turns_the_head_off_and_a_missing_file_is_named(model
     write_genai_section(model_dir, {"filename": "gone.onnx"})
     with pytest.raises(ModelPackageError, match=r"names gone\.onnx, which is not in"):
         find_mtp_head(ModelPackage.open(model_dir))
+    # the model still loads and decodes; MTP speculation says what is wrong
+    llm = onnxgen.load(model_dir, threads=1)
+    assert llm.generate([5, 6, 7], SamplingParams(max_new_tokens=3)).token_ids
+    with pytest.raises(GenerationError, match=r"names gone\.onnx"):
+        llm.stream([5, 6, 7], SamplingParams(max_new_tokens=3), speculative=onnxgen.MTP())
 
 
 def test_unnamed_hidden_state_ports_are_found_by_shape_unless_two_could_be(model_dir: Path) -> None:

@@ -235,13 +235,14 @@ class Generator:
 
     def _mtp(self) -> tuple[MTPHeadSession, str]:
         """The MTP head (loaded on first use) and the decoder's hidden-state output it reads."""
+        head = self.mtp_head() if self.mtp_head is not None else None  # raises where the model has none
         hidden = self.session.hidden_state
-        if self.mtp_head is None or hidden is None:
+        if head is None or hidden is None:
             raise GenerationError(
                 "MTP speculation needs the model's MTP head (mtp.onnx beside model.onnx) and its final "
                 "hidden state; write the head with `onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR`"
             )
-        return self.mtp_head(), hidden
+        return head, hidden
 
     def stream(
         self,
