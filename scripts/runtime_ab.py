@@ -67,7 +67,7 @@ def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], onnxgen.LLM]:
             headless = (
                 contextlib.nullcontext()
                 if on
-                else mock.patch.object(onnxgen.LLM, "_find_mtp", lambda *a: None)
+                else mock.patch.object(onnxgen.LLM, "_find_mtp", lambda *args: None)
             )
             with headless:
                 made[on] = onnxgen.load(root, threads=session.threads)

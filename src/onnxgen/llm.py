@@ -8,6 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
@@ -56,7 +58,7 @@ class LLM:
             f"MTP speculation needs the model's MTP head: {package.root} has no mtp.onnx; write it with "
             "`onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR` from the checkpoint this model was exported from"
         )
-        self.mtp_path = self._find_mtp(package)
+        self.mtp_path = self._find_mtp(package, self.decode_plan.graph)
         self._mtp: MTPHeadSession | None = None
         self._mtp_lock = threading.Lock()
         self._providers = providers
@@ -114,9 +116,10 @@ class LLM:
         return tok.encode(text, add_special_tokens=False)
 
     # -- speculative decoding -----------------------------------------------------------------------
-    def _find_mtp(self, package: ModelPackage) -> Path | None:
-        """The MTP head beside the model, where the decoder's final hidden state can be output for it;
-        otherwise None, and why in ``_mtp_missing`` (plain decoding is not held up by a broken head)."""
+    def _find_mtp(self, package: ModelPackage, graph: onnx.ModelProto) -> Path | None:
+        """The MTP head beside the model, where the decoder's final hidden state can be output for it (from
+        ``graph``, what the session loads); otherwise None, and why in ``_mtp_missing`` (plain decoding is
+        not held up by a broken head)."""
         try:
             path = find_mtp_head(package)
         except OnnxgenError as e:
@@ -125,7 +128,7 @@ class LLM:
             return None
         if path is None:
             return None
-        exposed = expose_hidden_state(package.graph, package.io.logits)
+        exposed = expose_hidden_state(graph, package.io.logits)
         if exposed.output is None:
             self._mtp_missing = (
                 f"{path} cannot be used: the decoder's final hidden state cannot be output ({exposed.report})"

@@ -21,6 +21,9 @@ forward (the count of one token is always kept): the cap then reads that count's
 Without that, a verify size timed once while slow (the first forward of a size, a busy machine) would
 keep the cap below it for the rest of the request, since only chosen sizes are timed again.
 
+:meth:`gain` is that maximum's ratio to plain decoding's one token per step: below 1, speculating is
+predicted to be slower than not (what :class:`~onnxgen.generation.speculative.MTP`'s ``auto`` decides by).
+
 It never goes below one draft: verifies that accept nothing are what the loop's back-off (plain steps
 between attempts) is for, and one draft keeps the acceptance estimate current. It abstains (answers the
 loop's own k) until it has timed a plain step and a verify and seen ``MIN_VERIFIES`` verifies.
