@@ -275,8 +275,12 @@ def test_generate_with_a_draft_model_directory_keeps_the_tokens_and_drafts_from_
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [
-        (["--speculative", "ngram"], ["--speculative 'ngram' is not a mode", "prompt-lookup", "draft:PATH"]),
+        (
+            ["--speculative", "ngram"],
+            ["--speculative 'ngram' is not a mode", "prompt-lookup", "draft:PATH", "mtp"],
+        ),
         (["--speculative", "draft:"], ["names no draft model", "draft:PATH"]),
+        (["--speculative", "mtp"], ["needs the model's MTP head", "onnxgen export-mtp"]),
         (["--speculative", "draft:/no/such/draft"], ["/no/such/draft does not exist"]),
         (["--draft-tokens", "3"], ["--draft-tokens 3 needs --speculative"]),
         (

@@ -13,13 +13,14 @@ from onnxgen.errors import (
 from onnxgen.generation.constraints import ConstraintError
 from onnxgen.generation.generator import GenerationResult, StreamEvent
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.speculative import DraftModel, PromptLookup
+from onnxgen.generation.speculative import MTP, DraftModel, PromptLookup
 from onnxgen.llm import LLM, load
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
+    "MTP",
     "AmbiguousIOError",
     "ConfigError",
     "ConstraintError",

@@ -29,6 +29,8 @@ SPECULATIVE_STATS = (
     "accepted_draft_tokens",
     "target_forward_passes",
     "state_replays",
+    "speculation",  # MTP auto: on, or off after n verifies
+    "predicted_speedup",
 )
 CONSTRAINT_STATS = ("constraint_s", "constraint_masks", "constraint_unmasked")
 

@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     from onnxgen.cli_bench import add_bench
     from onnxgen.cli_chat import add_chat
+    from onnxgen.cli_export_mtp import add_export_mtp
     from onnxgen.cli_generate import add_generate
     from onnxgen.cli_inspect import add_inspect
     from onnxgen.cli_serve import add_serve
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect(sub)
     add_serve(sub)
     add_validate(sub)
+    add_export_mtp(sub)
     return parser
 
 

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxgen.errors import GenerationError, TokenizerError
+import onnx
+
+from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import DraftModel, Speculative
+from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.model import ModelPackage
+from onnxgen.model.mtp import find_mtp_head, mtp_head_io
+from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.plans import prepare_decode_plan
 from onnxgen.runtime.session import DecoderSession, default_threads
 from onnxgen.tokenizer import Tokenizer
@@ -47,6 +53,15 @@ class LLM:
         self.package = package
         self.io = package.io
         self.decode_plan = prepare_decode_plan(package, decode_plan, providers=providers)
+        # an MTP head beside the model: the session also outputs the final hidden state the head reads
+        self._mtp_missing = (
+            f"MTP speculation needs the model's MTP head: {package.root} has no mtp.onnx; write it with "
+            "`onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR` from the checkpoint this model was exported from"
+        )
+        self.mtp_path = self._find_mtp(package, self.decode_plan.graph)
+        self._mtp: MTPHeadSession | None = None
+        self._mtp_lock = threading.Lock()
+        self._providers = providers
         self.session = DecoderSession(
             self.decode_plan.model_path,
             self.io,
@@ -57,6 +72,7 @@ class LLM:
             verify_now=speculative,
             fast_ops=fast_ops,
             fuse=fuse,
+            hidden_state=self.mtp_path is not None,
         )
         self.decode_plan.plan.attach(self.session)
         self.tokenizer: Tokenizer | None = None
@@ -77,6 +93,7 @@ class LLM:
             package.context_length,
             final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
             export=f"the export {package.model_path}",
+            mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
         )
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
@@ -107,6 +124,54 @@ class LLM:
         return tok.encode(text, add_special_tokens=False)
 
     # -- speculative decoding -----------------------------------------------------------------------
+    def _find_mtp(self, package: ModelPackage, graph: onnx.ModelProto) -> Path | None:
+        """The MTP head beside the model, where the decoder's final hidden state can be output for it (from
+        ``graph``, what the session loads); otherwise None, and why in ``_mtp_missing`` (plain decoding is
+        not held up by a broken head)."""
+        try:
+            path = find_mtp_head(package)
+        except OnnxgenError as e:
+            self._mtp_missing = str(e)
+            log.warning("MTP speculation is unavailable: %s", e)
+            return None
+        if path is None:
+            return None
+        exposed = expose_hidden_state(graph, package.io.logits)
+        if exposed.output is None:
+            self._mtp_missing = (
+                f"{path} cannot be used: the decoder's final hidden state cannot be output ({exposed.report})"
+            )
+            log.warning("%s", self._mtp_missing)
+            return None
+        return path
+
+    def mtp_head(self) -> MTPHeadSession:
+        """The model's MTP head session, loaded on first use (checked against the decoder)."""
+        with self._mtp_lock:
+            if self._mtp is None:
+                if self.mtp_path is None:
+                    raise GenerationError(self._mtp_missing)
+                head = MTPHeadSession(
+                    mtp_head_io(self.package, self.mtp_path),
+                    threads=draft_threads(self.session.threads),
+                    providers=self._providers,
+                )
+                port = next(
+                    (o for o in self.session.session.get_outputs() if o.name == self.session.hidden_state),
+                    None,
+                )
+                size = port.shape[-1] if port is not None else None
+                if head.vocab_size != self.session.vocab_size or (
+                    isinstance(size, int) and size != head.hidden_size
+                ):
+                    raise GenerationError(
+                        f"{self.mtp_path} does not fit {self.package.model_path}: the head has vocabulary "
+                        f"{head.vocab_size} and hidden size {head.hidden_size}, the decoder {self.session.vocab_size} "
+                        f"and {size}; export the head from the checkpoint of this model"
+                    )
+                self._mtp = head
+            return self._mtp
+
     def _draft_session(self, speculative: Speculative | None) -> Generator | None:
         if not isinstance(speculative, DraftModel):
             return None

@@ -20,8 +20,9 @@ from onnxgen.generation.constraints import Constraint, ConstraintCompiler
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import TokenChoice, build_chain
 from onnxgen.generation.sampling import Sampler, check_model_logits
-from onnxgen.generation.speculative import PromptLookup, Speculative
+from onnxgen.generation.speculative import MTP, PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
+from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -97,8 +98,12 @@ class TokenLoop:
         return self.choose(self.ids[: self.n], self.prompt_len, logits)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
-        """Yield (token id, finish reason or None); the last yielded token carries the reason."""
-        logits = self._prefill()
+        """Yield (token id, finish reason or None); the last yielded token carries the reason. The prompt
+        runs when this is called."""
+        return self._decode(self._prefill())
+
+    def _decode(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
+        """Plain decoding on from ``logits``, those of the last forward (after the last id in ``ids``)."""
         # what runs per token runs with caches the forward evicted: names bound once, and where the raw
         # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain; where
         # it does not, the chain decides without taking that argmax again
@@ -135,11 +140,15 @@ class Generator:
         context_length: int | None,
         final_stats: Callable[[], dict[str, Any]] | None = None,
         export: str = "the model",
+        mtp_head: Callable[[], MTPHeadSession] | None = None,
     ) -> None:
         """``final_stats`` adds entries to every request's statistics when it finishes (the LLM's decode
-        plan: which plan ran the decode steps); ``export`` names the model in errors."""
+        plan: which plan ran the decode steps); ``export`` names the model in errors. ``mtp_head`` gives the
+        model's MTP head (loaded on first use) where it has one and the session outputs the final hidden
+        state."""
         self.session = session
         self.export = export
+        self.mtp_head = mtp_head
         self.final_stats = final_stats
         self.tokenizer = tokenizer
         self.eos_ids = tuple(eos_ids)
@@ -201,11 +210,15 @@ class Generator:
         if speculative is None:
             return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint, self.export)
         from onnxgen.generation.speculative.loop import SpeculativeLoop
+        from onnxgen.generation.speculative.mtp import MTPProposer
         from onnxgen.generation.speculative.proposers import DraftModelProposer, NgramProposer
 
-        proposer: NgramProposer | DraftModelProposer
+        proposer: NgramProposer | DraftModelProposer | MTPProposer
         if isinstance(speculative, PromptLookup):
             proposer = NgramProposer(speculative.max_ngram, speculative.min_ngram)
+        elif isinstance(speculative, MTP):
+            head, hidden = self._mtp()
+            proposer = MTPProposer(head, hidden, params, self.eos_ids, state.capacity)
         else:
             if draft is None:
                 raise GenerationError("a DraftModel needs its loaded draft model")
@@ -224,7 +237,19 @@ class Generator:
             speculative.adaptive,
             constraint,
             self.export,
+            auto=isinstance(speculative, MTP) and speculative.auto,
         )
+
+    def _mtp(self) -> tuple[MTPHeadSession, str]:
+        """The MTP head (loaded on first use) and the decoder's hidden-state output it reads."""
+        head = self.mtp_head() if self.mtp_head is not None else None  # raises where the model has none
+        hidden = self.session.hidden_state
+        if head is None or hidden is None:
+            raise GenerationError(
+                "MTP speculation needs the model's MTP head (mtp.onnx beside model.onnx) and its final "
+                "hidden state; write the head with `onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR`"
+            )
+        return head, hidden
 
     def stream(
         self,
@@ -241,6 +266,8 @@ class Generator:
                 "tokenizer; put its tokenizer.json beside model.onnx, or stop on token ids (eos) instead"
             )
         constraint = self.constraints.compile(params)  # an invalid schema/regex/grammar raises here
+        if isinstance(speculative, MTP):
+            self._mtp()  # no head, or one that does not fit the model: raises here
         return self._events(prompt_ids, self._budget(len(prompt_ids), params), speculative, draft, constraint)
 
     def _events(

@@ -19,6 +19,7 @@ cannot share is ignored with a note).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from onnxgen.errors import DecoderIOError
@@ -58,9 +59,14 @@ def choose_plan(package: ModelPackage) -> Plan:
     return graph_plan()
 
 
-def derive_io(package: ModelPackage) -> DecoderIO:
-    """Derive and check the decoder I/O of ``package`` (also available, cached, as ``package.io``)."""
+def derive_io(package: ModelPackage, fed: Collection[str] = ()) -> DecoderIO:
+    """Derive and check the decoder I/O of ``package`` (also available, cached, as ``package.io``).
+
+    ``fed`` names graph inputs the caller feeds itself (an MTP head's hidden-state input): no role is
+    derived for them and they are not refused as unknown; they stay in ``input_ports``."""
     sig = package.signature
+    if fed:
+        sig = GraphSignature(tuple(p for p in sig.inputs if p.name not in fed), sig.outputs)
     check_supported(sig)
     plan = choose_plan(package)
     check_named_ports(plan, sig)
@@ -91,7 +97,7 @@ def derive_io(package: ModelPackage) -> DecoderIO:
         lengths_from_mask=reads_lengths_from_mask(package.graph, list(kv_pairs)),
         min_kv_capacity=sliding_window(package.graph),
         notes=tuple(notes),
-        input_ports=sig.inputs,
+        input_ports=package.signature.inputs,
         output_ports=sig.outputs,
     )
 

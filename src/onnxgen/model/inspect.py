@@ -178,6 +178,8 @@ def format_text(d: dict[str, Any]) -> str:
         lines.append(f"fast ops:       {d['fast_ops']}")
     if d.get("decode_fusions"):  # added by `onnxgen inspect` (onnxgen.graph.decode_fusions)
         lines.append(f"fusions (CPU):  {d['decode_fusions']}")
+    if d.get("mtp_head"):  # added by `onnxgen inspect` (onnxgen.model.mtp)
+        lines.append(f"MTP head:       {d['mtp_head']}")
     lines.append(f"context length: {d['context_length'] if d['context_length'] is not None else 'unknown'}")
     lines.append(
         f"eos / bos / pad: {d['eos_token_id'] or '-'} / {_opt(d['bos_token_id'])} / {_opt(d['pad_token_id'])}"

@@ -25,6 +25,7 @@ from onnxgen.model.settings import ModelSettings, resolve_settings
 MODEL_FILE = "model.onnx"
 MANIFEST_FILE = "manifest.json"
 NXRT_INFO_FILE = "nxrt_info.json"
+AUXILIARY_MODELS = ("mtp.onnx",)  # beside a decoder, never the decoder (onnxgen.model.mtp)
 
 
 class ModelPackage:
@@ -204,7 +205,7 @@ def _find_model(path: Path, genai: tuple[Path, dict[str, Any]] | None) -> Path:
             f"{path / filename} (named by genai_config.json model.decoder.filename) does not exist; "
             "copy the model file into the directory or fix the filename"
         )
-    others = sorted(p.name for p in path.glob("*.onnx") if p.is_file())
+    others = sorted(p.name for p in path.glob("*.onnx") if p.is_file() and p.name not in AUXILIARY_MODELS)
     if path.suffix == ".onnx" and not others:  # a model.onnx path given that is a folder without a model
         raise _not_a_file(path)
     if len(others) == 1:

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -23,6 +23,7 @@ import onnxruntime as ort
 from onnxgen.env import FUSE, check_switches, env_switch
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
+from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
@@ -229,6 +230,7 @@ class DecoderSession:
         verify_now: bool = False,
         fast_ops: bool | None = None,
         fuse: bool | None = None,
+        hidden_state: bool = False,
     ) -> None:
         check_switches()  # a typo in ONNXGEN_FUSE / _FAST_OPS / _HUGE_PAGES fails here, not silently
         self.io = io
@@ -243,6 +245,20 @@ class DecoderSession:
         if model_path.suffix == ".textproto":  # onnxruntime reads binary protobuf only
             graph = graph if graph is not None else onnx.load(str(model_path))
             source = graph.SerializeToString()
+        # ``hidden_state``: also output the final hidden state (what an MTP head drafts from); first, so
+        # that the later passes keep it and it holds every position (onnxgen.graph.hidden_state)
+        self.hidden_state: str | None = None
+        if hidden_state:
+            if graph is None:
+                graph = onnx.load(str(model_path), load_external_data=False)
+            exposed = expose_hidden_state(graph, io.logits)
+            if exposed.output is None:
+                raise UnsupportedModelError(
+                    f"{model_path} does not show its final hidden state, which an MTP head needs: {exposed.report}"
+                )
+            graph, self.hidden_state = exposed.model, exposed.output
+            if exposed.modified:
+                source = graph.SerializeToString()
         self.logits_to_keep = False
         if last_logits:
             if graph is None:
@@ -417,6 +433,7 @@ class DecoderSession:
         fetch: Sequence[str] = (),
         fetched: dict[str, ort.OrtValue] | None = None,
         copy: bool = True,
+        feeds: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, N, vocab] for the last
         N = ``num_logits`` positions (all T when None).
@@ -428,6 +445,8 @@ class DecoderSession:
         before the next forward. With ``copy=False`` the
         logits may instead be a view of a buffer that the forward after next on this state overwrites,
         for a caller that consumes them at once (the decode loop saves a logits copy per token).
+        ``feeds`` gives graph inputs beyond the decoder's roles by name (an MTP head's hidden-state input),
+        each ``[batch, T, ...]``.
         """
         batch, t = ids.shape
         keep = t if num_logits is None else min(num_logits, t)
@@ -443,6 +462,11 @@ class DecoderSession:
         binder = self._binder(state, session, 2 * (t + 1) if persistent else 2 if fetch else 0)
         binder.touched += 1
         self._bind_step_inputs(binder, state.length, ids, keep)
+        for name, value in (feeds or {}).items():
+            if t <= SMALL_STEP:  # a persistent buffer of the binder, like the token input's
+                binder.step_input(name, value.shape, value.dtype.type)[...] = value
+            else:
+                binder.input(name, HostBuffer.wrap(value).value)
         step = state.prepare(t)
         # steady decoding: the same buffers as two steps ago (the very same lists in the steady cycle)
         if step.inputs is not binder.state_inputs and step.inputs != binder.state_inputs:

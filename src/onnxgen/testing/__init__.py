@@ -109,6 +109,7 @@ def build_model(
     config: str | None = None,
     kv: str = "split",
     index_dtype: str = "int64",
+    weights: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Build the tiny decoder of ``family`` into ``out_dir`` and return that model directory.
 
@@ -117,7 +118,8 @@ def build_model(
     ``"genai"``, ``"metadata"`` or ``"none"``; None picks the family's own (genai for the genai families,
     metadata for mobius/scan, none for standard-dense). ``kv`` (``"split"``, ``"stacked"``, ``"static"``)
     and ``index_dtype`` (``"int64"``, ``"int32"``) pick a variant (:mod:`onnxgen.testing.families`).
-    Same arguments give byte-identical files.
+    ``weights`` replaces ``make_weights(spec)`` (same names and shapes). Same arguments give
+    byte-identical files.
     """
     style = STYLES.get(family)
     if spec is None:
@@ -130,7 +132,8 @@ def build_model(
     out.mkdir(parents=True, exist_ok=True)
     for name in _PACKAGE_FILES:
         (out / name).unlink(missing_ok=True)
-    model, ports = build_graph(family, spec, make_weights(spec), precision, variant)  # type: ignore[arg-type]
+    chosen = weights if weights is not None else make_weights(spec)
+    model, ports = build_graph(family, spec, chosen, precision, variant)  # type: ignore[arg-type]
     save_model(model, out)
     write_package(out, spec, style, ports, config)
     return out

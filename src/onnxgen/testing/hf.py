@@ -172,11 +172,16 @@ def build_llama_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", se
     return _save(LlamaForCausalLM, config, Path(out_dir), s, seed)
 
 
-def build_qwen3_5_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_qwen3_5_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, mtp: bool = False
+) -> Path:
     """Save a random hybrid ``Qwen3_5ForConditionalGeneration`` (text model + a minimal vision tower).
 
     Layers ``i % 4 == 3`` are full attention (gated q, q/k norm, partial interleaved mRoPE), the others
     Gated DeltaNet (conv kernel 4). The builder reads ``architectures[0]`` and collapses ``text_config``.
+    ``mtp``: add a random multi-token-prediction head (``mtp.*`` tensors in the safetensors file,
+    ``mtp_num_hidden_layers: 1``), which transformers ignores and exporters read directly
+    (:func:`onnxgen.testing.mtp.add_mtp_to_checkpoint`).
     """
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -207,7 +212,13 @@ def build_qwen3_5_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", 
     }
     config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
     config.architectures = ["Qwen3_5ForConditionalGeneration"]
-    return _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed)
+    out = _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed)
+    if mtp:
+        from onnxgen.export.mtp_weights import geometry_from_config
+        from onnxgen.testing.mtp import add_mtp_to_checkpoint
+
+        add_mtp_to_checkpoint(out, geometry_from_config(json.loads((out / "config.json").read_text())), seed)
+    return out
 
 
 def _qwen3_5_text_config(s: HFSize) -> dict[str, Any]:
