@@ -1,0 +1,99 @@
+"""Small chat templates in the style of Qwen's, with tools and thinking, for tests.
+
+- :data:`HERMES_TEMPLATE` (Qwen3 style): tools listed in the system turn, calls written as
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, tool results sent back in a user turn
+  inside ``<tool_response>``; the model opens ``<think>`` itself, and ``enable_thinking=False`` writes an
+  empty thinking section into the prompt.
+- :data:`XML_TEMPLATE` (Qwen3.5 / Qwen3-Coder style): calls written as
+  ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``;
+  the generation prompt opens ``<think>\\n``, so only ``</think>`` appears in the output.
+
+Both render assistant tool calls from argument objects (``tool_call.arguments``), as the real ones do.
+"""
+
+from __future__ import annotations
+
+_SYSTEM_AND_TOOLS = """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- '# Tools\\n\\nFunctions you may call, inside <tools></tools>:\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+{{- '\\n</tools>\\n\\n' + CALL_HELP + '<|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+"""
+
+_TOOL_RESULTS = """\
+{%- elif message.role == 'tool' %}
+{%- if loop.first or loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+{%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+"""
+
+HERMES_TEMPLATE = (
+    "{%- set CALL_HELP = 'To call a function, reply with <tool_call>\\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>\' %}\n'
+    + _SYSTEM_AND_TOOLS
+    + """\
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if message.reasoning_content %}{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}
+{{- message.content if message.content is string else '' }}
+{%- for call in message.tool_calls or [] %}
+{%- set call = call.function if call.function is defined else call %}
+{{- '\\n' if (message.content or not loop.first) else '' }}
+{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+{{- call.arguments if call.arguments is string else call.arguments | tojson }}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+"""
+    + _TOOL_RESULTS
+    + """\
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
+{%- endif %}
+"""
+)
+
+XML_TEMPLATE = (
+    "{%- set CALL_HELP = 'To call a function, reply with <tool_call>\\n<function=NAME>\\n"
+    "<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>' %}\n"
+    + _SYSTEM_AND_TOOLS
+    + """\
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' }}
+{{- message.content if message.content is string else '' }}
+{%- for call in message.tool_calls or [] %}
+{%- set call = call.function if call.function is defined else call %}
+{{- '\\n' if (message.content or not loop.first) else '' }}
+{{- '<tool_call>\\n<function=' + call.name + '>\\n' }}
+{%- for key, value in call.arguments | items %}
+{{- '<parameter=' + key + '>\\n' + (value if value is string else value | tojson) + '\\n</parameter>\\n' }}
+{%- endfor %}
+{{- '</function>\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+"""
+    + _TOOL_RESULTS
+    + """\
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- else %}{{- '<think>\\n' }}{%- endif %}
+{%- endif %}
+"""
+)
