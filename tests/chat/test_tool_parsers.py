@@ -251,5 +251,5 @@ def test_the_parser_is_chosen_by_name_or_from_the_template() -> None:
     assert tool_parser_for(template=XML_TEMPLATE) is XML
     assert tool_parser_for(template="{{ messages }}") is None
     assert tool_parser_for("qwen3_xml", template=HERMES_TEMPLATE) is XML  # a name wins over the template
-    with pytest.raises(ChatInputError, match="unknown tool-call parser 'llama3'.*hermes"):
+    with pytest.raises(ChatInputError, match=r"unknown tool-call parser 'llama3'.*hermes"):
         tool_parser_for("llama3")
