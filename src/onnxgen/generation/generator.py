@@ -17,8 +17,9 @@ import numpy as np
 
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
+from onnxgen.generation.logprobs import TokenLogprob, token_logprob
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import TokenChoice, build_chain
+from onnxgen.generation.processors import SequenceView, TokenChoice, apply_chain, build_chain
 from onnxgen.generation.sampling import Sampler
 from onnxgen.generation.speculative import PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
@@ -29,12 +30,15 @@ from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
 
 @dataclass
 class StreamEvent:
-    """One step of a stream: the new token ids, the text they complete, and at the end a finish reason."""
+    """One step of a stream: the new token ids, the text they complete, and at the end a finish reason.
+
+    ``logprobs`` (when the request asked for them) holds one :class:`TokenLogprob` per token id."""
 
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
     stats: dict[str, Any] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -43,6 +47,7 @@ class GenerationResult:
     text: str
     finish_reason: str
     stats: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 class TokenLoop:
@@ -71,6 +76,8 @@ class TokenLoop:
         self.checker = StopChecker(params, eos_ids)
         self.forward_passes = 0
         self.prefill_s = 0.0
+        # the log-probability of each emitted token, in order (only when the request asks for them)
+        self.scores: list[TokenLogprob] | None = [] if params.logprobs else None
 
     def stats(self) -> dict[str, Any]:
         """Loop-specific statistics merged into the result's stats."""
@@ -93,8 +100,44 @@ class TokenLoop:
     def _select(self, logits: np.ndarray) -> int:
         return self.choose(self.ids[: self.n], self.prompt_len, logits)
 
+    def _process(self, row: np.ndarray, prefix_len: int) -> np.ndarray:
+        """``row`` through the processor chain, as the token after ``ids[:prefix_len]`` sees it."""
+        if not self.chain:
+            return row
+        return apply_chain(self.chain, SequenceView(self.ids[:prefix_len], self.prompt_len), row)
+
+    def _pick(self, logits: np.ndarray) -> int:
+        """:meth:`_select`, recording the token's log-probability when the request asks for it."""
+        if self.scores is None:
+            return self._select(logits)
+        if self.params.logprobs_mode == "raw":
+            token = self._select(logits)
+            self.scores.append(token_logprob(logits, token, self.params.top_logprobs))
+            return token
+        processed = self._process(logits, self.n)  # the choice from these logits is the chain's choice
+        token = int(np.argmax(processed)) if self.sampler is None else self.sampler.sample(processed)
+        self.scores.append(token_logprob(processed, token, self.params.top_logprobs))
+        return token
+
+    def _scored_tokens(self) -> Iterator[tuple[int, str | None]]:
+        """:meth:`tokens` for a request that asks for log-probabilities (plain loop, one score a token)."""
+        logits = self._prefill()
+        while True:
+            token = self._pick(logits)
+            self.ids[self.n] = token
+            self.n += 1
+            reason = self._check(token)
+            yield token, reason
+            if reason is not None:
+                return
+            logits = self.session.step(self.state, token)
+            self.forward_passes += 1
+
     def tokens(self) -> Iterator[tuple[int, str | None]]:
         """Yield (token id, finish reason or None); the last yielded token carries the reason."""
+        if self.scores is not None:
+            yield from self._scored_tokens()
+            return
         logits = self._prefill()
         # what runs per token runs with caches the forward evicted: names bound once, and where the raw
         # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain; where
@@ -273,8 +316,9 @@ class Generator:
                         elif reason is not None:
                             piece += stops.flush()
                     text = piece
+                scores = None if loop.scores is None else [loop.scores[len(generated) - 1]]
                 if reason is None:
-                    yield StreamEvent([token], text)
+                    yield StreamEvent([token], text, logprobs=scores)
                     continue
                 end = time.perf_counter()
                 stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
@@ -284,7 +328,7 @@ class Generator:
                     stats.update(loop.constraint.stats())
                 if self.final_stats is not None:
                     stats.update(self.final_stats())
-                yield StreamEvent([token], text, reason, stats)
+                yield StreamEvent([token], text, reason, stats, scores)
                 return
         finally:
             self.give_back(loop.state)
@@ -312,9 +356,12 @@ class Generator:
     ) -> GenerationResult:
         ids: list[int] = []
         parts: list[str] = []
+        scores: list[TokenLogprob] | None = [] if params.logprobs else None
         for event in self.stream(prompt_ids, params, speculative, draft):
             ids.extend(event.token_ids)
             parts.append(event.text)
+            if scores is not None and event.logprobs is not None:
+                scores.extend(event.logprobs)
             if event.finish_reason is not None:
-                return GenerationResult(ids, "".join(parts), event.finish_reason, event.stats or {})
+                return GenerationResult(ids, "".join(parts), event.finish_reason, event.stats or {}, scores)
         raise GenerationError("generation ended without a finish reason")  # pragma: no cover
