@@ -13,6 +13,9 @@ Both render assistant tool calls from argument objects (``tool_call.arguments``)
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 _SYSTEM_AND_TOOLS = """\
 {%- if tools %}
 {{- '<|im_start|>system\\n' }}
@@ -97,3 +100,25 @@ XML_TEMPLATE = (
 {%- endif %}
 """
 )
+
+TAG_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+
+
+def install_chat_template(model_dir: str | Path, template: str, tag_tokens: bool = True) -> None:
+    """Give a tiny model built by :func:`onnxgen.testing.build_model` the chat ``template``; with
+    ``tag_tokens`` the first reserved ids become the tokens ``<think>``, ``</think>``, ``<tool_call>`` and
+    ``</tool_call>`` (added, not special, as in Qwen's tokenizers), so tags are single tokens.
+
+    Needs a vocabulary with reserved ids (``TinySpec(vocab_size=1024)`` or more)."""
+    directory = Path(model_dir)
+    (directory / "chat_template.jinja").write_text(template, encoding="utf-8")
+    if not tag_tokens:
+        return
+    path = directory / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    reserved = [t for t in data["added_tokens"] if t["content"].startswith("<|reserved_")]
+    if len(reserved) < len(TAG_TOKENS):
+        raise ValueError(f"{path} has {len(reserved)} reserved ids; build the model with a larger vocab_size")
+    for entry, tag in zip(reserved, TAG_TOKENS, strict=False):
+        entry.update(content=tag, special=False)
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
