@@ -103,6 +103,11 @@ class LLM:
         text = tok.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         return tok.encode(text, add_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (for log-probability bodies; may be part of a character)."""
+        self._require_tokenizer()
+        return self.generator.constraints.token_bytes(token_id)
+
     # -- speculative decoding -----------------------------------------------------------------------
     def _draft_session(self, speculative: Speculative | None) -> Generator | None:
         if not isinstance(speculative, DraftModel):
