@@ -81,7 +81,7 @@ class ToolCallStream:
         self._tools = None if tools is None else {t.name: t for t in tools}
         self._pending = ""  # text outside calls not yet streamed (a partial tag, trailing whitespace)
         self._body: CallBody | None = None
-        self._body_text = ""  # the text of the open call after its start tag
+        self._body_text: list[str] = []  # the text of the open call after its start tag, in pieces
         self._committed: _Call | None = None
         self._content: list[str] = []
         self.calls: list[ToolCall] = []
@@ -144,7 +144,7 @@ class ToolCallStream:
             self._emit_content(body)
             self._pending = before[len(body) :]  # whitespace kept until the call commits or fails
             self._body = self._body_type(self._tools)
-            self._body_text = ""
+            self._body_text = []
             return pending[at + len(self.start_tag) :]
         if final:
             self._pending = ""
@@ -161,7 +161,7 @@ class ToolCallStream:
         """Feed the open call; return the text left over once it is done or failed."""
         body = self._body
         assert body is not None
-        self._body_text += text
+        self._body_text.append(text)
         body.feed(text)
         if final and body.status == OPEN:
             body.finish()
@@ -174,15 +174,16 @@ class ToolCallStream:
                 self._emit_call(ToolCallDelta(len(self.calls), arguments=piece))
         if body.status == OPEN:
             return ""
-        rest = self._body_text[body.consumed :]
+        body_text = "".join(self._body_text)
+        rest = body_text[body.consumed :]
         if body.status == FAILED and self._committed is None:  # malformed: the tag and its text are content
             self._emit_content(self._pending + self.start_tag)
             self._pending = ""
-            rest = self._body_text
+            rest = body_text
         else:
             self._close_call()
         self._body = None
-        self._body_text = ""
+        self._body_text = []
         return rest
 
     def _commit(self, name: str) -> None:

@@ -49,7 +49,9 @@ def merge_deltas(deltas: Iterable[ChatDelta]) -> ChatDelta:
 def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``tag`` (held back while
     streaming: the next chunk may complete the tag)."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:size]):
-            return size
+    at = text.find(tag[0], max(0, len(text) - len(tag) + 1))
+    while at >= 0:
+        if tag.startswith(text[at:]):
+            return len(text) - at
+        at = text.find(tag[0], at + 1)
     return 0

@@ -36,9 +36,9 @@ class HermesBody(CallBody):
         self._depth = 0
         self._in_string = False
         self._escape = False
-        self._args: str | None = None  # arguments text known so far (streams while it grows)
+        self._args: list[str] | None = None  # arguments text known so far (streams while it grows)
         self._args_final = False
-        self._taken = 0
+        self._taken = 0  # pieces of _args streamed
         self._tag = 0  # characters of the end tag matched
         self._members = 0
 
@@ -46,8 +46,8 @@ class HermesBody(CallBody):
         if self._args is None:
             if self.status != DONE:
                 return ""
-            self._args, self._args_final = "{}", True  # no arguments member: a call without arguments
-        piece = self._args[self._taken :]
+            self._args, self._args_final = ["{}"], True  # no arguments member: a call without arguments
+        piece = "".join(self._args[self._taken :])
         self._taken = len(self._args)
         return piece
 
@@ -126,7 +126,7 @@ class HermesBody(CallBody):
                 self._fail()  # arguments twice, or neither an object nor a string holding one
                 return
             if char == "{":
-                self._args = ""
+                self._args = []
         self._state = _VALUE
         self._value_char(char)
 
@@ -140,7 +140,7 @@ class HermesBody(CallBody):
             return
         self._value.append(char)
         if kind == "{" and self._args is not None and not self._args_final:
-            self._args += char
+            self._args.append(char)
         if self._in_string:
             if self._escape:
                 self._escape = False
@@ -181,7 +181,7 @@ class HermesBody(CallBody):
                 if not isinstance(inner, dict):
                     self._fail()
                     return
-                self._args = value
+                self._args = [value]
             elif not isinstance(value, dict):
                 self._fail()
                 return

@@ -189,8 +189,8 @@ class XmlBody(CallBody):
         end = self._buf.find(PARAMETER_END, max(self._value_start, self._pos - len(PARAMETER_END)))
         if end < 0:
             if self._text:  # stream what cannot be the layout newline or the closing tag
-                value = self._buf[self._value_start :]
-                hold = max(partial_suffix(value, "\n" + PARAMETER_END), partial_suffix(value, PARAMETER_END))
+                tail = self._buf[max(self._value_start, len(self._buf) - len(PARAMETER_END)) :]
+                hold = max(partial_suffix(tail, "\n" + PARAMETER_END), partial_suffix(tail, PARAMETER_END))
                 self._stream_text(len(self._buf) - hold)
             self._pos = len(self._buf)
             return False
