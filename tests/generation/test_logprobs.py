@@ -8,7 +8,7 @@ import pytest
 
 import onnxgen
 from onnxgen import SamplingParams
-from onnxgen.generation import generator as generator_module
+from onnxgen.generation import logprobs as logprobs_module
 from onnxgen.generation.logprobs import log_softmax, token_logprob
 from onnxgen.generation.params import SamplingParamsError
 from onnxgen.generation.speculative import DraftModel
@@ -167,6 +167,10 @@ def test_streamed_events_carry_one_score_per_token(llm: LLM) -> None:
 
 def test_nothing_is_scored_unless_asked(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(generator_module, "token_logprob", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(logprobs_module, "log_softmax", lambda *a, **k: calls.append(1))
     llm.generate(PROMPT, SamplingParams(max_new_tokens=5, temperature=1.0, seed=0))
+    llm.generate(PROMPT, SamplingParams(max_new_tokens=5), speculative=DraftModel(llm, num_draft_tokens=2))
     assert calls == []
+    with pytest.raises(TypeError):  # the control: asking for logprobs does reach the patched function
+        llm.generate(PROMPT, SamplingParams(max_new_tokens=2, logprobs=True))
+    assert calls

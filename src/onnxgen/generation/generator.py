@@ -17,7 +17,7 @@ import numpy as np
 
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
-from onnxgen.generation.logprobs import TokenLogprob, token_logprob
+from onnxgen.generation.logprobs import TokenLogprob, choose_scored
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, TokenChoice, apply_chain, build_chain
 from onnxgen.generation.sampling import Sampler
@@ -110,13 +110,8 @@ class TokenLoop:
         """:meth:`_select`, recording the token's log-probability when the request asks for it."""
         if self.scores is None:
             return self._select(logits)
-        if self.params.logprobs_mode == "raw":
-            token = self._select(logits)
-            self.scores.append(token_logprob(logits, token, self.params.top_logprobs))
-            return token
-        processed = self._process(logits, self.n)  # the choice from these logits is the chain's choice
-        token = int(np.argmax(processed)) if self.sampler is None else self.sampler.sample(processed)
-        self.scores.append(token_logprob(processed, token, self.params.top_logprobs))
+        token, score = choose_scored(self.choose, self.params, self.ids[: self.n], self.prompt_len, logits)
+        self.scores.append(score)
         return token
 
     def _scored_tokens(self) -> Iterator[tuple[int, str | None]]:

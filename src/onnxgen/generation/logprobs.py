@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.processors import SequenceView, TokenChoice, apply_chain
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -45,3 +48,17 @@ def token_logprob(row: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
         tied = np.flatnonzero(logprobs == cut)[: k - len(above)]
         best = tuple((int(i), float(logprobs[i])) for i in (*above, *tied))
     return TokenLogprob(int(token), float(logprobs[token]), best)
+
+
+def choose_scored(
+    choice: TokenChoice, params: SamplingParams, ids: np.ndarray, prompt_len: int, logits: np.ndarray
+) -> tuple[int, TokenLogprob]:
+    """The next token of ``ids`` as ``choice`` picks it, with its :class:`TokenLogprob` under the request's
+    ``logprobs_mode``. In ``"processed"`` mode the token is chosen from the processed row that is scored
+    (the same choice: the chain's argmax or the sampler's draw from it)."""
+    if params.logprobs_mode == "raw":
+        token = choice(ids, prompt_len, logits)
+        return token, token_logprob(logits, token, params.top_logprobs)
+    processed = apply_chain(choice.chain, SequenceView(ids, prompt_len), logits) if choice.chain else logits
+    token = int(np.argmax(processed)) if choice.sampler is None else choice.sampler.sample(processed)
+    return token, token_logprob(processed, token, params.top_logprobs)
