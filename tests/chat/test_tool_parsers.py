@@ -137,16 +137,18 @@ def test_hermes_replies_parse_into_content_and_calls(case: str) -> None:
         assert isinstance(json.loads(call.arguments), dict)
 
 
+def assert_streams_like_whole_text(parser: ToolParser, text: str, expected: Summary) -> None:
+    """Cut in two at every point, and one character at a time: the same content and calls, and deltas
+    that rebuild them."""
+    for chunks in [*([text[:cut], text[cut:]] for cut in range(len(text) + 1)), list(text)]:
+        content, calls, deltas = stream(parser, chunks)
+        assert summary(content, calls) == expected, chunks
+        check_deltas(content, calls, deltas)
+
+
 @pytest.mark.parametrize("case", HERMES_CASES)
 def test_hermes_streaming_agrees_with_whole_text_at_every_split_point(case: str) -> None:
-    text, expected = HERMES_CASES[case]
-    for cut in range(len(text) + 1):
-        content, calls, deltas = stream(HERMES, [text[:cut], text[cut:]])
-        assert summary(content, calls) == expected, cut
-        check_deltas(content, calls, deltas)
-    content, calls, deltas = stream(HERMES, list(text))  # one character at a time
-    assert summary(content, calls) == expected
-    check_deltas(content, calls, deltas)
+    assert_streams_like_whole_text(HERMES, *HERMES_CASES[case])
 
 
 @pytest.mark.parametrize("case", MALFORMED_HERMES)
@@ -221,13 +223,7 @@ def test_xml_replies_parse_and_stream_alike_at_every_split_point(case: str) -> N
     content, calls = XML.parse(text, TOOLS)
     assert summary(content, calls) == expected
     assert all(isinstance(json.loads(c.arguments), dict) for c in calls)
-    for cut in range(len(text) + 1):
-        content, calls, deltas = stream(XML, [text[:cut], text[cut:]])
-        assert summary(content, calls) == expected, cut
-        check_deltas(content, calls, deltas)
-    content, calls, deltas = stream(XML, list(text))
-    assert summary(content, calls) == expected
-    check_deltas(content, calls, deltas)
+    assert_streams_like_whole_text(XML, text, expected)
 
 
 def test_xml_text_values_stream_before_the_parameter_closes() -> None:

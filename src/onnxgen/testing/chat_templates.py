@@ -35,70 +35,64 @@ _TOOL_RESULTS = """\
 {%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
 """
 
-HERMES_TEMPLATE = (
-    "{%- set CALL_HELP = 'To call a function, reply with <tool_call>\\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>\' %}\n'
-    + _SYSTEM_AND_TOOLS
-    + """\
+_TURNS = """\
 {%- for message in messages %}
 {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
 {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
 {%- elif message.role == 'assistant' %}
 {{- '<|im_start|>assistant\\n' }}
-{%- if message.reasoning_content %}{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}
+REASONING
 {{- message.content if message.content is string else '' }}
 {%- for call in message.tool_calls or [] %}
 {%- set call = call.function if call.function is defined else call %}
 {{- '\\n' if (message.content or not loop.first) else '' }}
-{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
-{{- call.arguments if call.arguments is string else call.arguments | tojson }}
-{{- '}\\n</tool_call>' }}
+CALL
 {%- endfor %}
 {{- '<|im_end|>\\n' }}
 """
-    + _TOOL_RESULTS
-    + """\
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
-{%- endif %}
-"""
-)
 
-XML_TEMPLATE = (
-    "{%- set CALL_HELP = 'To call a function, reply with <tool_call>\\n<function=NAME>\\n"
-    "<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>' %}\n"
-    + _SYSTEM_AND_TOOLS
-    + """\
-{%- for message in messages %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
-{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-{%- elif message.role == 'assistant' %}
-{{- '<|im_start|>assistant\\n<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' }}
-{{- message.content if message.content is string else '' }}
-{%- for call in message.tool_calls or [] %}
-{%- set call = call.function if call.function is defined else call %}
-{{- '\\n' if (message.content or not loop.first) else '' }}
-{{- '<tool_call>\\n<function=' + call.name + '>\\n' }}
-{%- for key, value in call.arguments | items %}
-{{- '<parameter=' + key + '>\\n' + (value if value is string else value | tojson) + '\\n</parameter>\\n' }}
-{%- endfor %}
-{{- '</function>\\n</tool_call>' }}
-{%- endfor %}
-{{- '<|im_end|>\\n' }}
-"""
-    + _TOOL_RESULTS
-    + """\
+_GENERATION = """\
 {%- endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}
 {{- '<|im_start|>assistant\\n' }}
 {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}
-{%- else %}{{- '<think>\\n' }}{%- endif %}
+OPEN_THINKING{%- endif %}
 {%- endif %}
 """
+
+
+def _template(call_help: str, reasoning: str, call: str, open_thinking: str) -> str:
+    """The template of one call format: how a past assistant turn shows its reasoning and its calls, and
+    what the generation prompt writes when thinking is on."""
+    head = "{%- set CALL_HELP = '" + call_help + "' %}\n"
+    turns = _TURNS.replace("REASONING", reasoning).replace("CALL", call)
+    return (
+        head + _SYSTEM_AND_TOOLS + turns + _TOOL_RESULTS + _GENERATION.replace("OPEN_THINKING", open_thinking)
+    )
+
+
+HERMES_TEMPLATE = _template(
+    call_help='To call a function, reply with <tool_call>\\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\\n</tool_call>",
+    reasoning="{%- if message.reasoning_content %}"
+    "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}",
+    call="""{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+{{- call.arguments if call.arguments is string else call.arguments | tojson }}
+{{- '}\\n</tool_call>' }}""",
+    open_thinking="",
+)
+
+XML_TEMPLATE = _template(
+    call_help="To call a function, reply with <tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n"
+    "</parameter>\\n</function>\\n</tool_call>",
+    reasoning="{{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' }}",
+    call="""{{- '<tool_call>\\n<function=' + call.name + '>\\n' }}
+{%- for key, value in call.arguments | items %}
+{{- '<parameter=' + key + '>\\n' + (value if value is string else value | tojson) + '\\n</parameter>\\n' }}
+{%- endfor %}
+{{- '</function>\\n</tool_call>' }}""",
+    open_thinking="{%- else %}{{- '<think>\\n' }}",
 )
 
 TAG_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
