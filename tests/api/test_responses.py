@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from onnxgen.api.response_object import ResponseObject
 from onnxgen.api.responses import ResponsesRequest
-from onnxgen.api.responses_events import ResponseBuilder, ResponseObject
+from onnxgen.api.responses_events import ResponseBuilder
 from onnxgen.api.responses_input import chat_messages, conversation, input_messages
 from onnxgen.api.store import ResponseStore
 from onnxgen.chat.output import ChatStream

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from onnxgen.api.response_object import FunctionCallOutput, MessageOutput, ReasoningOutput, ResponseObject
 from onnxgen.api.responses import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -21,7 +22,6 @@ from onnxgen.api.responses import (
     ResponsesRequest,
     TextPart,
 )
-from onnxgen.api.responses_events import FunctionCallOutput, MessageOutput, ReasoningOutput, ResponseObject
 
 
 def _text(content: str | Sequence[object]) -> str:
