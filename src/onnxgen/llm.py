@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import onnx
 
+from onnxgen.chat.deltas import ChatDelta
+from onnxgen.chat.output import ChatOutput
+from onnxgen.chat.plan import ChatPlan, plan_chat
+from onnxgen.chat.tools import ToolCall
 from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
@@ -123,6 +128,11 @@ class LLM:
         text = tok.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         return tok.encode(text, add_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (for log-probability bodies; may be part of a character)."""
+        self._require_tokenizer()
+        return self.generator.constraints.token_bytes(token_id)
+
     # -- speculative decoding -----------------------------------------------------------------------
     def _find_mtp(self, package: ModelPackage, graph: onnx.ModelProto) -> Path | None:
         """The MTP head beside the model, where the decoder's final hidden state can be output for it (from
@@ -215,20 +225,98 @@ class LLM:
         draft = self._draft_session(speculative)
         return self.generator.stream(self.encode(prompt), params or SamplingParams(), speculative, draft)
 
+    def plan_chat(self, messages: Messages, params: SamplingParams | None = None, **options: Any) -> ChatPlan:
+        """The prompt, sampling parameters and reply parser of a chat request (options: see :meth:`chat`)."""
+        tokenizer = self._require_tokenizer()
+        template_kwargs = options.pop("chat_template_kwargs", None)
+        return plan_chat(
+            tokenizer,
+            messages,
+            params or SamplingParams(),
+            template_kwargs=template_kwargs,
+            literal=self.generator.constraints.literal,
+            **options,
+        )
+
     def chat(
-        self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
-    ) -> GenerationResult:
+        self,
+        messages: Messages,
+        params: SamplingParams | None = None,
+        speculative: Speculative | None = None,
+        **options: Any,
+    ) -> ChatResult:
+        """Reply to ``messages``: the text, and parsed from it the answer, the reasoning and tool calls.
+
+        Options: ``tools`` (OpenAI function tools), ``tool_choice`` (``"auto"``, ``"none"``,
+        ``"required"`` or ``{"type": "function", "function": {"name": ...}}``), ``parallel_tool_calls``
+        (default True), ``chat_template_kwargs`` (template variables such as ``enable_thinking``),
+        ``tool_parser`` (``"hermes"`` or ``"qwen3_coder"``; default: from the template), ``reasoning``
+        (split ``<think>`` sections; default: when the template writes them), ``constrain_calls`` (default
+        True: ``"auto"`` replies are grammar-constrained too). See :mod:`onnxgen.chat.plan`.
+        """
+        plan = self.plan_chat(messages, params, **options)
         draft = self._draft_session(speculative)
-        return self.generator.generate(
-            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+        result = self.generator.generate(self._chat_ids(plan), plan.params, speculative, draft)
+        output = plan.parse(result.text)
+        return ChatResult(
+            result.token_ids,
+            result.text,
+            plan.finish_reason(result.finish_reason, output),
+            result.stats,
+            result.logprobs,
+            content=output.content,
+            reasoning=output.reasoning,
+            tool_calls=output.tool_calls,
         )
 
     def stream_chat(
-        self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
-    ) -> Iterator[StreamEvent]:
+        self,
+        messages: Messages,
+        params: SamplingParams | None = None,
+        speculative: Speculative | None = None,
+        **options: Any,
+    ) -> Iterator[ChatStreamEvent]:
+        """:meth:`chat` streamed: each event carries the parsed ``deltas`` its text completes; the last
+        one also the whole parsed ``output``."""
+        plan = self.plan_chat(messages, params, **options)
         draft = self._draft_session(speculative)
-        return self.generator.stream(
-            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+        events = self.generator.stream(self._chat_ids(plan), plan.params, speculative, draft)
+        return _chat_events(plan, events)
+
+    def _chat_ids(self, plan: ChatPlan) -> list[int]:
+        return self._require_tokenizer().encode(plan.prompt, add_special_tokens=False)
+
+
+@dataclass
+class ChatResult(GenerationResult):
+    """A chat reply: :class:`GenerationResult` plus the answer, the reasoning and the tool calls parsed
+    from ``text`` (``finish_reason`` is ``"tool_calls"`` when a reply that ended on its own made calls)."""
+
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+@dataclass
+class ChatStreamEvent(StreamEvent):
+    """A :class:`StreamEvent` with the parsed pieces of its text; the last event has ``output``."""
+
+    deltas: list[ChatDelta] = field(default_factory=list)
+    output: ChatOutput | None = None
+
+
+def _chat_events(plan: ChatPlan, events: Iterator[StreamEvent]) -> Iterator[ChatStreamEvent]:
+    parser = plan.stream()
+    for event in events:
+        deltas = parser.feed(event.text)
+        output = None
+        reason = event.finish_reason
+        if reason is not None:
+            deltas += parser.finish()
+            output = parser.output
+            reason = plan.finish_reason(reason, output)
+        yield ChatStreamEvent(
+            event.token_ids, event.text, reason, event.stats, event.logprobs, deltas=deltas, output=output
         )
 
 

@@ -21,6 +21,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers.decoders import DecodeStream
 
+from onnxgen.chat.messages import template_messages, template_tools
 from onnxgen.errors import TokenizerError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -201,19 +202,29 @@ class Tokenizer:
         return self.backend.decode(as_list, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
+        **kwargs: Any,
     ) -> str:
-        """Render ``messages`` with the chat template (HF globals: special tokens, ``tools=None``, ...)."""
+        """Render ``messages`` with the chat template (HF globals: special tokens, ``tools``, ...).
+
+        ``tools`` (OpenAI function tools or :class:`~onnxgen.chat.tools.Tool`) reach the template as its
+        ``tools`` variable; other keyword arguments (``enable_thinking``, ...) as variables of their name.
+        Assistant tool calls and tool results are made ready for the template by
+        :func:`~onnxgen.chat.messages.template_messages` (arguments given as JSON text become objects).
+        """
         template = self._template()
         context = {name: text for name, text in self.special_tokens.items() if text is not None}
-        context.update(tools=None, documents=None)
+        context.update(tools=template_tools(tools) if tools else None, documents=None)
         context.update(kwargs)
         for index, message in enumerate(messages):
             if not isinstance(message, Mapping):
                 raise TokenizerError(
                     f"chat message {index} must be a mapping such as {{'role': ..., 'content': ...}} (got {message!r})"
                 )
-        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        chat = template_messages(messages)
         try:
             return template.render(
                 messages=_plain_data(chat),

@@ -13,6 +13,11 @@ eos may follow) ends the request with finish reason ``"stop"``, even with ``igno
 
 JSON is generated compactly with ``", "`` and ``": "`` separators and no other whitespace (a schema's
 ``"x-guidance"`` options override this).
+
+A request whose output starts with a reasoning section (``SamplingParams.reasoning_section``) gets the
+constraint as a subgrammar after that section: the thinking is free text (it may not spell the end tag,
+so the section ends where a reasoning parser splits it), then the constraint applies to the answer.
+Tags that the tokenizer holds as special tokens are named as tokens in the grammar (:meth:`literal`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import numpy as np
 from onnxgen.errors import GenerationError
 from onnxgen.generation.params import SamplingParams, SamplingParamsError
 from onnxgen.generation.processors import Seqs, SequenceView
+from onnxgen.generation.reasoning_gate import Literal, after_reasoning, quoted
 from onnxgen.tokenizer import Tokenizer
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -39,6 +45,7 @@ _HINTS = {
     "uniqueItems, contains, are errors; 'x-guidance': {'lenient': true} in the schema ignores them)",
     "regex": "fix the regular expression (Rust regex syntax: no lookaround, no backreferences)",
     "grammar": "fix the grammar (Lark syntax with a `start` rule)",
+    "tool_grammar": "check the tools' parameter schemas (the grammar is built from them)",
 }
 
 
@@ -46,21 +53,27 @@ class ConstraintError(SamplingParamsError):
     """A json_schema, regex or grammar that does not compile."""
 
 
-def grammar_source(params: SamplingParams) -> tuple[str, str] | None:
-    """``(field name, llguidance grammar text)`` for the constraint ``params`` sets, or None."""
+def grammar_source(params: SamplingParams, literal: Literal = quoted) -> tuple[str, str] | None:
+    """``(field name, llguidance grammar text)`` for the constraint ``params`` sets, or None.
+
+    ``literal`` gives the grammar syntax of a reasoning tag (a special-token reference or a string)."""
     kind = params.constraint
     try:
         if kind == "json_schema":
-            return kind, llg.LLMatcher.grammar_from_json_schema(
-                str(params.json_schema), defaults=JSON_OPTIONS
-            )
-        if kind == "regex":
-            return kind, llg.LLMatcher.grammar_from_regex(str(params.regex))
-        if kind == "grammar":
-            return kind, llg.LLMatcher.grammar_from_lark(str(params.grammar))
+            grammar = llg.LLMatcher.grammar_from_json_schema(str(params.json_schema), defaults=JSON_OPTIONS)
+        elif kind == "regex":
+            grammar = llg.LLMatcher.grammar_from_regex(str(params.regex))
+        elif kind == "grammar":
+            grammar = llg.LLMatcher.grammar_from_lark(str(params.grammar))
+        elif kind == "tool_grammar":
+            grammar = llg.LLMatcher.grammar_from_lark(str(params.tool_grammar))
+        else:
+            return None
     except ValueError as e:  # e.g. a schema nested past llguidance's recursion limit
         raise _compile_error(kind, str(e)) from e
-    return None
+    if params.reasoning_section is not None:
+        grammar = after_reasoning(grammar, params.reasoning_section, literal)
+    return kind, grammar
 
 
 def _compile_error(kind: str, message: str) -> ConstraintError:
@@ -350,7 +363,7 @@ class ConstraintCompiler:
         """The request's :class:`Constraint` (None when it sets none); raises :class:`ConstraintError`
         before any decoding when the schema/regex/grammar is invalid or fails its first steps, and
         :class:`GenerationError` when the model has no tokenizer."""
-        source = grammar_source(params)
+        source = grammar_source(params, self.literal)
         if source is None:
             return None
         kind, grammar = source
@@ -369,6 +382,19 @@ class ConstraintCompiler:
             while len(self._compiled) > self.cache_size:
                 self._compiled.popitem(last=False)
             return self._constraint(template, kind, grammar)
+
+    def literal(self, text: str) -> str:
+        """Lark syntax of the fixed text ``text`` in a grammar for this model: ``<[id]>`` when the tokenizer
+        holds it as one token that llguidance treats as special (such tokens cannot be spelled in a
+        grammar: Qwen's ``<tool_call>``, ``<think>``), else a string literal."""
+        token = self.tokenizer.token_to_id(text) if self.tokenizer is not None else None
+        if token is not None and self._token_table("grammar").is_special_token(token):
+            return f"<[{token}]>"
+        return quoted(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (a piece of a UTF-8 character for some tokens)."""
+        return bytes(self._token_table("logprobs").decode_bytes([int(token_id)]))
 
     def _constraint(self, template: llg.LLMatcher, kind: str, grammar: str) -> Constraint:
         assert self._ll_tokenizer is not None

@@ -23,8 +23,8 @@ from onnxruntime import OrtValue
 
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.generator import TokenLoop
+from onnxgen.generation.logprobs import token_logprob
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import SequenceView, apply_chain
 from onnxgen.generation.speculative.accept import accept_greedy_lazily, accept_sampled
 from onnxgen.generation.speculative.budget import DraftBudget
 from onnxgen.runtime.session import DecoderSession
@@ -161,7 +161,7 @@ class SpeculativeLoop(TokenLoop):
         return self._check(token)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
-        token = self._select(self._prefill())
+        token = self._pick(self._prefill())
         reason = self._emit(token)
         yield token, reason
         while reason is None:
@@ -185,7 +185,7 @@ class SpeculativeLoop(TokenLoop):
                 if self.budget is not None:
                     self.budget.observe_forward(1, time.perf_counter() - started)
                 self.forward_passes += 1
-                emitted = [self._select(logits)]
+                emitted = [self._pick(logits)]
             else:
                 started = time.perf_counter()
                 emitted = self._verify(drafts, q)
@@ -227,6 +227,8 @@ class SpeculativeLoop(TokenLoop):
         else:
             rows = [self._process(logits[i], n + i) for i in range(k + 1)]
             j, token = accept_sampled(rows, drafts, q, self.sampler)
+        if self.scores is not None:  # before any other forward: ``logits`` is a view of the verify buffer
+            self._score_verified([*drafts[:j], token], logits, n)
         if self.wanted:  # before the commit, whose replay may reuse the fetched buffers
             self.proposer.observe_target(start, fetched, j + 1)  # type: ignore[attr-defined]
         if j < k:
@@ -255,7 +257,9 @@ class SpeculativeLoop(TokenLoop):
             self._misses = 0
         return [*drafts[:j], token]
 
-    def _process(self, row: np.ndarray, prefix_len: int) -> np.ndarray:
-        if not self.chain:
-            return row
-        return apply_chain(self.chain, SequenceView(self.ids[:prefix_len], self.prompt_len), row)
+    def _score_verified(self, emitted: list[int], logits: np.ndarray, n: int) -> None:
+        """Record the log-probability of each token a verify emitted (row i scores the i-th)."""
+        assert self.scores is not None
+        for i, token in enumerate(emitted):
+            row = logits[i] if self.params.logprobs_mode == "raw" else self._process(logits[i], n + i)
+            self.scores.append(token_logprob(row, token, self.params.top_logprobs))
