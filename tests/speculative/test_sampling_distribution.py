@@ -1,4 +1,4 @@
-"""Speculative sampling draws from the plain sampling distribution (REFERENCE.md section 4).
+"""Speculative sampling draws from the plain sampling distribution (Leviathan et al. 2023; Chen et al. 2023).
 
 A tiny hybrid model with the smallest vocabulary the tokenizer allows generates 4 tokens per run with
 temperature, top-k, top-p and a presence penalty active, over many seeds. The exact distribution of the

@@ -1,6 +1,6 @@
 """The speculative token loop: propose k drafts, verify them in one target forward, commit.
 
-Commit after accepting j of k drafts (REFERENCE.md section 4): the verify forward ran the pending
+Commit after accepting j of k drafts (docs/speculative-commit.md): the verify forward ran the pending
 token and all k drafts, so the model must be brought back to "pending + j drafts" fed.
 - Full accept (j = k): nothing to do, the state is exact.
 - KV-only models: rewind the KV cursor (shared buffers) or slice the caches (growing).
