@@ -30,6 +30,8 @@ SPECULATIVE_STATS = (
     "accepted_draft_tokens",
     "target_forward_passes",
     "state_replays",
+    "speculation",  # MTP auto: on, or off after n verifies
+    "predicted_speedup",
 )
 CONSTRAINT_STATS = ("constraint_s", "constraint_masks", "constraint_unmasked")
 
@@ -46,10 +48,15 @@ class OnnxgenEngine:
         threads: int,
         decode_plan: str = "auto",
         speculative: SpeculativeSpec | None = None,
+        fast_ops: bool | None = None,
     ) -> None:
         start = time.perf_counter()
         self.llm = load(
-            model_dir, threads=threads, decode_plan=decode_plan, speculative=speculative is not None
+            model_dir,
+            threads=threads,
+            decode_plan=decode_plan,
+            speculative=speculative is not None,
+            fast_ops=fast_ops,
         )
         self.load_s = time.perf_counter() - start
         self.rss_load_mb, self.peak_load_mb = rss_mb(), peak_rss_mb()
@@ -156,6 +163,7 @@ def make_engine(name: str, model: str, threads: int, options: dict[str, Any]) ->
             threads,
             decode_plan=options.get("decode_plan") or "auto",
             speculative=SpeculativeSpec(**spec) if spec else None,
+            fast_ops=options.get("fast_ops"),
         )
     if name == GENAI:
         return GenaiEngine(model, threads)

@@ -1,6 +1,7 @@
 """Session graphs: the export after onnxgen's graph passes, prepared once and kept on disk.
 
-A :class:`~onnxgen.runtime.session.DecoderSession` does not hand onnxruntime the export as it is: it adds a
+A :class:`~onnxgen.runtime.session.DecoderSession` does not hand onnxruntime the export as it is: it may
+output the final hidden state (:mod:`onnxgen.graph.hidden_state`, for an MTP head), adds a
 logits-to-keep input (:mod:`onnxgen.graph.logits_to_keep`), may move hybrid ops onto vectorized kernels
 (:mod:`onnxgen.graph.hybrid_ops`) and merges projections that read one input
 (:mod:`onnxgen.graph.decode_fusions`, which makes new, merged weights). :func:`prepare_session_graph` runs
@@ -44,7 +45,9 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from onnxgen.env import FAST_OPS
+from onnxgen.errors import UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
+from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
 from onnxgen.graph.logits_to_keep import keep_last_logits
 from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
@@ -53,7 +56,7 @@ from onnxgen.model.io import DecoderIO
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bumped when what a cache entry holds changes
+FORMAT = 2  # bumped when what a cache entry holds changes
 GRAPH_FILE = "graph.onnx"
 WEIGHTS_FILE = "weights.bin"
 FACTS_FILE = "prepared.json"
@@ -71,6 +74,7 @@ class PassSettings:
     on_cpu: bool = True  # CPU provider: fast ops, fusions, in-place states and length masks apply
     fast_ops: bool | None = None  # None: the pass decides (and $ONNXGEN_FAST_OPS)
     fuse: bool = True
+    hidden_state: bool = False  # output the final hidden state (what an MTP head reads)
 
 
 @dataclass
@@ -91,6 +95,7 @@ class SessionGraph:
     fusions: Fusions = field(default_factory=Fusions)
     inplace_states: frozenset[str] = frozenset()
     length_mask: bool = False
+    hidden_state: str | None = None  # the hidden-state output's name, where it was asked for
     cache: str = "miss"
 
     def source(self) -> tuple[str | bytes, Path | None]:
@@ -116,6 +121,7 @@ class SessionGraph:
             "fusions": asdict(self.fusions),
             "inplace_states": sorted(self.inplace_states),
             "length_mask": self.length_mask,
+            "hidden_state": self.hidden_state,
         }
 
     @classmethod
@@ -130,6 +136,7 @@ class SessionGraph:
             fusions=Fusions(**facts["fusions"]),
             inplace_states=frozenset(facts["inplace_states"]),
             length_mask=facts["length_mask"],
+            hidden_state=facts["hidden_state"],
             cache="hit",
         )
 
@@ -305,8 +312,18 @@ def _prepare(
             base,
             folder.parent,
         )
+        if settings.hidden_state:  # usable where the export already outputs it
+            exposed = expose_hidden_state(graph, io.logits)
+            out.hidden_state = None if exposed.modified else exposed.output
         return _analyses(out, graph, io, settings)
     original = graph
+    if settings.hidden_state:  # first: the later passes keep the output, and it holds every position
+        exposed = expose_hidden_state(graph, io.logits)
+        if exposed.output is None:
+            raise UnsupportedModelError(
+                f"{model_path} does not show its final hidden state, which an MTP head needs: {exposed.report}"
+            )
+        graph, out.hidden_state = exposed.model, exposed.output
     if settings.last_logits:
         graph, out.logits_to_keep, out.logits_reason = keep_last_logits(graph, io.logits)
         if not out.logits_to_keep:
@@ -317,8 +334,8 @@ def _prepare(
         if settings.on_cpu and settings.fuse:
             graph, out.fusions = fuse_for_decode(graph, base, store=weights.store)
         _analyses(out, graph, io, settings)
-        if graph is original and not weights.used:
-            return out  # nothing rewritten: the session loads the export itself
+        if graph is original and not weights.used and model_path.suffix != ".textproto":
+            return out  # nothing rewritten: the session loads the export itself (onnxruntime reads no text)
         if graph is original:
             graph = _copy(graph)
         _externalize(graph, weights)
