@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
 from onnxgen.cli_speculative import add_speculative_flags, format_speculative_stats, speculative_from_args
+from onnxgen.config import MODEL, THREADS, EngineConfig, env_model, env_threads
 from onnxgen.errors import GenerationError, ModelPackageError
 from onnxgen.generation.generator import GenerationResult, StreamEvent
 from onnxgen.generation.params import SamplingParams
 from onnxgen.llm import LLM, default_model_dir, load
 from onnxgen.runtime.plans import DECODE_PLANS
 
-MODEL_ENV = "ONNXGEN_MODEL"
-THREADS_ENV = "ONNXGEN_THREADS"
+MODEL_ENV = MODEL
+THREADS_ENV = THREADS
 
 # flag dest -> SamplingParams field (same names); unset flags keep the SamplingParams defaults.
 _SAMPLING_FIELDS = (
@@ -126,26 +126,21 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 def resolve_threads(value: int | None) -> int | None:
     """``--threads``, else ``$ONNXGEN_THREADS``, else None (the runtime's default)."""
-    source = "--threads"
-    if value is None:
-        env = os.environ.get(THREADS_ENV, "").strip()
-        if not env:
-            return None
-        source = f"${THREADS_ENV}"
-        try:
-            value = int(env)
-        except ValueError:
-            raise ValueError(
-                f"{source} must be an integer >= 1 (got {env!r}); unset it or give a count"
-            ) from None
-    if value < 1:
-        raise ValueError(f"{source} must be an integer >= 1 (got {value}); omit it to use all cores")
-    return value
+    if value is not None and value < 1:
+        raise ValueError(f"--threads must be an integer >= 1 (got {value}); omit it to use all cores")
+    return value if value is not None else env_threads()
+
+
+def engine_config(args: argparse.Namespace, **settings: Any) -> EngineConfig:
+    """The engine settings of the runtime flags (:func:`add_runtime_flags`) over the environment's, with
+    ``settings`` (other :class:`EngineConfig` fields) on top."""
+    flags = {name: getattr(args, name, None) for name in ("decode_plan", "fast_ops")}
+    return EngineConfig.from_env(threads=resolve_threads(args.threads), **flags, **settings)
 
 
 def resolve_model(model: str | None) -> str | Path:
     """MODEL, else ``$ONNXGEN_MODEL``, else the bundled default model."""
-    chosen = model or os.environ.get(MODEL_ENV, "").strip()
+    chosen = model or env_model()
     if chosen:
         return chosen
     default = default_model_dir()
@@ -158,13 +153,7 @@ def resolve_model(model: str | None) -> str | Path:
 
 
 def load_llm(args: argparse.Namespace, speculative: bool = False) -> LLM:
-    return load(
-        resolve_model(args.model),
-        threads=resolve_threads(args.threads),
-        speculative=speculative,
-        decode_plan=args.decode_plan,
-        fast_ops=args.fast_ops,
-    )
+    return load(resolve_model(args.model), engine_config(args, speculative=speculative))
 
 
 # -- output ---------------------------------------------------------------------------------------

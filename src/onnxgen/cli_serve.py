@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import socket
 import sys
 import time
@@ -16,18 +15,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli_generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
+from onnxgen.cli_generate import MODEL_ENV, add_runtime_flags, engine_config, resolve_model
+from onnxgen.config import API_KEY, DEFAULT_MAX_MODEL_LEN, EngineConfig, env_api_key
 from onnxgen.errors import ModelPackageError, OnnxgenError
 from onnxgen.llm import LLM, load
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from onnxgen.server.scheduler import SchedulerConfig
+    from onnxgen.engine.limits import BatchLimits
     from onnxgen.server.security import SecurityConfig
 
-DEFAULT_MAX_MODEL_LEN = 2048
-API_KEY_ENV = "ONNXGEN_API_KEY"
+API_KEY_ENV = API_KEY
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -130,22 +129,27 @@ def _log_requests(level: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from onnxgen.server.scheduler import SchedulerConfig
     from onnxgen.server.security import SecurityConfig
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
-    fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
-    sizes = (args.max_batch, args.max_queue, args.max_model_len or DEFAULT_MAX_MODEL_LEN, args.prefill_chunk)
-    SchedulerConfig(*sizes, fixed_rows or 1)  # a bad size is an error before the port and the model
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    # a bad size is an error before the port and the model
+    config = engine_config(
+        args,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_model_len=args.max_model_len,
+        prefill_chunk=args.prefill_chunk,
+        min_rows=None if args.min_batch_rows == "auto" else _count(args.min_batch_rows),
+    )
+    api_key = args.api_key if args.api_key is not None else env_api_key()
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
     model = Path(resolve_model(args.model))
     if not model.exists():
         raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
     sock = bind(args.host, args.port)
     try:
-        app, config = _load_app(args, model, fixed_rows, security)
+        app, sizes = _load_app(args, model, config, security)
         port = sock.getsockname()[1]
         url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
         if args.host not in LOOPBACK and api_key is None:
@@ -154,8 +158,8 @@ def _run(args: argparse.Namespace) -> int:
         uvicorn_level = "warning" if args.log_level == "info" else args.log_level
         server = _Uvicorn(
             uvicorn.Config(app, log_level=uvicorn_level, access_log=False),
-            f"listening on {url} (batch {config.max_batch}, at least {config.min_rows} "
-            f"row{'s' if config.min_rows != 1 else ''} a step, {config.max_model_len} tokens per sequence)",
+            f"listening on {url} (batch {sizes.max_batch}, at least {sizes.min_rows} "
+            f"row{'s' if sizes.min_rows != 1 else ''} a step, {sizes.max_model_len} tokens per sequence)",
         )
         server.run(sockets=[sock])
     finally:
@@ -164,29 +168,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _load_app(
-    args: argparse.Namespace, model: Path, fixed_rows: int | None, security: SecurityConfig
-) -> tuple[FastAPI, SchedulerConfig]:
+    args: argparse.Namespace, model: Path, config: EngineConfig, security: SecurityConfig
+) -> tuple[FastAPI, BatchLimits]:
     """Load the model (saying so, with the time it took), check its outputs, and build the app."""
-    from onnxgen.runtime.batch import invariant_min_rows
+    from onnxgen.engine.limits import BatchLimits
     from onnxgen.server.app import create_app
-    from onnxgen.server.scheduler import SchedulerConfig
 
     _say(f"loading {model}")
     start = time.perf_counter()
-    llm = load(model, threads=resolve_threads(args.threads))
-    context = llm.package.context_length
-    max_len = args.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
-    if context is not None and max_len > context:
-        raise ValueError(
-            f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
-        )
+    llm = load(model, config)
     _check_outputs(llm)
-    min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
-    llm.package.release_graph()  # read again for that probe only
-    config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
-    app = create_app(llm, config, args.served_model_name, security, log_prompts=args.log_prompts)
+    sizes = BatchLimits.resolve(config, llm.package, llm.session)  # the context; this CPU's probe
+    app = create_app(llm, sizes, args.served_model_name, security, log_prompts=args.log_prompts)
     _say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
-    return app, config
+    return app, sizes
 
 
 def _check_outputs(llm: LLM) -> None:

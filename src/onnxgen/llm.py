@@ -16,6 +16,7 @@ from onnxgen.chat.deltas import ChatDelta
 from onnxgen.chat.output import ChatOutput
 from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.chat.tools import ToolCall
+from onnxgen.config import EngineConfig
 from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
@@ -44,21 +45,12 @@ def default_model_dir() -> Path:
 class LLM:
     """A loaded decoder export, ready to generate."""
 
-    def __init__(
-        self,
-        package: ModelPackage,
-        *,
-        threads: int | None = None,
-        providers: Sequence[str] | None = None,
-        decode_plan: str = "auto",
-        huge_pages: bool | None = None,
-        speculative: bool = False,
-        fast_ops: bool | None = None,
-        fuse: bool | None = None,
-    ) -> None:
+    def __init__(self, package: ModelPackage, config: EngineConfig | None = None) -> None:
         self.package = package
         self.io = package.io
-        self.decode_plan = prepare_decode_plan(package, decode_plan, providers=providers)
+        self.config = config = config if config is not None else EngineConfig()
+        providers = config.providers
+        self.decode_plan = prepare_decode_plan(package, config.decode_plan, providers=providers)
         # an MTP head beside the model: the session also outputs the final hidden state the head reads
         self._mtp_missing = (
             f"MTP speculation needs the model's MTP head: {package.root} has no mtp.onnx; write it with "
@@ -75,13 +67,13 @@ class LLM:
             self.session = DecoderSession(
                 self.decode_plan.model_path,
                 self.io,
-                threads=threads,
+                threads=config.threads,
                 providers=providers,
                 graph=self.decode_plan.graph,
-                huge_pages=huge_pages,
-                verify_now=speculative,
-                fast_ops=fast_ops,
-                fuse=fuse,
+                huge_pages=config.huge_pages,
+                verify_now=config.speculative,
+                fast_ops=config.fast_ops,
+                fuse=config.fuse,
                 hidden_state=self.mtp_path is not None,
             )
             self.tokenizer: Tokenizer | None = tokenizer.result()
@@ -344,44 +336,15 @@ def draft_threads(target_threads: int) -> int:
     return max(1, default_threads() - target_threads + 1)
 
 
-def load(
-    model: str | Path | None = None,
-    *,
-    threads: int | None = None,
-    providers: Sequence[str] | None = None,
-    decode_plan: str = "auto",
-    huge_pages: bool | None = None,
-    speculative: bool = False,
-    fast_ops: bool | None = None,
-    fuse: bool | None = None,
-) -> LLM:
+def load(model: str | Path | None = None, config: EngineConfig | None = None, **overrides: Any) -> LLM:
     """Open a model directory (or the bundled default model when ``model`` is None) and get it ready.
 
-    ``decode_plan`` (``"auto"``, ``"scan"`` or ``"inline"``) picks how single-token steps of a Scan-based
-    hybrid run; see :mod:`onnxgen.runtime.plans`. ``huge_pages`` (default: on unless the environment sets
-    ``ONNXGEN_HUGE_PAGES=0``) backs the weights with transparent huge pages on Linux, which makes decode
-    steps faster and loading slower (:mod:`onnxgen.runtime.hugepages`). ``speculative=True`` says the
-    model will verify drafts: a hybrid's session is made on the verify plan's graph at once, instead of on
-    the plain graph first and again at the first speculative verify (which then takes as long as a load);
-    plain decoding works either way. ``fast_ops`` runs a hybrid's ``GatedRMSNorm`` and SiLU-fused
-    ``CausalConvWithState`` on onnxruntime's vectorized CPU kernels: the same math rounded differently
-    (fp32 logits move by ~1e-6 to 1e-5), a quarter less prefill time on the bundled model
-    (:mod:`onnxgen.graph.hybrid_ops`). Default (None): on, unless ``ONNXGEN_FAST_OPS`` says 0 or 1, or the
-    export quantizes activations to int8 (MatMulNBits ``accuracy_level`` 4: there the rounding differences
-    become quantization steps and greedy tokens leave onnxruntime-genai's); False runs the export's ops as
-    they are, as onnxruntime-genai does. ``fuse`` (default: on, unless ``ONNXGEN_FUSE=0``) merges
-    projections that read one input into one int4 MatMulNBits and a fused QKV's query/key RMSNorms into
-    one, on the CPU: fewer kernel launches per decode step, the same output bits
-    (:mod:`onnxgen.graph.decode_fusions`).
+    The engine's settings are ``config`` (default: :meth:`EngineConfig.from_env`, the environment's
+    ``ONNXGEN_*`` settings) with ``overrides`` on top: any :class:`~onnxgen.config.EngineConfig` field by
+    name (``threads``, ``providers``, ``decode_plan``, ``huge_pages``, ``speculative``, ``fast_ops``,
+    ``fuse``, ...), None meaning "not given". A bad name or value raises
+    :class:`~onnxgen.errors.SettingError` naming it.
     """
+    config = (config if config is not None else EngineConfig.from_env()).replace(**overrides)
     package = ModelPackage.open(model if model is not None else default_model_dir())
-    return LLM(
-        package,
-        threads=threads,
-        providers=providers,
-        decode_plan=decode_plan,
-        huge_pages=huge_pages,
-        speculative=speculative,
-        fast_ops=fast_ops,
-        fuse=fuse,
-    )
+    return LLM(package, config)

@@ -17,10 +17,10 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
+from onnxgen.engine.limits import BatchLimits
 from onnxgen.errors import OnnxgenError
 from onnxgen.generation.constraints import ConstraintError
 from onnxgen.generation.sampling import check_model_logits
@@ -36,32 +36,7 @@ class QueueFull(OnnxgenError):
     """The server's wait queue is full; the client should retry later."""
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """How many sequences decode together and how much may wait.
-
-    Attributes:
-        max_batch: batch rows, i.e. choices decoded together.
-        max_queue: prompts that may wait for a row before new requests are refused.
-        max_model_len: tokens per row (prompt + generated).
-        prefill_chunk: prompt tokens per prefill forward (also the budget between two decode steps); at
-            least 2, so that no prefill forward but a one-token prompt's runs the single-token path.
-        min_rows: every decode step runs at least this many rows (idle ones pad it), so that kernels
-            that compute one row differently from several (int4 MatMulNBits with int8 activations)
-            give a sequence the same tokens whether it decodes alone or beside others.
-    """
-
-    max_batch: int = 16
-    max_queue: int = 64
-    max_model_len: int = 2048
-    prefill_chunk: int = 512
-    min_rows: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows"):
-            value, least = getattr(self, name), 2 if name in ("max_model_len", "prefill_chunk") else 1
-            if not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least} (got {value!r})")
+SchedulerConfig = BatchLimits  # the server's name for them
 
 
 class Scheduler:
