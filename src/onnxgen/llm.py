@@ -8,8 +8,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, overload
 
+import numpy as np
 import onnx
 
 from onnxgen.chat.deltas import ChatDelta
@@ -17,6 +18,9 @@ from onnxgen.chat.output import ChatOutput
 from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.chat.tools import ToolCall
 from onnxgen.config import EngineConfig
+from onnxgen.engine.batch_run import run_batch
+from onnxgen.engine.engine import Engine
+from onnxgen.engine.limits import BatchLimits
 from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
@@ -97,6 +101,8 @@ class LLM:
             mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
         )
         package.release_graph()
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
 
@@ -210,11 +216,75 @@ class LLM:
         self._checked_drafts.add(draft)
 
     # -- generation -------------------------------------------------------------------------------
+    @overload
     def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
-    ) -> GenerationResult:
+    ) -> GenerationResult: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: list[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        speculative: Speculative | None = None,
+    ) -> list[GenerationResult]: ...
+
+    def generate(
+        self,
+        prompt: Prompt | list[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        speculative: Speculative | None = None,
+    ) -> GenerationResult | list[GenerationResult]:
+        """The completion of ``prompt`` (text or token ids); given a list of prompts, their completions in
+        the same order, decoded together as a continuous batch (:meth:`generate_batch`)."""
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int | np.integer):
+            return self.generate_batch(prompt, params, speculative)
+        if not isinstance(params, SamplingParams | None):
+            raise GenerationError(
+                "one prompt takes one SamplingParams; give a list of prompts for a list of them"
+            )
         draft = self._draft_session(speculative)
-        return self.generator.generate(self.encode(prompt), params or SamplingParams(), speculative, draft)
+        single = cast(Prompt, prompt)
+        return self.generator.generate(self.encode(single), params or SamplingParams(), speculative, draft)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        speculative: Speculative | None = None,
+    ) -> list[GenerationResult]:
+        """The completions of ``prompts``, in their order, decoded as a continuous batch through the
+        :class:`~onnxgen.engine.engine.Engine` (rows join as others finish, up to ``max_batch`` at once).
+
+        ``params``: one for every prompt, or a list with one per prompt. Every prompt is checked before
+        any runs; a prompt that fails while decoding (its constraint, say) ends with finish reason
+        ``"error"`` and the message in ``stats["error"]``, and the others go on. Each sequence gets the
+        tokens it gets alone (rows never depend on their company)."""
+        if speculative is not None:
+            raise GenerationError(
+                "speculative decoding runs one prompt at a time; generate each prompt on its own, or leave "
+                "speculative out for a batch"
+            )
+        many = (
+            [params or SamplingParams()] * len(prompts) if not isinstance(params, Sequence) else list(params)
+        )
+        if len(many) != len(prompts):
+            raise GenerationError(
+                f"{len(many)} SamplingParams for {len(prompts)} prompts; give one per prompt"
+            )
+        with self._engine_lock:
+            engine = self.engine()
+            ids = [self.encode(p) for p in prompts]
+            for prompt_ids, p in zip(ids, many, strict=True):  # every request checked before any runs
+                self.generator.admit(prompt_ids, p, engine.limits.max_model_len)
+            return run_batch(engine, ids, many)
+
+    def engine(self) -> Engine:
+        """The batching engine on this model's session, made on first use (its limits from ``config``)."""
+        if self._engine is None:
+            limits = BatchLimits.resolve(self.config, self.package, self.session)
+            self._engine = Engine(self.generator, limits)
+        return self._engine
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None

@@ -179,7 +179,7 @@ class Scheduler:
 
     def _choose(self, run: SequenceRun, logits: np.ndarray) -> Delta:
         try:
-            return run.add(run.select(logits))
+            return run.add_delta(run.select(logits))
         except OnnxgenError as e:  # e.g. every token masked by the request's own filters
             run.finish_reason = "error"
             return Delta(run.index, -1, "", "error", str(e), isinstance(e, ConstraintError))

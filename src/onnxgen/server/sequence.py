@@ -1,24 +1,18 @@
-"""One choice of one request while it decodes, and the request groups the scheduler queues.
-
-Every sequence owns its whole selection and stopping chain: processors built from its own
-:class:`SamplingParams` (with its own constraint state under a ``response_format``), its own seeded
-:class:`Sampler`, token stop checks, incremental detokenizer and stop-string matcher. Rows of a batch share nothing but the forward.
-"""
+"""One choice of one request while it decodes (a :class:`~onnxgen.engine.sequence.Sequence`), and the
+request groups the scheduler queues."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence as Ids
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from onnxgen.engine.sequence import Sequence, TextStream
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import TokenChoice, build_chain
-from onnxgen.generation.sampling import Sampler
-from onnxgen.generation.stopping import StopChecker, StopStringMatcher, StopStrings
-from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
+from onnxgen.generation.stopping import StopStrings
+from onnxgen.tokenizer import Tokenizer
 
 
 @dataclass
@@ -45,67 +39,27 @@ class Handle:
         self.cancelled = False  # set by the asyncio side (client gone); read by the scheduler thread
 
 
-class SequenceRun:
-    """Token selection, stop checks and streamed text for one choice."""
+class SequenceRun(Sequence):
+    """One choice of a request: a :class:`Sequence` that streams :class:`Delta` s."""
 
     def __init__(
         self,
         index: int,
-        prompt: Sequence[int],
+        prompt: Ids[int],
         params: SamplingParams,
-        eos_ids: Sequence[int],
+        eos_ids: Ids[int],
         tokenizer: Tokenizer,
         constraint: Constraint | None = None,
         stops: StopStrings | None = None,
     ) -> None:
         """``stops``: ``params.stop`` compiled once for every choice of the request (else compiled here)."""
+        text = TextStream(tokenizer, prompt, (stops or params.stop) if params.stop else None)
+        super().__init__(prompt, params, eos_ids, constraint, text)
         self.index = index
-        self.params = params
-        self.prompt_len = len(prompt)
-        self.ids = np.zeros(len(prompt) + params.max_new_tokens, dtype=np.int64)
-        self.ids[: len(prompt)] = prompt
-        self.n = len(prompt)
-        self.constraint = constraint  # response_format: a grammar state of this choice alone
-        self.chain = build_chain(params, eos_ids, constraint)
-        self.sampler = None if params.is_greedy else Sampler(params.seed)
-        self.choose = TokenChoice(self.chain, self.sampler)
-        self.checker = StopChecker(params, eos_ids)
-        self.detok = IncrementalDetokenizer(tokenizer, prompt)
-        self.stops = StopStringMatcher(stops or params.stop) if params.stop else None
-        self.finish_reason: str | None = None
-        self.last_token_at = 0.0
 
-    @property
-    def generated(self) -> int:
-        return self.n - self.prompt_len
-
-    @property
-    def last_token(self) -> int:
-        return int(self.ids[self.n - 1])
-
-    def select(self, logits: np.ndarray) -> int:
-        """The next token from this choice's logits row (processors are out-of-place)."""
-        return self.choose(self.ids[: self.n], self.prompt_len, logits)
-
-    def add(self, token: int) -> Delta:
+    def add_delta(self, token: int) -> Delta:
         """Append ``token``; return its delta (the finish reason set when the choice is done)."""
-        self.ids[self.n] = token
-        self.n += 1
-        self.last_token_at = time.perf_counter()
-        reason = self.checker.check(token, self.generated)
-        if self.constraint is not None and self.constraint.complete(self.ids[self.prompt_len : self.n]):
-            reason = "stop"  # the output is complete under the schema: nothing but eos may follow
-        piece = self.detok.feed(token)
-        if reason is not None:
-            piece += self.detok.flush()
-        if self.stops is not None:
-            match = self.stops.feed(piece)
-            piece = match.text
-            if match.stopped:
-                reason = "stop"
-            elif reason is not None:
-                piece += self.stops.flush()
-        self.finish_reason = reason
+        piece, reason = self.add(token)
         return Delta(self.index, token, piece, reason)
 
 

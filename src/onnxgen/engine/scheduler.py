@@ -1,0 +1,185 @@
+"""Scheduler: admits sequences, prefills them in chunks, decodes the running ones together, retires them.
+
+Each :meth:`Scheduler.step`
+
+1. prefills waiting prompts one at a time (batch 1, in chunks of at most ``prefill_chunk`` tokens per
+   step, so a long prompt never stalls the running rows for long), each admitted only when a batch row is
+   free for it; a finished prompt's first token is chosen from its last logits and it takes a row;
+2. decodes every running row in one forward (:class:`~onnxgen.runtime.batch.BatchState`), each row choosing
+   its token with its own processors and sampler;
+3. retires the rows that finished (their slot is reused at once).
+
+A sequence's rows never depend on their company: the batch pads every step to ``min_rows`` where the
+export's kernels compute one row differently from several.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxgen.engine.limits import BatchLimits
+from onnxgen.engine.sequence import Sequence
+from onnxgen.errors import GenerationError, OnnxgenError
+from onnxgen.generation.logprobs import TokenLogprob
+from onnxgen.generation.sampling import check_model_logits
+from onnxgen.runtime.batch import BatchState
+from onnxgen.runtime.session import DecoderSession
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """What one sequence got from one forward: ``token`` (-1 where it failed, ``seq.error`` saying why),
+    the text it completes, the finish reason it brought and its log-probability (when asked for)."""
+
+    seq: Sequence
+    token: int
+    text: str
+    finish_reason: str | None
+    logprob: TokenLogprob | None
+
+
+class QueueFull(GenerationError):
+    """More sequences wait than ``max_queue`` allows; retry later."""
+
+
+class Scheduler:
+    """Waiting, prefilling and running sequences over one :class:`BatchState`."""
+
+    def __init__(self, session: DecoderSession, limits: BatchLimits, export: str = "the model") -> None:
+        self.session = session
+        self.limits = limits
+        self.export = export  # named by the error when a prompt's logits are not finite
+        self.batch = BatchState(session, limits.max_batch, limits.max_model_len, limits.min_rows)
+        self._prefill_state = session.new_state(limits.max_model_len)
+        self.running: list[Sequence] = []  # ``running[i]`` holds batch row i
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: Sequence | None = None
+
+    def add(self, seq: Sequence) -> None:
+        """Queue ``seq`` or raise :class:`QueueFull`."""
+        if len(self.waiting) >= self.limits.max_queue:
+            raise QueueFull(
+                f"the queue is full ({len(self.waiting)} prompts waiting, at most {self.limits.max_queue}); "
+                "retry later or raise max_queue"
+            )
+        self.waiting.append(seq)
+
+    def queue_room(self) -> int:
+        """Sequences :meth:`add` takes before the queue is full."""
+        return self.limits.max_queue - len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.prefilling is not None or self.running)
+
+    def step(self) -> list[Emitted]:
+        """One iteration; what each sequence got in it (a token, or an error), in that order (a sequence
+        prefilled in it gets two: its first token, then one from the decode step). A finished sequence
+        has ``finish_reason`` set and is no longer scheduled."""
+        touched: list[Emitted] = []
+        self._prefill_some(touched)
+        if self.running:
+            self._decode(touched)
+        return touched
+
+    def abort(self, seq: Sequence, reason: str = "abort") -> None:
+        """Stop ``seq`` wherever it is (queued, prefilling or running); its row is freed at once."""
+        if seq.slot is not None:
+            self._retire(seq)
+        elif seq is self.prefilling:
+            self.prefilling = None
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.finish_reason is None:
+            seq.finish_reason = reason
+
+    # -- prefill ----------------------------------------------------------------------------------------
+    def _prefill_some(self, touched: list[Emitted]) -> None:
+        budget = self.limits.prefill_chunk
+        while budget > 0:
+            if self.prefilling is None:
+                if not self.waiting or not self.batch.free_rows:
+                    return
+                self.prefilling = self.waiting.popleft()
+                self._prefill_state.reset()
+            seq = self.prefilling
+            take = self.chunk(seq.prompt_len - seq.offset)
+            ids = seq.ids[None, seq.offset : seq.offset + take]
+            try:
+                logits = self.session.forward(self._prefill_state, ids, 1)[0, -1]
+                if seq.offset + take == seq.prompt_len:
+                    check_model_logits(logits, self.export)
+            except OnnxgenError as e:
+                self.prefilling = None
+                self._fail(seq, str(e), touched)
+                continue
+            seq.offset += take
+            budget -= take
+            if seq.offset == seq.prompt_len:
+                self.prefilling = None
+                self._start(seq, logits, touched)
+
+    def chunk(self, left: int) -> int:
+        """The next prefill chunk of a prompt with ``left`` tokens to go: cut at fixed offsets (multiples of
+        ``prefill_chunk``) whatever else the step prefills, and never a lone last token (a one-token
+        forward takes the single-token path, which rounds differently): where one would be left, the last
+        cut moves back by one, or with chunks of 2 the last chunk takes 3."""
+        chunk = self.limits.prefill_chunk
+        if left <= chunk:
+            return left
+        if left == chunk + 1:
+            return chunk - 1 if chunk > 2 else left
+        return chunk
+
+    def _start(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> None:
+        """Choose the first token of a prefilled ``seq``; give it a row unless that token finished it."""
+        if not self._choose(seq, logits, touched):
+            return
+        seq.slot = self.batch.admit(self._prefill_state)
+        self.running.append(seq)
+
+    # -- decode -----------------------------------------------------------------------------------------
+    def _decode(self, touched: list[Emitted]) -> None:
+        try:
+            logits = self.batch.step([seq.last_token for seq in self.running])
+        except OnnxgenError as e:
+            for seq in list(self.running):
+                self._retire(seq)
+                self._fail(seq, str(e), touched)
+            return
+        for row, seq in enumerate(list(self.running)):
+            self._choose(seq, logits[row], touched)
+        for seq in [s for s in reversed(self.running) if s.finish_reason is not None]:
+            self._retire(seq)
+
+    def _choose(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> bool:
+        """Add ``seq``'s next token from ``logits``; whether it goes on."""
+        try:
+            token = seq.select(logits)
+            text, reason = seq.add(token)
+        except OnnxgenError as e:  # e.g. every token masked by the request's own filters
+            self._fail(seq, str(e), touched)
+            return False
+        touched.append(Emitted(seq, token, text, reason, seq.scores[-1] if seq.scores else None))
+        return reason is None
+
+    # -- endings ----------------------------------------------------------------------------------------
+    def _retire(self, seq: Sequence) -> None:
+        """Free ``seq``'s row; the last row moves into it (the batch keeps its rows contiguous)."""
+        row = seq.slot
+        assert row is not None and self.running[row] is seq
+        self.batch.retire(row)
+        last = self.running.pop()
+        if last is not seq:
+            self.running[row] = last
+            last.slot = row
+        seq.slot = None
+
+    def _fail(self, seq: Sequence, message: str, touched: list[Emitted]) -> None:
+        if seq.slot is not None:
+            self._retire(seq)
+        seq.finish_reason = "error"
+        seq.error = message
+        touched.append(Emitted(seq, -1, "", "error", None))
