@@ -45,6 +45,18 @@ class QueueFull(GenerationError):
     """More sequences wait than ``max_queue`` allows; retry later."""
 
 
+def prefill_cut(left: int, chunk: int) -> int:
+    """The next prefill forward's tokens of a prompt with ``left`` tokens to go, in chunks of ``chunk``: cut
+    at fixed offsets (multiples of ``chunk``) whatever else a step prefills, and never a lone last token
+    (a one-token forward takes the single-token path, which rounds differently): where one would be left,
+    the last cut moves back by one, or with chunks of 2 the last chunk takes 3."""
+    if left <= chunk:
+        return left
+    if left == chunk + 1:
+        return chunk - 1 if chunk > 2 else left
+    return chunk
+
+
 class Scheduler:
     """Waiting, prefilling and running sequences over one :class:`BatchState`."""
 
@@ -122,16 +134,8 @@ class Scheduler:
                 self._start(seq, logits, touched)
 
     def chunk(self, left: int) -> int:
-        """The next prefill chunk of a prompt with ``left`` tokens to go: cut at fixed offsets (multiples of
-        ``prefill_chunk``) whatever else the step prefills, and never a lone last token (a one-token
-        forward takes the single-token path, which rounds differently): where one would be left, the last
-        cut moves back by one, or with chunks of 2 the last chunk takes 3."""
-        chunk = self.limits.prefill_chunk
-        if left <= chunk:
-            return left
-        if left == chunk + 1:
-            return chunk - 1 if chunk > 2 else left
-        return chunk
+        """The next prefill chunk of a prompt with ``left`` tokens to go (:func:`prefill_cut`)."""
+        return prefill_cut(left, self.limits.prefill_chunk)
 
     def _start(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> None:
         """Choose the first token of a prefilled ``seq``; give it a row unless that token finished it."""

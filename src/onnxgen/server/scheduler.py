@@ -21,6 +21,7 @@ from collections import deque
 import numpy as np
 
 from onnxgen.engine.limits import BatchLimits
+from onnxgen.engine.scheduler import prefill_cut
 from onnxgen.errors import OnnxgenError
 from onnxgen.generation.constraints import ConstraintError
 from onnxgen.generation.sampling import check_model_logits
@@ -151,16 +152,8 @@ class Scheduler:
                 self._start(job, logits)
 
     def _chunk(self, job: Job) -> int:
-        """The next prefill chunk of ``job``: cut at fixed offsets (multiples of ``prefill_chunk``) whatever
-        else the iteration prefills, and never a lone last token (a one-token forward takes the
-        single-token path, which rounds differently): where one would be left, the last cut moves back
-        by one, or with chunks of 2 the last chunk takes 3."""
-        chunk, left = self.config.prefill_chunk, len(job.prompt) - job.offset
-        if left <= chunk:
-            return left
-        if left == chunk + 1:
-            return chunk - 1 if chunk > 2 else left
-        return chunk
+        """The next prefill chunk of ``job`` (:func:`~onnxgen.engine.scheduler.prefill_cut`)."""
+        return prefill_cut(len(job.prompt) - job.offset, self.config.prefill_chunk)
 
     def _start(self, job: Job, logits: np.ndarray) -> None:
         """Sample each choice's first token and give every unfinished choice a batch row."""
