@@ -11,6 +11,7 @@ through the engine (padded to ``min_rows`` as the batch is).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -159,10 +160,10 @@ def test_abort_frees_the_row_wherever_the_request_is_and_the_others_go_on(dense:
         got[int(out.request_id)].extend(out.token_ids)
     scheduler = engine.scheduler
     assert scheduler.batch.n == 2 and len(scheduler.waiting) + (scheduler.prefilling is not None) == 2
-    running = engine.abort(1)  # a running row
-    assert running is not None and running.finish_reason == "abort" and scheduler.batch.n == 1
-    waiting = engine.abort(3)  # still queued
-    assert waiting is not None and waiting.finish_reason == "abort" and engine.abort(3) is None
+    (running,) = engine.abort(1)  # a running row
+    assert running.finish_reason == "abort" and running.request_id == 1 and scheduler.batch.n == 1
+    (waiting,) = engine.abort(3)  # still queued
+    assert waiting.finish_reason == "abort" and engine.abort(3) == []
     finished: dict[int, str | None] = {}
     while engine.has_unfinished():
         for out in engine.step():
@@ -174,3 +175,32 @@ def test_abort_frees_the_row_wherever_the_request_is_and_the_others_go_on(dense:
     with pytest.raises(GenerationError, match="already running"):
         engine.add_request(5, PROMPTS[0], params)
         engine.add_request(5, PROMPTS[0], params)
+
+
+def test_the_choices_of_one_request_prefill_once_and_each_decode_as_alone(
+    dense: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    choices = [
+        SamplingParams(max_new_tokens=8, temperature=0.9, seed=seed, ignore_eos=True) for seed in (1, 2, 3)
+    ]
+    engine = Engine(dense.generator, BatchLimits(max_batch=3, prefill_chunk=16, max_model_len=64))
+    widths: list[int] = []
+    forward = dense.session.forward
+
+    def spy(state: Any, ids: np.ndarray, *args: Any, **kwargs: Any) -> np.ndarray:
+        widths.append(int(ids.shape[1]))
+        return forward(state, ids, *args, **kwargs)
+
+    monkeypatch.setattr(dense.session, "forward", spy)
+    engine.add_request("r", PROMPTS[3], choices)
+    with pytest.raises(GenerationError, match="4 sequences of one prompt exceed the batch of 3 rows"):
+        engine.add_request("too many", PROMPTS[3], [*choices, choices[0]])
+    got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.index].extend(out.token_ids)
+    monkeypatch.undo()
+    assert widths == [len(PROMPTS[3])]  # one prefill forward for the three choices
+    assert len({tuple(ids) for ids in got.values()}) == 3  # their seeds differ
+    for index, params in enumerate(choices):
+        assert got[index] == dense.generate(PROMPTS[3], params).token_ids

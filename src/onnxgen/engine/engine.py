@@ -26,10 +26,12 @@ RequestId = str | int
 
 @dataclass
 class RequestOutput(StreamEvent):
-    """What one step gave one request: a :class:`StreamEvent` (token, text, at the end the finish reason
-    and statistics) naming its request; ``error`` says why when the finish reason is ``"error"``."""
+    """What one step gave one sequence of a request: a :class:`StreamEvent` (token, text, at the end the
+    finish reason and statistics) naming its request and choice; ``error`` says why when the finish
+    reason is ``"error"``."""
 
     request_id: RequestId = ""
+    index: int = 0  # which of the request's sequences (its choices)
     error: str | None = None
 
 
@@ -40,49 +42,71 @@ class Engine:
         self.generator = generator
         self.limits = limits
         self.scheduler = Scheduler(generator.session, limits, generator.export)
-        self._requests: dict[RequestId, Sequence] = {}
+        self._requests: dict[RequestId, list[Sequence]] = {}
+        self._owners: dict[int, tuple[RequestId, int]] = {}  # id(sequence) -> (request, choice index)
 
-    def add_request(self, request_id: RequestId, prompt_ids: Ids[int], params: SamplingParams) -> None:
-        """Queue a request; a bad one (prompt, stop strings, constraint, a taken id) raises here."""
+    def add_request(
+        self, request_id: RequestId, prompt_ids: Ids[int], params: SamplingParams | Ids[SamplingParams]
+    ) -> None:
+        """Queue a request: one sequence, or with a list of params one per entry (its choices, prefilled
+        once; outputs say which by ``index``). A bad one (prompt, stop strings, constraint, a taken id)
+        raises here."""
         if request_id in self._requests:
             raise GenerationError(
                 f"request id {request_id!r} is already running; give each request its own id"
             )
-        params, constraint = self.generator.admit(prompt_ids, params, self.limits.max_model_len)
-        text = TextStream.of(self.generator.tokenizer, prompt_ids, params)
-        seq = Sequence(prompt_ids, params, self.generator.eos_ids, constraint, text)
-        self.scheduler.add(seq)  # raises QueueFull before the request is known
-        self._requests[request_id] = seq
+        group = []
+        for p in [params] if isinstance(params, SamplingParams) else params:
+            p, constraint = self.generator.admit(prompt_ids, p, self.limits.max_model_len)
+            text = TextStream.of(self.generator.tokenizer, prompt_ids, p)
+            group.append(Sequence(prompt_ids, p, self.generator.eos_ids, constraint, text))
+        self.scheduler.add(group)  # raises QueueFull before the request is known
+        self._requests[request_id] = group
+        for index, seq in enumerate(group):
+            self._owners[id(seq)] = (request_id, index)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        """One scheduler iteration: an output for each request that got a token (or failed)."""
-        ids = {id(seq): rid for rid, seq in self._requests.items()}
-        outputs = []
-        for emitted in self.scheduler.step():
-            rid = ids[id(emitted.seq)]
-            outputs.append(self._output(rid, emitted))
-            if emitted.finish_reason is not None:
-                del self._requests[rid]
+        """One scheduler iteration: an output for each sequence that got a token (or failed)."""
+        outputs = [self._output(emitted) for emitted in self.scheduler.step()]
+        for out in outputs:
+            if out.finish_reason is not None:
+                self._forget(out.request_id)
         return outputs
 
-    def abort(self, request_id: RequestId) -> RequestOutput | None:
-        """End a request wherever it is (finish reason ``"abort"``); None where no such request runs."""
-        seq = self._requests.pop(request_id, None)
-        if seq is None:
-            return None
-        self.scheduler.abort(seq)
-        return RequestOutput([], "", seq.finish_reason, self._stats(seq), request_id=request_id)
+    def abort(self, request_id: RequestId) -> list[RequestOutput]:
+        """End a request wherever it is (finish reason ``"abort"``): an output for each of its sequences
+        that had not finished (none where no such request runs)."""
+        outputs = []
+        for index, seq in enumerate(self._requests.get(request_id, [])):
+            if seq.finish_reason is None:
+                self.scheduler.abort(seq)
+                stats = self._stats(seq)
+                outputs.append(
+                    RequestOutput([], "", seq.finish_reason, stats, request_id=request_id, index=index)
+                )
+        self._forget(request_id, force=True)
+        return outputs
 
-    def _output(self, rid: RequestId, emitted: Emitted) -> RequestOutput:
+    def _forget(self, request_id: RequestId, force: bool = False) -> None:
+        """Drop a request once every sequence of it finished (or at once with ``force``)."""
+        group = self._requests.get(request_id, [])
+        if force or all(seq.finish_reason is not None for seq in group):
+            self._requests.pop(request_id, None)
+            for seq in group:
+                self._owners.pop(id(seq), None)
+
+    def _output(self, emitted: Emitted) -> RequestOutput:
         seq, reason = emitted.seq, emitted.finish_reason
+        rid, index = self._owners[id(seq)]
         if emitted.token < 0:
-            return RequestOutput([], "", "error", self._stats(seq), request_id=rid, error=seq.error)
+            stats = self._stats(seq)
+            return RequestOutput([], "", "error", stats, request_id=rid, index=index, error=seq.error)
         logprobs = None if emitted.logprob is None else [emitted.logprob]
         stats = self._stats(seq) if reason is not None else None
-        return RequestOutput([emitted.token], emitted.text, reason, stats, logprobs, request_id=rid)
+        return RequestOutput([emitted.token], emitted.text, reason, stats, logprobs, rid, index)
 
     @staticmethod
     def _stats(seq: Sequence) -> dict[str, Any]:

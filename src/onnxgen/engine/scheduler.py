@@ -67,24 +67,30 @@ class Scheduler:
         self.batch = BatchState(session, limits.max_batch, limits.max_model_len, limits.min_rows)
         self._prefill_state = session.new_state(limits.max_model_len)
         self.running: list[Sequence] = []  # ``running[i]`` holds batch row i
-        self.waiting: deque[Sequence] = deque()
-        self.prefilling: Sequence | None = None
+        self.waiting: deque[list[Sequence]] = deque()  # groups: the choices of one prompt
+        self.prefilling: list[Sequence] | None = None
 
-    def add(self, seq: Sequence) -> None:
-        """Queue ``seq`` or raise :class:`QueueFull`."""
-        if len(self.waiting) >= self.limits.max_queue:
+    def add(self, group: list[Sequence]) -> None:
+        """Queue ``group``, sequences of one prompt (the choices of a request: prefilled once, then a row
+        each), or raise :class:`QueueFull`."""
+        if len(group) > self.limits.max_batch:
+            raise GenerationError(
+                f"{len(group)} sequences of one prompt exceed the batch of {self.limits.max_batch} rows; "
+                "ask for fewer choices or raise max_batch"
+            )
+        if not self.queue_room():
             raise QueueFull(
                 f"the queue is full ({len(self.waiting)} prompts waiting, at most {self.limits.max_queue}); "
                 "retry later or raise max_queue"
             )
-        self.waiting.append(seq)
+        self.waiting.append(group)
 
     def queue_room(self) -> int:
-        """Sequences :meth:`add` takes before the queue is full."""
+        """Prompts :meth:`add` takes before the queue is full."""
         return self.limits.max_queue - len(self.waiting)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.prefilling is not None or self.running)
+        return bool(self.waiting or self.prefilling or self.running)
 
     def step(self) -> list[Emitted]:
         """One iteration; what each sequence got in it (a token, or an error), in that order (a sequence
@@ -100,10 +106,13 @@ class Scheduler:
         """Stop ``seq`` wherever it is (queued, prefilling or running); its row is freed at once."""
         if seq.slot is not None:
             self._retire(seq)
-        elif seq is self.prefilling:
-            self.prefilling = None
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        else:
+            for group in (*self.waiting, self.prefilling or []):
+                if seq in group:
+                    group.remove(seq)
+            if not self.prefilling:
+                self.prefilling = None
+            self.waiting = deque(group for group in self.waiting if group)
         if seq.finish_reason is None:
             seq.finish_reason = reason
 
@@ -112,26 +121,30 @@ class Scheduler:
         budget = self.limits.prefill_chunk
         while budget > 0:
             if self.prefilling is None:
-                if not self.waiting or not self.batch.free_rows:
+                if not self.waiting or len(self.waiting[0]) > self.batch.free_rows:
                     return
                 self.prefilling = self.waiting.popleft()
                 self._prefill_state.reset()
-            seq = self.prefilling
-            take = self.chunk(seq.prompt_len - seq.offset)
-            ids = seq.ids[None, seq.offset : seq.offset + take]
+            group = self.prefilling
+            lead = group[0]  # the group's prompt and progress
+            take = self.chunk(lead.prompt_len - lead.offset)
+            ids = lead.ids[None, lead.offset : lead.offset + take]
             try:
                 logits = self.session.forward(self._prefill_state, ids, 1)[0, -1]
-                if seq.offset + take == seq.prompt_len:
+                if lead.offset + take == lead.prompt_len:
                     check_model_logits(logits, self.export)
             except OnnxgenError as e:
                 self.prefilling = None
-                self._fail(seq, str(e), touched)
+                for seq in group:
+                    self._fail(seq, str(e), touched)
                 continue
-            seq.offset += take
+            for seq in group:  # any of them may be aborted: each keeps the progress
+                seq.offset += take
             budget -= take
-            if seq.offset == seq.prompt_len:
+            if lead.offset == lead.prompt_len:
                 self.prefilling = None
-                self._start(seq, logits, touched)
+                for seq in group:
+                    self._start(seq, logits, touched)
 
     def chunk(self, left: int) -> int:
         """The next prefill chunk of a prompt with ``left`` tokens to go (:func:`prefill_cut`)."""
