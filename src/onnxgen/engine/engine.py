@@ -60,6 +60,15 @@ class Engine:
             p, constraint = self.generator.admit(prompt_ids, p, self.limits.max_model_len)
             text = TextStream.of(self.generator.tokenizer, prompt_ids, p)
             group.append(Sequence(prompt_ids, p, self.generator.eos_ids, constraint, text))
+        self.add_sequences(request_id, group)
+
+    def add_sequences(self, request_id: RequestId, group: list[Sequence]) -> None:
+        """Queue a request whose sequences (of one prompt) the caller made and checked (the server's
+        request preparation); :class:`~onnxgen.engine.scheduler.QueueFull` where the queue is full."""
+        if request_id in self._requests:
+            raise GenerationError(
+                f"request id {request_id!r} is already running; give each request its own id"
+            )
         self.scheduler.add(group)  # raises QueueFull before the request is known
         self._requests[request_id] = group
         for index, seq in enumerate(group):
@@ -97,6 +106,10 @@ class Engine:
             self._requests.pop(request_id, None)
             for seq in group:
                 self._owners.pop(id(seq), None)
+
+    def sequences(self, request_id: RequestId) -> list[Sequence]:
+        """The sequences of a request still running (empty once it finished)."""
+        return self._requests.get(request_id, [])
 
     def _output(self, emitted: Emitted) -> RequestOutput:
         seq, reason = emitted.seq, emitted.finish_reason

@@ -15,6 +15,7 @@ export's kernels compute one row differently from several.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import numpy as np
 from onnxgen.engine.limits import BatchLimits
 from onnxgen.engine.sequence import Sequence
 from onnxgen.errors import GenerationError, OnnxgenError
+from onnxgen.generation.constraints import ConstraintError
 from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.sampling import check_model_logits
 from onnxgen.runtime.batch import BatchState
@@ -69,6 +71,8 @@ class Scheduler:
         self.running: list[Sequence] = []  # ``running[i]`` holds batch row i
         self.waiting: deque[list[Sequence]] = deque()  # groups: the choices of one prompt
         self.prefilling: list[Sequence] | None = None
+        self.prefilled_tokens = 0  # prompt tokens prefilled so far
+        self.last_decode: tuple[int, float] = (0, 0.0)  # rows and seconds of the last decode forward
 
     def add(self, group: list[Sequence]) -> None:
         """Queue ``group``, sequences of one prompt (the choices of a request: prefilled once, then a row
@@ -141,6 +145,7 @@ class Scheduler:
             for seq in group:  # any of them may be aborted: each keeps the progress
                 seq.offset += take
             budget -= take
+            self.prefilled_tokens += take
             if lead.offset == lead.prompt_len:
                 self.prefilling = None
                 for seq in group:
@@ -159,8 +164,10 @@ class Scheduler:
 
     # -- decode -----------------------------------------------------------------------------------------
     def _decode(self, touched: list[Emitted]) -> None:
+        start = time.perf_counter()
         try:
             logits = self.batch.step([seq.last_token for seq in self.running])
+            self.last_decode = (len(self.running), time.perf_counter() - start)
         except OnnxgenError as e:
             for seq in list(self.running):
                 self._retire(seq)
@@ -177,7 +184,7 @@ class Scheduler:
             token = seq.select(logits)
             text, reason = seq.add(token)
         except OnnxgenError as e:  # e.g. every token masked by the request's own filters
-            self._fail(seq, str(e), touched)
+            self._fail(seq, str(e), touched, client=isinstance(e, ConstraintError))
             return False
         touched.append(Emitted(seq, token, text, reason, seq.scores[-1] if seq.scores else None))
         return reason is None
@@ -194,9 +201,10 @@ class Scheduler:
             last.slot = row
         seq.slot = None
 
-    def _fail(self, seq: Sequence, message: str, touched: list[Emitted]) -> None:
+    def _fail(self, seq: Sequence, message: str, touched: list[Emitted], client: bool = False) -> None:
         if seq.slot is not None:
             self._retire(seq)
         seq.finish_reason = "error"
         seq.error = message
+        seq.client_error = client
         touched.append(Emitted(seq, -1, "", "error", None))

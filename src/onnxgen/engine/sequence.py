@@ -90,6 +90,7 @@ class Sequence:
         self.text = text
         self.finish_reason: str | None = None
         self.error: str | None = None  # why it ended with finish reason "error"
+        self.client_error = False  # whether the request itself caused it (its grammar hit a parser limit)
         self.slot: int | None = None
         self.offset = 0
         self.arrived = time.perf_counter()

@@ -40,7 +40,7 @@ class Handle:
 
 
 class SequenceRun(Sequence):
-    """One choice of a request: a :class:`Sequence` that streams :class:`Delta` s."""
+    """One choice of a request: a :class:`Sequence` whose tokens the server streams as :class:`Delta` s."""
 
     def __init__(
         self,
@@ -56,11 +56,8 @@ class SequenceRun(Sequence):
         text = TextStream(tokenizer, prompt, (stops or params.stop) if params.stop else None)
         super().__init__(prompt, params, eos_ids, constraint, text)
         self.index = index
-
-    def add_delta(self, token: int) -> Delta:
-        """Append ``token``; return its delta (the finish reason set when the choice is done)."""
-        piece, reason = self.add(token)
-        return Delta(self.index, token, piece, reason)
+        self.emitted = 0  # deltas pushed
+        self.previous_at = 0.0  # when the token of the last pushed delta was chosen
 
 
 @dataclass
@@ -71,7 +68,6 @@ class Job:
     prompt: list[int]
     runs: list[SequenceRun]
     arrived: float = field(default_factory=time.perf_counter)
-    offset: int = 0  # prompt tokens prefilled so far (prefill runs in chunks between decode steps)
 
     @property
     def cancelled(self) -> bool:
