@@ -117,7 +117,12 @@ class Scheduler:
             if job.cancelled:
                 self._count_finished(job.runs, "cancelled")
                 continue
-            self.engine.add_sequences(id(job), list(job.runs))
+            try:
+                self.engine.add_sequences(id(job), list(job.runs))
+            except OnnxgenError as e:  # refused by the engine: this job fails, the others go on
+                self._count_finished(job.runs, "error")
+                job.handle.push([Delta(run.index, -1, "", "error", str(e)) for run in job.runs])
+                continue
             self._jobs[id(job)] = job
 
     def _end_cancelled(self) -> None:
