@@ -150,7 +150,7 @@ def test_generate_with_one_positional_takes_the_model_from_env_then_the_bundled_
     assert main(["generate", PROMPT, "-n", "6", "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
     monkeypatch.delenv("ONNXGEN_MODEL")
-    monkeypatch.setattr("onnxgen.cli_generate.default_model_dir", lambda: dense_dir)
+    monkeypatch.setattr("onnxgen.llm.default_model_dir", lambda: dense_dir)
     assert main(["generate", PROMPT, "-n", "6", "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
 
@@ -212,7 +212,7 @@ def test_generate_reports_a_bad_threads_env_var_and_a_missing_model_in_one_line(
     assert main(["generate", str(dense_dir), PROMPT]) == 2
     _one_line_error(capsys.readouterr().err, "$ONNXGEN_THREADS", "'many'")
     monkeypatch.delenv("ONNXGEN_THREADS")
-    monkeypatch.setattr("onnxgen.cli_generate.default_model_dir", lambda: tmp_path / "absent")
+    monkeypatch.setattr("onnxgen.llm.default_model_dir", lambda: tmp_path / "absent")
     assert main(["generate", PROMPT]) == 2
     _one_line_error(capsys.readouterr().err, "bundled default model is missing", "ONNXGEN_MODEL")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from onnxgen.cli_generate import (
     MODEL_ENV,
@@ -22,10 +22,12 @@ from onnxgen.cli_generate import (
 )
 from onnxgen.cli_speculative import add_speculative_flags, speculative_from_args
 from onnxgen.errors import OnnxgenError
-from onnxgen.generation.generator import GenerationResult
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import Speculative
-from onnxgen.llm import LLM
+
+if TYPE_CHECKING:
+    from onnxgen.generation.generator import GenerationResult
+    from onnxgen.llm import LLM
 
 COMMANDS = {
     "/reset": "forget the conversation (keeps the system message)",
@@ -63,10 +65,10 @@ class ChatSession:
         return result
 
 
-def add_chat(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_chat(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "chat",
-        help="chat with a model in the terminal",
+        help=help_text,
         description="Chat with a model: each line is a user turn; "
         + "; ".join(f"{k}: {v}" for k, v in COMMANDS.items()),
     )

@@ -13,14 +13,16 @@ import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from onnxgen.cli_speculative import add_speculative_flags, format_speculative_stats, speculative_from_args
 from onnxgen.errors import GenerationError, ModelPackageError
-from onnxgen.generation.generator import GenerationResult, StreamEvent
 from onnxgen.generation.params import SamplingParams
-from onnxgen.llm import LLM, default_model_dir, load
-from onnxgen.runtime.plans import DECODE_PLANS
+from onnxgen.runtime.plan_names import DECODE_PLANS
+
+if TYPE_CHECKING:  # onnx and onnxruntime load after the arguments are parsed (main imports them lazily)
+    from onnxgen.generation.generator import GenerationResult, StreamEvent
+    from onnxgen.llm import LLM
 
 MODEL_ENV = "ONNXGEN_MODEL"
 THREADS_ENV = "ONNXGEN_THREADS"
@@ -148,6 +150,8 @@ def resolve_model(model: str | None) -> str | Path:
     chosen = model or os.environ.get(MODEL_ENV, "").strip()
     if chosen:
         return chosen
+    from onnxgen.llm import default_model_dir
+
     default = default_model_dir()
     if not default.is_dir():
         raise ModelPackageError(
@@ -158,6 +162,8 @@ def resolve_model(model: str | None) -> str | Path:
 
 
 def load_llm(args: argparse.Namespace, speculative: bool = False) -> LLM:
+    from onnxgen.llm import load
+
     return load(
         resolve_model(args.model),
         threads=resolve_threads(args.threads),
@@ -170,6 +176,8 @@ def load_llm(args: argparse.Namespace, speculative: bool = False) -> LLM:
 # -- output ---------------------------------------------------------------------------------------
 def write_stream(events: Iterable[StreamEvent], out: TextIO | None) -> GenerationResult:
     """Write each event's text to ``out`` as soon as it arrives (flushed); return the whole result."""
+    from onnxgen.generation.generator import GenerationResult
+
     ids: list[int] = []
     parts: list[str] = []
     for event in events:
@@ -194,10 +202,10 @@ def format_stats(result: GenerationResult) -> str:
 
 
 # -- generate -------------------------------------------------------------------------------------
-def add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "generate",
-        help="generate a completion of PROMPT",
+        help=help_text,
         description="Generate a completion of PROMPT (use - to read it from stdin). With one positional "
         f"argument it is the prompt and the model is ${MODEL_ENV} or the bundled default model.",
     )
