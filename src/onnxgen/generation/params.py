@@ -17,11 +17,21 @@ from onnxgen.errors import GenerationError
 
 
 class SamplingParamsError(GenerationError, ValueError):
-    """A sampling parameter is out of range or of the wrong type."""
+    """A sampling parameter is out of range or of the wrong type. Raised by a field check, it also says
+    which: ``param`` must be ``constraint`` (got ``value``); ``hint`` says how to fix it (the command line
+    rewords these in flag names)."""
+
+    def __init__(
+        self, message: str, param: str = "", constraint: str = "", value: object = None, hint: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.param, self.constraint, self.value, self.hint = param, constraint, value, hint
 
 
 def _invalid(name: str, constraint: str, value: object, hint: str) -> SamplingParamsError:
-    return SamplingParamsError(f"{name} must be {constraint} (got {value!r}); {hint}")
+    return SamplingParamsError(
+        f"{name} must be {constraint} (got {value!r}); {hint}", name, constraint, value, hint
+    )
 
 
 def _is_int(value: object) -> bool:
