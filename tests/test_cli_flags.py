@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from onnxgen.cli import build_parser, main
-from onnxgen.cli_generate import SAMPLING_DEFAULTS, sampling_params
+from onnxgen.cli.generate import SAMPLING_DEFAULTS, sampling_params
 from onnxgen.generation.params import SamplingParams
 from onnxgen.llm import LLM, load
 from onnxgen.testing import build_model

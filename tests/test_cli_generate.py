@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from onnxgen.cli import build_parser, main
-from onnxgen.cli_generate import sampling_params
+from onnxgen.cli.generate import sampling_params
 from onnxgen.errors import GenerationError
 from onnxgen.generation.generator import StreamEvent
 from onnxgen.generation.params import SamplingParams

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from onnxgen.cli_generate import (
+from onnxgen.cli.generate import (
     MODEL_ENV,
     SAMPLING_DEFAULTS,
     add_runtime_flags,
@@ -32,7 +32,7 @@ from onnxgen.cli_generate import (
     terminal_log,
     write_stream,
 )
-from onnxgen.cli_speculative import add_speculative_flags, speculative_from_args
+from onnxgen.cli.speculative import add_speculative_flags, speculative_from_args
 from onnxgen.errors import OnnxgenError
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import Speculative

@@ -3,7 +3,9 @@
 User errors (:class:`onnxgen.errors.OnnxgenError`, ``ValueError`` from parameter validation) print one
 line on stderr and exit 2; they never show a traceback.
 
-Each subcommand lives in its own module and registers itself through an ``add_<command>(sub)`` hook
+Each subcommand lives in its own module of this package (``generate``, ``chat``, ``serve``, ``bench``,
+``inspect``, ``validate``, ``export_mtp``; ``speculative`` holds the speculative flags several share and
+``bench_table`` the bench report's tables) and registers itself through an ``add_<command>(sub, help)`` hook
 that sets ``run`` (and, for commands with an optional leading positional, ``take_extra_positional``).
 Only the module of the command being run is imported, and the command modules import onnx and
 onnxruntime (over a second of start-up) only inside ``run``: ``--help``, ``--version`` and usage errors
@@ -25,26 +27,26 @@ Command = Callable[[argparse.Namespace], int]
 
 # command -> (module, its add_<command> hook, one-line help for `onnxgen --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "generate": ("onnxgen.cli_generate", "add_generate", "generate a completion of PROMPT"),
-    "chat": ("onnxgen.cli_chat", "add_chat", "chat with a model in the terminal"),
+    "generate": ("onnxgen.cli.generate", "add_generate", "generate a completion of PROMPT"),
+    "chat": ("onnxgen.cli.chat", "add_chat", "chat with a model in the terminal"),
     "bench": (
-        "onnxgen.cli_bench",
+        "onnxgen.cli.bench",
         "add_bench",
         "time greedy generation (optionally beside onnxruntime-genai, per decode plan, speculative)",
     ),
     "inspect": (
-        "onnxgen.cli_inspect",
+        "onnxgen.cli.inspect",
         "add_inspect",
         "show a model's export family and derived I/O topology",
     ),
-    "serve": ("onnxgen.cli_serve", "add_serve", "serve a model over an OpenAI-compatible HTTP API"),
+    "serve": ("onnxgen.cli.serve", "add_serve", "serve a model over an OpenAI-compatible HTTP API"),
     "validate": (
-        "onnxgen.cli_validate",
+        "onnxgen.cli.validate",
         "add_validate",
         "compare an export's logits with a transformers checkpoint or another export",
     ),
     "export-mtp": (
-        "onnxgen.cli_export_mtp",
+        "onnxgen.cli.export_mtp",
         "add_export_mtp",
         "write a checkpoint's MTP head as mtp.onnx beside its decoder export (for --speculative mtp)",
     ),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from onnxgen.cli_generate import add_runtime_flags, resolve_threads
+from onnxgen.cli.generate import add_runtime_flags, resolve_threads
 from onnxgen.validate import (
     DEFAULT_NEW_TOKENS,
     PROMPTS,

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from onnxgen.cli_speculative import add_speculative_flags, format_speculative_stats, speculative_from_args
+from onnxgen.cli.speculative import add_speculative_flags, format_speculative_stats, speculative_from_args
 from onnxgen.errors import GenerationError, ModelPackageError
 from onnxgen.generation.params import SamplingParams, SamplingParamsError
 from onnxgen.runtime.plan_names import DECODE_PLANS

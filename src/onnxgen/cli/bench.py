@@ -2,7 +2,7 @@
 per decode plan (``--decode-plan scan,inline``) and with speculative decoding beside plain decoding.
 
 The harness is :mod:`onnxgen.bench`; this module parses flags and prints the tables
-(:mod:`onnxgen.cli_bench_table`) or ``--json``.
+(:mod:`onnxgen.cli.bench_table`) or ``--json``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 from onnxgen.bench_constraints import CONSTRAINTS
 from onnxgen.bench_genai import GENAI
 from onnxgen.bench_prompts import PROMPT_KINDS
-from onnxgen.cli_generate import MODEL_ENV, THREADS_ENV, add_fast_ops_flag, resolve_model, resolve_threads
-from onnxgen.cli_speculative import add_speculative_flags
+from onnxgen.cli.generate import MODEL_ENV, THREADS_ENV, add_fast_ops_flag, resolve_model, resolve_threads
+from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.runtime.plan_names import DECODE_PLANS
 
 __all__ = ["add_bench"]
@@ -110,7 +110,7 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
 
 def _run(args: argparse.Namespace) -> int:
     from onnxgen.bench import BenchConfig, run_bench, to_json
-    from onnxgen.cli_bench_table import format_report
+    from onnxgen.cli.bench_table import format_report
     from onnxgen.runtime.session import default_threads
 
     threads = resolve_threads(args.threads) or default_threads()

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from onnxgen.cli_generate import MODEL_ENV, resolve_model
+from onnxgen.cli.generate import MODEL_ENV, resolve_model
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage
