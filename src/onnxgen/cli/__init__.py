@@ -92,8 +92,8 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command_in(argv)
-    parser = build_parser(command if command in COMMANDS else "")
     try:
+        parser = build_parser(command if command in COMMANDS else "")
         args = _parse(parser, argv)
         run: Command = args.run
         return run(args)
