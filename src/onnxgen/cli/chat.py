@@ -6,7 +6,7 @@ opens a multi-line message closed by a line that ends with ``\"\"\"``; a line th
 continues on the next. Ctrl-C while an answer is written stops that answer and drops the turn; the
 conversation goes on. An answer runs to end-of-sequence (bounded by the context) unless ``-n`` says
 less, and one cut off by either is marked. In a terminal, lines are edited with readline and kept in a
-history file across sessions. A turn that fails (e.g. the history no longer fits the context) prints one
+history file across sessions (``$ONNXGEN_CHAT_HISTORY``, default ``~/.local/state/onnxgen/chat_history``). A turn that fails (e.g. the history no longer fits the context) prints one
 error line and is dropped; the REPL goes on.
 """
 

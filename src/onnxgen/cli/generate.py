@@ -101,9 +101,15 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: str = "64") -
         + "; -t 0 decodes greedily, without those filters and penalty)"
     )
     g.add_argument(
-        "-n", "--max-new-tokens", type=int, help=f"most tokens to generate (default {max_new_tokens})"
+        "-n",
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help=f"most tokens to generate (default {max_new_tokens})",
     )
-    g.add_argument("-t", "--temperature", "--temp", type=float, help="softmax temperature; 0 = greedy")
+    g.add_argument(
+        "-t", "--temperature", "--temp", type=float, metavar="T", help="softmax temperature; 0 = greedy"
+    )
     g.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 disables)")
     g.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     g.add_argument("--min-p", type=float, help="drop tokens below min-p times the top probability")
