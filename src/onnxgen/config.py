@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onnxgen.errors import SettingError
+from onnxgen.runtime.plan_names import DECODE_PLANS
 
 THREADS = "ONNXGEN_THREADS"
 FUSE = "ONNXGEN_FUSE"  # onnxgen.graph.decode_fusions
@@ -34,7 +35,6 @@ API_KEY = "ONNXGEN_API_KEY"
 SWITCHES = {FUSE: "fuse", FAST_OPS: "fast_ops", HUGE_PAGES: "huge_pages"}  # variable -> field
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
-DECODE_PLANS = ("auto", "scan", "inline")  # see onnxgen.runtime.plans
 DEFAULT_MAX_MODEL_LEN = 2048  # tokens per sequence where neither the config nor the model says fewer
 
 
