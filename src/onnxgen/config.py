@@ -89,7 +89,7 @@ class EngineConfig:
                 _refuse("providers", providers, "a sequence of execution provider names or None")
             object.__setattr__(self, "providers", tuple(providers))
         if self.decode_plan not in DECODE_PLANS:
-            _refuse("decode_plan", self.decode_plan, f"one of {', '.join(map(repr, DECODE_PLANS))}")
+            _refuse("decode_plan", self.decode_plan, f"one of {', '.join(DECODE_PLANS)}")
         for name in ("huge_pages", "fast_ops", "fuse"):
             if getattr(self, name) not in (None, True, False):
                 _refuse(name, getattr(self, name), "True, False or None (onnxgen's default)")
