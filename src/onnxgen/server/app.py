@@ -32,9 +32,10 @@ from onnxgen.server.access import RequestLog, request_record
 from onnxgen.server.body import read_body
 from onnxgen.server.metrics import ServerMetrics
 from onnxgen.server.prepare import Prepared, RequestPreparer
-from onnxgen.server.protocol import ApiError, ChatCompletionRequest, ResponseShape, error_body, usage
+from onnxgen.server.protocol import ApiError, error_body, usage
 from onnxgen.server.scheduler import QueueFull, Scheduler, SchedulerConfig
 from onnxgen.server.security import Guard, SecurityConfig
+from onnxgen.server.shapes import ResponseShape
 from onnxgen.server.streaming import RequestStream, collect, sse_events
 
 PREPARE_WORKERS = 2  # threads preparing requests (tokenizers and llguidance release the GIL)
@@ -79,9 +80,16 @@ class Server:
             self.scheduler.submit(prepared.jobs(stream.handle))
         except QueueFull as e:
             raise ApiError(503, str(e), "server_overloaded", code="queue_full") from e
-        shape = ResponseShape(isinstance(req, ChatCompletionRequest), self.model_name)
+        shape = ResponseShape(
+            self.model_name,
+            prepared.choices,
+            prepared.plan,
+            self.llm.token_bytes,
+            req.top_logprobs_count,
+            req.return_token_ids,
+        )
         if req.stream:
-            events = sse_events(stream, shape, req.include_usage, req.return_token_ids, record)
+            events = sse_events(stream, shape, req.include_usage, record)
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
@@ -94,8 +102,7 @@ class Server:
                 raise ApiError(400, done.error)
             raise ApiError(500, done.error, "server_error")
         use = usage(stream.prompt_tokens, record.completion_tokens)
-        ids = done.token_ids if req.return_token_ids else None
-        return JSONResponse(shape.response(["".join(t) for t in done.texts], done.reasons, use, ids))
+        return JSONResponse(shape.response(done.results(), use))
 
 
 def create_app(

@@ -8,12 +8,14 @@ pool, so a huge or hostile request never stalls the event loop. Every client mis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
 
+from onnxgen.api.responses import effort_kwargs
+from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.errors import GenerationError, OnnxgenError
 from onnxgen.generation.constraints import constraint_from_response_format
 from onnxgen.generation.params import SamplingParams
@@ -70,8 +72,21 @@ def sampling_params(
         seed=None if fields.seed is None else fields.seed + seed_offset,
         stop=tuple(fields.stop or ()),
         ignore_eos=fields.ignore_eos,
+        stop_token_ids=tuple(fields.stop_token_ids or ()),
         min_new_tokens=min(fields.min_tokens, max_new),
+        logprobs=fields.top_logprobs_count is not None,
+        top_logprobs=fields.top_logprobs_count or 0,
+        logprobs_mode=fields.logprobs_mode,
     )
+
+
+def for_choice(
+    base: SamplingParams, fields: SamplingFields, max_tokens: int | None, room: int, index: int
+) -> SamplingParams:
+    """``base`` (a chat plan's parameters, with its constraint) with the length and seed of choice
+    ``index`` in the ``room`` its prompt leaves."""
+    own = sampling_params(fields, max_tokens, room, index)
+    return replace(base, max_new_tokens=own.max_new_tokens, min_new_tokens=own.min_new_tokens, seed=own.seed)
 
 
 def _validation_message(e: ValidationError) -> tuple[str, str | None]:
@@ -93,6 +108,7 @@ class Prepared:
     prompts: list[list[int]]
     runs: list[list[SequenceRun]]
     prompt_text: Any  # for the request log: the rendered chat, or the completion prompt as given
+    plan: ChatPlan | None = None  # chat: how the reply is parsed
 
     @property
     def choices(self) -> int:
@@ -109,26 +125,64 @@ class Prepared:
 class RequestPreparer:
     """Turns a completions or chat body into a :class:`Prepared` request (thread-safe: one per server)."""
 
-    def __init__(self, llm: LLM, tokenizer: Tokenizer, config: SchedulerConfig, model_name: str) -> None:
+    def __init__(
+        self,
+        llm: LLM,
+        tokenizer: Tokenizer,
+        config: SchedulerConfig,
+        model_name: str,
+        tool_parser: str | None = None,
+    ) -> None:
         self.llm, self.tokenizer, self.config, self.model_name = llm, tokenizer, config, model_name
+        self.tool_parser = tool_parser  # --tool-call-parser; None: from the chat template
 
     def __call__(self, body: bytes, chat: bool) -> Prepared:
         req = self._parse(parse_body(body), chat)
         try:
             if isinstance(req, ChatCompletionRequest):
-                text = self.tokenizer.apply_chat_template([m.as_template_message() for m in req.messages])
-                prompts = [self._encode(text, "the chat prompt", add_special_tokens=False)]
-                max_tokens, shown = req.max_new, text
-            else:
-                prompts = self._completion_prompts(req)
-                max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-                shown = req.prompt
-            runs = self._runs(req, prompts, max_tokens)
+                return self._chat(req)
+            prompts = self._completion_prompts(req)
+            max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+            return Prepared(req, prompts, self._runs(req, prompts, max_tokens), req.prompt)
         except RecursionError as e:  # a schema nested deeper than the JSON encoder or llguidance go
-            raise ApiError(400, "response_format nests too deeply to compile; flatten the schema") from e
+            raise ApiError(400, "a schema nests too deeply to compile; flatten it") from e
         except (OnnxgenError, ValueError) as e:
             raise ApiError(400, str(e)) from e
-        return Prepared(req, prompts, runs, shown)
+
+    def plan(
+        self,
+        messages: list[dict[str, Any]],
+        fields: SamplingFields,
+        max_tokens: int | None,
+        **options: Any,
+    ) -> ChatPlan:
+        """The chat plan of ``messages`` (tools, reasoning split, constraint after the reasoning)."""
+        base = sampling_params(fields, max_tokens, self.config.max_model_len, 0)
+        return plan_chat(
+            self.tokenizer,
+            messages,
+            base,
+            tool_parser=self.tool_parser,
+            literal=self.llm.generator.constraints.literal,
+            **options,
+        )
+
+    def _chat(self, req: ChatCompletionRequest) -> Prepared:
+        kwargs = {**effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})}
+        plan = self.plan(
+            [m.as_template_message() for m in req.messages],
+            req,
+            req.max_new,
+            tools=req.tools,
+            tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls,
+            template_kwargs=kwargs,
+        )
+        prompts = [self.encode(plan.prompt, "the chat prompt", add_special_tokens=False)]
+        runs = self._runs(
+            req, prompts, req.max_new, lambda room, i: for_choice(plan.params, req, req.max_new, room, i)
+        )
+        return Prepared(req, prompts, runs, plan.prompt, plan)
 
     def _parse(self, body: dict[str, Any], chat: bool) -> ChatCompletionRequest | CompletionRequest:
         self._count_lists(body, chat)
@@ -173,7 +227,7 @@ class RequestPreparer:
                 param="prompt",
             )
 
-    def _encode(self, text: str, which: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, which: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; a text whose byte length alone proves it longer than the context is
         refused without tokenizing it."""
         floor, room = self.tokenizer.min_tokens(text), self.config.max_model_len
@@ -192,17 +246,23 @@ class RequestPreparer:
             if isinstance(prompt, str):
                 if not prompt:
                     raise GenerationError(f"{which} is an empty string; give some text or token ids")
-                out.append(self._encode(prompt, which))
+                out.append(self.encode(prompt, which))
             else:
                 out.append(list(prompt))
         return out
 
     def _runs(
-        self, fields: SamplingFields, prompts: list[list[int]], max_tokens: int | None
+        self,
+        fields: SamplingFields,
+        prompts: list[list[int]],
+        max_tokens: int | None,
+        params_for: Callable[[int, int], SamplingParams] | None = None,
     ) -> list[list[SequenceRun]]:
         """``n`` choices per prompt; choice ``i`` of prompt ``p`` is index ``p * n + i`` and, with a
-        ``seed``, samples with seed ``seed + index``. Stop strings are compiled once for all of them."""
+        ``seed``, samples with seed ``seed + index``. Stop strings are compiled once for all of them.
+        ``params_for(room, index)``: a choice's parameters (default: from ``fields``)."""
         llm, max_len = self.llm, self.config.max_model_len
+        self._check_stop_ids(fields.stop_token_ids or ())
         stops = StopStrings(fields.stop) if fields.stop else None
         out = []
         for p, prompt in enumerate(prompts):
@@ -210,11 +270,30 @@ class RequestPreparer:
             check_prompt(prompt, llm.session.vocab_size, max_len, which)
             runs = []
             for i in range(fields.n):
-                index = p * fields.n + i
-                params = sampling_params(fields, max_tokens, max_len - len(prompt), index)
-                constraint = llm.generator.constraints.compile(params)  # a bad schema raises here: a 400
-                runs.append(
-                    SequenceRun(index, prompt, params, llm.eos_token_ids, self.tokenizer, constraint, stops)
+                index, room = p * fields.n + i, max_len - len(prompt)
+                params = (
+                    params_for(room, index)
+                    if params_for
+                    else sampling_params(fields, max_tokens, room, index)
                 )
+                runs.append(self.run(index, prompt, params, stops))
             out.append(runs)
         return out
+
+    def run(
+        self, index: int, prompt: list[int], params: SamplingParams, stops: StopStrings | None = None
+    ) -> SequenceRun:
+        """One choice ready to decode; its constraint is compiled here (a bad schema raises: a 400)."""
+        constraint = self.llm.generator.constraints.compile(params)
+        return SequenceRun(index, prompt, params, self.llm.eos_token_ids, self.tokenizer, constraint, stops)
+
+    def _check_stop_ids(self, ids: Sequence[int]) -> None:
+        vocab = self.llm.session.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"stop_token_ids has ids {bad[:5]} outside the model's vocabulary [0, {vocab}); "
+                "give ids of this model's tokenizer",
+                param="stop_token_ids",
+            )
