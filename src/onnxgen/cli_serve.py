@@ -64,6 +64,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "(int8 activations) compute a lone row differently from a block on this CPU (probed at start), so "
         "a request gets the same tokens alone or beside others; else 1",
     )
+    p.add_argument(
+        "--tool-call-parser",
+        help="tool-call format of the model's replies: hermes or qwen3_coder (default: from the chat template)",
+    )
     security = p.add_argument_group("security")
     security.add_argument(
         "--api-key",
@@ -130,6 +134,7 @@ def _log_requests(level: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from onnxgen.chat.parsers import tool_parser_for
     from onnxgen.server.scheduler import SchedulerConfig
     from onnxgen.server.security import SecurityConfig
 
@@ -138,6 +143,7 @@ def _run(args: argparse.Namespace) -> int:
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
     sizes = (args.max_batch, args.max_queue, args.max_model_len or DEFAULT_MAX_MODEL_LEN, args.prefill_chunk)
     SchedulerConfig(*sizes, fixed_rows or 1)  # a bad size is an error before the port and the model
+    tool_parser_for(args.tool_call_parser)  # so is an unknown tool-call format
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
     model = Path(resolve_model(args.model))
@@ -183,7 +189,14 @@ def _load_app(
     _check_outputs(llm)
     min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
-    app = create_app(llm, config, args.served_model_name, security, log_prompts=args.log_prompts)
+    app = create_app(
+        llm,
+        config,
+        args.served_model_name,
+        security,
+        log_prompts=args.log_prompts,
+        tool_parser=args.tool_call_parser,
+    )
     _say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
     return app, config
 

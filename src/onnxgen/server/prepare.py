@@ -8,7 +8,8 @@ pool, so a huge or hostile request never stalls the event loop. Every client mis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -89,6 +90,12 @@ def for_choice(
     return replace(base, max_new_tokens=own.max_new_tokens, min_new_tokens=own.min_new_tokens, seed=own.seed)
 
 
+def validation_error(e: ValidationError) -> ApiError:
+    """A 400 naming the first fields that failed validation."""
+    message, param = _validation_message(e)
+    return ApiError(400, message, param=param)
+
+
 def _validation_message(e: ValidationError) -> tuple[str, str | None]:
     errors = e.errors(include_url=False)
     parts = []
@@ -98,6 +105,19 @@ def _validation_message(e: ValidationError) -> tuple[str, str | None]:
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
     param = ".".join(str(x) for x in errors[0]["loc"]) if errors and errors[0]["loc"] else None
     return "invalid request: " + "; ".join(parts) + more, param
+
+
+@contextmanager
+def client_errors() -> Iterator[None]:
+    """Errors of the request's content (a bad schema, tool or template input) as 400s."""
+    try:
+        yield
+    except RecursionError as e:  # a schema nested deeper than the JSON encoder or llguidance go
+        raise ApiError(
+            400, "a schema (response_format or tool parameters) nests too deeply to compile; flatten it"
+        ) from e
+    except (OnnxgenError, ValueError) as e:
+        raise ApiError(400, str(e)) from e
 
 
 @dataclass
@@ -138,69 +158,44 @@ class RequestPreparer:
 
     def __call__(self, body: bytes, chat: bool) -> Prepared:
         req = self._parse(parse_body(body), chat)
-        try:
-            if isinstance(req, ChatCompletionRequest):
-                return self._chat(req)
+        if isinstance(req, ChatCompletionRequest):
+            return self.chat(req)
+        with client_errors():
             prompts = self._completion_prompts(req)
             max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
             return Prepared(req, prompts, self._runs(req, prompts, max_tokens), req.prompt)
-        except RecursionError as e:  # a schema nested deeper than the JSON encoder or llguidance go
-            raise ApiError(400, "a schema nests too deeply to compile; flatten it") from e
-        except (OnnxgenError, ValueError) as e:
-            raise ApiError(400, str(e)) from e
 
-    def plan(
-        self,
-        messages: list[dict[str, Any]],
-        fields: SamplingFields,
-        max_tokens: int | None,
-        **options: Any,
-    ) -> ChatPlan:
-        """The chat plan of ``messages`` (tools, reasoning split, constraint after the reasoning)."""
-        base = sampling_params(fields, max_tokens, self.config.max_model_len, 0)
-        return plan_chat(
-            self.tokenizer,
-            messages,
-            base,
-            tool_parser=self.tool_parser,
-            literal=self.llm.generator.constraints.literal,
-            **options,
-        )
-
-    def _chat(self, req: ChatCompletionRequest) -> Prepared:
-        kwargs = {**effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})}
-        plan = self.plan(
-            [m.as_template_message() for m in req.messages],
-            req,
-            req.max_new,
-            tools=req.tools,
-            tool_choice=req.tool_choice,
-            parallel_tool_calls=req.parallel_tool_calls,
-            template_kwargs=kwargs,
-        )
-        prompts = [self.encode(plan.prompt, "the chat prompt", add_special_tokens=False)]
-        runs = self._runs(
-            req, prompts, req.max_new, lambda room, i: for_choice(plan.params, req, req.max_new, room, i)
-        )
-        return Prepared(req, prompts, runs, plan.prompt, plan)
+    def chat(self, req: ChatCompletionRequest) -> Prepared:
+        """A validated chat request planned (tools, reasoning split, constraint after the reasoning),
+        tokenized and ready to queue."""
+        with client_errors():
+            plan = plan_chat(
+                self.tokenizer,
+                [m.as_template_message() for m in req.messages],
+                sampling_params(req, req.max_new, self.config.max_model_len, 0),
+                tools=req.tools,
+                tool_choice=req.tool_choice,
+                parallel_tool_calls=req.parallel_tool_calls,
+                template_kwargs={**effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})},
+                tool_parser=self.tool_parser,
+                literal=self.llm.generator.constraints.literal,
+            )
+            prompts = [self.encode(plan.prompt, "the chat prompt", add_special_tokens=False)]
+            runs = self._runs(
+                req, prompts, req.max_new, lambda room, i: for_choice(plan.params, req, req.max_new, room, i)
+            )
+            return Prepared(req, prompts, runs, plan.prompt, plan)
 
     def _parse(self, body: dict[str, Any], chat: bool) -> ChatCompletionRequest | CompletionRequest:
         self._count_lists(body, chat)
         try:
             req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
         except ValidationError as e:
-            message, param = _validation_message(e)
-            raise ApiError(400, message, param=param) from e
+            raise validation_error(e) from e
         refused = req.refuse_unsupported()
         if refused is not None:
             raise ApiError(400, refused[1], param=refused[0])
-        if req.model is not None and req.model != self.model_name:
-            raise ApiError(
-                404,
-                f"model {req.model!r} is not served here; use {self.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
+        self.check_model(req.model)
         if req.n > self.config.max_batch:
             raise ApiError(
                 400,
@@ -208,6 +203,16 @@ class RequestPreparer:
                 param="n",
             )
         return req
+
+    def check_model(self, model: str | None) -> None:
+        """404 for a model name other than the one served (None: the one served)."""
+        if model is not None and model != self.model_name:
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here; use {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def _count_lists(self, body: dict[str, Any], chat: bool) -> None:
         """Refuse more messages or prompts than could ever be served before validating them one by one
