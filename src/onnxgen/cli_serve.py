@@ -1,7 +1,8 @@
 """``onnxgen serve [MODEL] --host 127.0.0.1 --port 8000``: an OpenAI-compatible server with batched decoding.
 
 Also runnable as ``python -m onnxgen.cli_serve MODEL ...``. The port is bound before the model loads (a
-port in use is an error at once), and "listening" is printed only once the server accepts requests.
+port in use is an error at once) and answers 503 while it loads; "listening" is printed only once the
+server accepts requests.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from onnxgen.chat.parsers import tool_parser_for
+    from onnxgen.server.loading import LoadingResponder
     from onnxgen.server.scheduler import SchedulerConfig
     from onnxgen.server.security import SecurityConfig
 
@@ -151,7 +153,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
     sock = bind(args.host, args.port)
     try:
-        app, config = _load_app(args, model, fixed_rows, security)
+        with LoadingResponder(sock):  # /health and every route answer 503 until the app serves
+            app, config = _load_app(args, model, fixed_rows, security)
         port = sock.getsockname()[1]
         url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
         if args.host not in LOOPBACK and api_key is None:

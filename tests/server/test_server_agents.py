@@ -454,7 +454,8 @@ def test_a_response_with_tools_and_reasoning_has_its_items(servers: dict[str, Se
         temperature=1.0,
         top_p=1.0,
     )
-    assert [item.type for item in think.output][0] == "reasoning"
+    reasoning = think.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content and reasoning.content[0].text
     assert think.usage.output_tokens_details.reasoning_tokens > 0
 
 
