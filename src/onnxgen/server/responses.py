@@ -13,6 +13,7 @@ false) with the conversation a later request continues.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,14 +28,16 @@ from onnxgen.api.responses import ResponsesRequest
 from onnxgen.api.responses_events import ResponseBuilder
 from onnxgen.api.responses_input import chat_messages, conversation
 from onnxgen.chat.plan import ChatPlan
-from onnxgen.server.access import request_record
+from onnxgen.server.access import RequestRecord, request_record
 from onnxgen.server.body import parse_body
 from onnxgen.server.prepare import Prepared, validation_error
-from onnxgen.server.protocol import ApiError, ChatCompletionRequest
+from onnxgen.server.protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest
 from onnxgen.server.streaming import DISCONNECTED, RequestStream, collect
 
 if TYPE_CHECKING:
     from onnxgen.server.app import Server
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,8 +51,14 @@ class ResponseRequest:
 
 def prepare_response(server: Server, body: bytes) -> ResponseRequest:
     """Validate a Responses body and prepare it as a chat request (on the preparation pool)."""
+    raw = parse_body(body)
+    items = raw.get("input")
+    if isinstance(items, list) and len(items) > MAX_MESSAGES:  # before validating them one by one
+        raise ApiError(
+            400, f"{len(items)} input items exceed this server's {MAX_MESSAGES} per request", param="input"
+        )
     try:
-        req = ResponsesRequest.model_validate(parse_body(body))
+        req = ResponsesRequest.model_validate(raw)
     except ValidationError as e:
         raise validation_error(e) from e
     refused = req.refuse_unsupported()
@@ -147,7 +156,7 @@ async def create_response(server: Server, request: Request) -> Response:
     stream = server.submit(ready.prepared)
     run = ResponseRun(ready, server.model_name, server.llm.token_bytes)
     if ready.request.stream:
-        events = _events(server, stream, run)
+        events = _events(server, stream, run, record)
         return StreamingResponse(
             events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
@@ -173,7 +182,9 @@ def _event(event: dict[str, Any]) -> str:
     return f"event: {event['type']}\ndata: {data}\n\n"
 
 
-async def _events(server: Server, stream: RequestStream, run: ResponseRun) -> AsyncIterator[str]:
+async def _events(
+    server: Server, stream: RequestStream, run: ResponseRun, record: RequestRecord
+) -> AsyncIterator[str]:
     finished = False
     try:
         for event in run.start():
@@ -189,10 +200,15 @@ async def _events(server: Server, stream: RequestStream, run: ResponseRun) -> As
                         yield _event(event)
                     finished = True
                     return
+                record.completion_tokens += 1
                 for event in run.token(delta.text, delta.logprob, delta.finish_reason):
                     yield _event(event)
                 finished = delta.finish_reason is not None
         _store(server, run)
+    except Exception as e:  # a bug here must not end the stream without a word
+        log.exception("streaming a response failed")
+        for event in run.builder.fail(f"internal error while streaming: {e}"):
+            yield _event(event)
     finally:
         if not finished:
             stream.cancel()
