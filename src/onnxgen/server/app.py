@@ -50,8 +50,8 @@ BODIES_AT_ONCE = 8  # requests whose body is read or prepared at once; the other
 
 
 class Server:
-    """The routes' shared state and their narrow interface to the engine: :meth:`prepare` (a body to a
-    prepared request, on the worker pool) and :meth:`submit` (queue it, get its stream of deltas)."""
+    """The routes' shared state, and the :class:`~onnxgen.server.service.Service` they use: :meth:`prepare`
+    (a body to a prepared request, on the worker pool) and :meth:`submit` (queue it, get its deltas)."""
 
     def __init__(
         self, llm: LLM, config: SchedulerConfig, model_name: str, tool_parser: str | None = None
@@ -77,6 +77,9 @@ class Server:
         async with self._bodies:
             body = await read_body(request)
             return await asyncio.get_running_loop().run_in_executor(self.pool, work, body)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.llm.token_bytes(token_id)
 
     def submit(self, prepared: Prepared) -> RequestStream:
         """Queue ``prepared``; its deltas arrive on the returned stream (503 when the queue is full)."""

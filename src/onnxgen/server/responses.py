@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -32,10 +32,8 @@ from onnxgen.server.access import RequestRecord, request_record
 from onnxgen.server.body import parse_body
 from onnxgen.server.prepare import Prepared, validation_error
 from onnxgen.server.protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest
+from onnxgen.server.service import Service
 from onnxgen.server.streaming import DISCONNECTED, RequestStream, collect
-
-if TYPE_CHECKING:
-    from onnxgen.server.app import Server
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +47,7 @@ class ResponseRequest:
     prepared: Prepared
 
 
-def prepare_response(server: Server, body: bytes) -> ResponseRequest:
+def prepare_response(server: Service, body: bytes) -> ResponseRequest:
     """Validate a Responses body and prepare it as a chat request (on the preparation pool)."""
     raw = parse_body(body)
     items = raw.get("input")
@@ -141,20 +139,20 @@ class ResponseRun:
         return self.response.model_dump(mode="json")
 
 
-def _store(server: Server, run: ResponseRun) -> None:
+def _store(server: Service, run: ResponseRun) -> None:
     req = run.ready.request
     if req.store and run.response.status in ("completed", "incomplete"):
         messages = conversation(req, run.ready.history, run.response)
         server.store.put(run.response.id, run.body(), messages)
 
 
-async def create_response(server: Server, request: Request) -> Response:
+async def create_response(server: Service, request: Request) -> Response:
     """``POST /v1/responses``."""
     ready = await server.prepare(request, lambda body: prepare_response(server, body))
     record = request_record(request)
     record.prompt, record.prompt_tokens = ready.prepared.prompt_text, ready.prepared.prompt_tokens
     stream = server.submit(ready.prepared)
-    run = ResponseRun(ready, server.model_name, server.llm.token_bytes)
+    run = ResponseRun(ready, server.model_name, server.token_bytes)
     if ready.request.stream:
         events = _events(server, stream, run, record)
         return StreamingResponse(
@@ -183,7 +181,7 @@ def _event(event: dict[str, Any]) -> str:
 
 
 async def _events(
-    server: Server, stream: RequestStream, run: ResponseRun, record: RequestRecord
+    server: Service, stream: RequestStream, run: ResponseRun, record: RequestRecord
 ) -> AsyncIterator[str]:
     finished = False
     try:
@@ -214,7 +212,7 @@ async def _events(
             stream.cancel()
 
 
-def stored_response(server: Server, response_id: str) -> dict[str, Any]:
+def stored_response(server: Service, response_id: str) -> dict[str, Any]:
     """``GET /v1/responses/{id}``: a stored response object."""
     stored = server.store.get(response_id)
     if stored is None:

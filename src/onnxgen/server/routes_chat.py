@@ -3,23 +3,19 @@ streamed as OpenAI chunks (bodies from :class:`~onnxgen.server.shapes.ResponseSh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from onnxgen.server.access import request_record
 from onnxgen.server.protocol import ApiError, usage
+from onnxgen.server.service import Service
 from onnxgen.server.shapes import ResponseShape
 from onnxgen.server.streaming import collect, sse_events
-
-if TYPE_CHECKING:
-    from onnxgen.server.app import Server
 
 SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 
-async def completion(server: Server, request: Request, chat: bool) -> Response:
+async def completion(server: Service, request: Request, chat: bool) -> Response:
     """Answer one completions (``chat=False``) or chat completions request."""
     prepared = await server.prepare(request, lambda body: server.preparer(body, chat))
     record = request_record(request)
@@ -30,7 +26,7 @@ async def completion(server: Server, request: Request, chat: bool) -> Response:
         server.model_name,
         prepared.choices,
         prepared.plan,
-        server.llm.token_bytes,
+        server.token_bytes,
         req.top_logprobs_count,
         req.return_token_ids,
     )
