@@ -542,3 +542,44 @@ def test_metrics_carry_the_vllm_names_and_count_the_traffic(servers: dict[str, S
         == 4
     )
     assert after["vllm:num_requests_running"] == after["vllm:kv_cache_usage_perc"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "loop", "parameters": {"$ref": "#"}}}],
+                "tool_choice": "required",
+            },
+            "tools' parameter schemas",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "not among the tools",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "cannot be combined",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{x"}}],
+                    }
+                ]
+            },
+            "not valid JSON",
+        ),
+    ],
+)
+def test_bad_tool_requests_are_400s_naming_the_problem_and_the_server_goes_on(
+    servers: dict[str, ServerProcess], body: dict[str, Any], says: str
+) -> None:
+    server = servers["tools"]
+    r = server.http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, **body})
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    assert chat(server, 0, 2).choices[0].finish_reason == "length"
