@@ -191,6 +191,7 @@ def _load_app(
         )
     _check_outputs(llm)
     min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
+    llm.package.release_graph()  # read again for that probe only
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
     app = create_app(
         llm,
