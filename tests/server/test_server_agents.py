@@ -548,11 +548,8 @@ def test_metrics_carry_the_vllm_names_and_count_the_traffic(servers: dict[str, S
     ("body", "says"),
     [
         (
-            {
-                "tools": [{"type": "function", "function": {"name": "loop", "parameters": {"$ref": "#"}}}],
-                "tool_choice": "required",
-            },
-            "tools' parameter schemas",
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+            "tools[0].parameters must be a JSON schema object",
         ),
         (
             {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},

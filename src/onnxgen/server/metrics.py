@@ -39,9 +39,6 @@ class Both:
         for metric in self.metrics:
             metric.observe(value)
 
-    def labels(self, *values: str) -> Both:
-        return Both(*(metric.labels(*values) for metric in self.metrics))
-
 
 class ServerMetrics:
     """Requests, tokens, queue depth, batch sizes, time to first token and per-token latency."""
