@@ -26,6 +26,7 @@ from onnxgen.testing import build_model, poison_weights
         ),
         (["/nonexistent-model-dir", "--prefill-chunk", "1"], "prefill_chunk must be an integer >= 2 (got 1)"),
         (["/nonexistent-model-dir", "--api-key", " "], "the API key is empty"),
+        (["/nonexistent-model-dir", "--tool-call-parser", "nope"], "unknown tool-call parser 'nope'"),
     ],
 )
 def test_a_bad_serve_flag_or_model_is_one_error_line_and_exit_code_2(

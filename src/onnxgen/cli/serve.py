@@ -1,7 +1,8 @@
 """``onnxgen serve [MODEL] --host 127.0.0.1 --port 8000``: an OpenAI-compatible server with batched decoding.
 
 Also runnable as ``python -m onnxgen.cli.serve MODEL ...``. The port is bound before the model loads (a
-port in use is an error at once), and "listening" is printed only once the server accepts requests.
+port in use is an error at once) and answers 503 while it loads; "listening" is printed only once the
+server accepts requests.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="pad every decode step to this many rows; auto (default): 2 where the export's int4 kernels "
         "(int8 activations) compute a lone row differently from a block on this CPU (probed at start), so "
         "a request gets the same tokens alone or beside others; else 1",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        help="tool-call format of the model's replies: hermes or qwen3_coder (default: from the chat template)",
     )
     security = p.add_argument_group("security")
     security.add_argument(
@@ -130,6 +135,8 @@ def _log_requests(level: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from onnxgen.chat.parsers import tool_parser_for
+    from onnxgen.server.loading import LoadingResponder
     from onnxgen.server.scheduler import SchedulerConfig
     from onnxgen.server.security import SecurityConfig
 
@@ -138,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
     sizes = (args.max_batch, args.max_queue, args.max_model_len or DEFAULT_MAX_MODEL_LEN, args.prefill_chunk)
     SchedulerConfig(*sizes, fixed_rows or 1)  # a bad size is an error before the port and the model
+    tool_parser_for(args.tool_call_parser)  # so is an unknown tool-call format
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
     model = Path(resolve_model(args.model))
@@ -145,7 +153,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
     sock = bind(args.host, args.port)
     try:
-        app, config = _load_app(args, model, fixed_rows, security)
+        with LoadingResponder(sock):  # /health and every route answer 503 until the app serves
+            app, config = _load_app(args, model, fixed_rows, security)
         port = sock.getsockname()[1]
         url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
         if args.host not in LOOPBACK and api_key is None:
@@ -186,7 +195,14 @@ def _load_app(
     min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
     llm.package.release_graph()  # read again for that probe only
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
-    app = create_app(llm, config, args.served_model_name, security, log_prompts=args.log_prompts)
+    app = create_app(
+        llm,
+        config,
+        args.served_model_name,
+        security,
+        log_prompts=args.log_prompts,
+        tool_parser=args.tool_call_parser,
+    )
     _say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
     return app, config
 

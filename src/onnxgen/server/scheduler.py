@@ -79,7 +79,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        metrics.free_rows.set(config.max_batch)
+        metrics.rows(0, config.max_batch)
 
     # -- asyncio side -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -130,8 +130,7 @@ class Scheduler:
         self._prefill_some()
         if self.batch.n:
             self._decode_step()
-        self.metrics.running.set(self.batch.n)
-        self.metrics.free_rows.set(self.batch.free_rows)
+        self.metrics.rows(self.batch.n, self.batch.free_rows)
 
     def _next_job(self) -> Job | None:
         with self._cv:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxgen.generation.constraints import Constraint
+from onnxgen.generation.logprobs import TokenLogprob, choose_scored
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import TokenChoice, build_chain
 from onnxgen.generation.sampling import Sampler
@@ -27,6 +28,7 @@ class Delta:
 
     ``error`` is set (and ``finish_reason`` is ``"error"``) when the request failed in the engine;
     ``client_error`` when the request itself caused it (its constraint hit a parser limit mid-output).
+    ``logprob``: the token's log-probability, when the request asked for them.
     """
 
     index: int
@@ -35,6 +37,7 @@ class Delta:
     finish_reason: str | None = None
     error: str | None = None
     client_error: bool = False
+    logprob: TokenLogprob | None = None
 
 
 class Handle:
@@ -74,6 +77,7 @@ class SequenceRun:
         self.stops = StopStringMatcher(stops or params.stop) if params.stop else None
         self.finish_reason: str | None = None
         self.last_token_at = 0.0
+        self._score: TokenLogprob | None = None  # of the token :meth:`select` chose last
 
     @property
     def generated(self) -> int:
@@ -84,8 +88,14 @@ class SequenceRun:
         return int(self.ids[self.n - 1])
 
     def select(self, logits: np.ndarray) -> int:
-        """The next token from this choice's logits row (processors are out-of-place)."""
-        return self.choose(self.ids[: self.n], self.prompt_len, logits)
+        """The next token from this choice's logits row (processors are out-of-place); with
+        ``params.logprobs`` its log-probability goes with the delta :meth:`add` returns."""
+        if not self.params.logprobs:
+            return self.choose(self.ids[: self.n], self.prompt_len, logits)
+        token, self._score = choose_scored(
+            self.choose, self.params, self.ids[: self.n], self.prompt_len, logits
+        )
+        return token
 
     def add(self, token: int) -> Delta:
         """Append ``token``; return its delta (the finish reason set when the choice is done)."""
@@ -106,7 +116,8 @@ class SequenceRun:
             elif reason is not None:
                 piece += self.stops.flush()
         self.finish_reason = reason
-        return Delta(self.index, token, piece, reason)
+        score, self._score = self._score, None
+        return Delta(self.index, token, piece, reason, logprob=score)
 
 
 @dataclass
