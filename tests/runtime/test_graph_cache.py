@@ -26,13 +26,6 @@ PROMPT = [5, 9, 2, 7, 1, 3]
 STEPS = 8
 
 
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("ONNXGEN_CACHE_DIR", str(folder))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def int4_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("graph-cache")
