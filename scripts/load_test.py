@@ -8,7 +8,8 @@ latency percentiles. Level 1 is the sequential baseline (one request at a time t
 
 With ``--genai`` the same load runs on onnxruntime-genai (scripts/load_genai.py: its Engine in process, no
 HTTP, and padded static batches) over the same model and prompts, for comparison. With ``--step-scaling``
-the batched decode step is also timed alone per batch size. With ``--rounds R`` the whole sweep repeats
+the batched decode step is also timed alone per batch size. With ``--ray-replicas N`` the same load also
+goes to ``onnxgen serve --ray --replicas N --threads --ray-threads`` (Ray Serve replicas behind one ingress). With ``--rounds R`` the whole sweep repeats
 R times (levels and engines taking turns), and tokens/s is the median round: on a shared machine the load
 of other jobs changes from minute to minute. Every count and wait is bounded.
 
@@ -107,7 +108,7 @@ class Server:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(15)
+            self.proc.wait(60)
         self._log.close()
 
 
@@ -264,6 +265,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-serve", action="store_true", help="skip the onnxgen server levels")
     p.add_argument(
+        "--ray-replicas",
+        type=int,
+        default=0,
+        help="also run `onnxgen serve --ray` with this many engine replicas (Ray Serve; default: not)",
+    )
+    p.add_argument(
+        "--ray-threads", type=int, default=1, help="intra-op threads of each Ray replica (default 1)"
+    )
+    p.add_argument(
         "--single-row-baseline",
         action="store_true",
         help="also run 1 client on a second server with --min-batch-rows 1 (the fastest sequential baseline)",
@@ -295,6 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flags = ("--min-batch-rows", "1")
                 log = log_path(args).with_suffix(".single.log")
                 servers[SINGLE] = Server(args.model, args.threads, max(levels), log, flags)
+        if args.ray_replicas:
+            label = f"onnxgen serve --ray, {args.ray_replicas} x {args.ray_threads} thread"
+            flags = ("--ray", "--replicas", str(args.ray_replicas))
+            log = log_path(args).with_suffix(".ray.log")
+            servers[label] = Server(args.model, args.ray_threads, max(levels), log, flags)
         for server in servers.values():
             asyncio.run(server_level(server.url, server.name, prompts[:2], 1, 2, 8, 60))  # warm-up
         if args.genai:

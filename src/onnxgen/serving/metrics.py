@@ -10,20 +10,12 @@ their increase, gauges by their value, and histograms as counters of their ``_bu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-
-class RemoteCounter(Protocol):
-    def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None: ...
-
-
-class RemoteGauge(Protocol):
-    def set(self, value: float, tags: dict[str, str] | None = None) -> None: ...
-
-
-MetricFactory = Callable[[str, str, tuple[str, ...]], object]  # (name, description, tag keys) -> metric
+# (name, description, tag keys) -> a metric with ``inc(value, tags=)`` (counters) or ``set(value, tags=)``
+MetricFactory = Callable[[str, str, tuple[str, ...]], Any]
 
 
 class RegistryMirror:
@@ -33,10 +25,10 @@ class RegistryMirror:
     def __init__(self, registry: CollectorRegistry, counter: MetricFactory, gauge: MetricFactory) -> None:
         self.registry = registry
         self._factories = {"counter": counter, "gauge": gauge}
-        self._metrics: dict[str, object] = {}
+        self._metrics: dict[str, Any] = {}
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
 
-    def _metric(self, kind: str, name: str, description: str, tags: tuple[str, ...]) -> object:
+    def _metric(self, kind: str, name: str, description: str, tags: tuple[str, ...]) -> Any:
         if name not in self._metrics:
             self._metrics[name] = self._factories[kind](name, description, tags)
         return self._metrics[name]
@@ -52,7 +44,7 @@ class RegistryMirror:
                 keys = tuple(sorted(tags))
                 if family.type == "gauge":
                     gauge = self._metric("gauge", sample.name, family.documentation, keys)
-                    gauge.set(sample.value, tags=tags)  # type: ignore[attr-defined]
+                    gauge.set(sample.value, tags=tags)
                     continue
                 name = sample.name.removesuffix("_total")
                 seen = (name, tuple(sorted(tags.items())))
@@ -60,7 +52,7 @@ class RegistryMirror:
                 self._last[seen] = sample.value
                 if delta > 0:
                     counter = self._metric("counter", name, family.documentation, keys)
-                    counter.inc(delta, tags=tags)  # type: ignore[attr-defined]
+                    counter.inc(delta, tags=tags)
 
 
 class IngressMetrics:

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import random
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -128,13 +129,13 @@ class OnnxgenEngine:
         await self.runner.stop()
 
 
-def _ray_counter(name: str, description: str, tags: tuple[str, ...]) -> object:
+def _ray_counter(name: str, description: str, tags: tuple[str, ...]) -> Any:
     from ray.serve.metrics import Counter
 
     return Counter(name, description, tag_keys=tags)
 
 
-def _ray_gauge(name: str, description: str, tags: tuple[str, ...]) -> object:
+def _ray_gauge(name: str, description: str, tags: tuple[str, ...]) -> Any:
     from ray.serve.metrics import Gauge
 
     return Gauge(name, description, tag_keys=tags)
@@ -374,8 +375,12 @@ def run_until_interrupted(
     Ray instance started here) and keep it up until Ctrl-C, then take it down."""
     import ray
 
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # a terminated server takes its replicas (and a Ray it started) down too
+
     say(f"starting Ray ({address or 'a local instance'}) and the replicas")
     ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    signal.signal(signal.SIGTERM, stop)  # after ray.init, which sets its own
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name=APP_NAME, route_prefix="/")
