@@ -146,6 +146,17 @@ def test_an_overloaded_preferred_replica_gives_way_to_the_least_loaded() -> None
     assert choose(None, REPLICAS, IDLE, table, slack=4) == Choice(None, "unkeyed")
 
 
+def test_without_a_known_prefix_the_anchor_picks_only_among_the_least_loaded() -> None:
+    table = AffinityTable()
+    keys = [_key([{"role": "user", "content": f"question {i}"}]) for i in range(40)]
+    busy = {"replica-a": 3, "replica-b": 1, "replica-c": 1}
+    picks = {choose(k, REPLICAS, busy, table, slack=8).replica for k in keys}
+    assert picks == {"replica-b", "replica-c"}  # never the busier one, though within the slack
+    assert all(choose(k, REPLICAS, busy, table, slack=8).how == "anchor" for k in keys)
+    first = keys[0]
+    assert choose(first, REPLICAS, IDLE, table, slack=8).replica == rendezvous(first.anchor, REPLICAS)
+
+
 def test_anchors_spread_over_replicas_and_only_a_lost_replicas_anchors_move() -> None:
     anchors = [f"conversation-{i}" for i in range(300)]
     before = {a: rendezvous(a, REPLICAS) for a in anchors}

@@ -10,11 +10,10 @@ prompt's first 128, 256, 512, ... characters. The ingress computes the key from 
    replica-side signal, from each replica's routing stats), else the replica that served the longest
    of them before (:class:`AffinityTable`, the router's memory), where that prefix covers at least
    half the prompt (so a shared system prompt alone does not pull every conversation onto one replica);
-2. else the replica the conversation's *anchor* (its digest through the first non-system message)
-   hashes to (rendezvous hashing, so ingress replicas agree without sharing state and only a lost
-   replica's conversations move);
-3. else, or when that replica has ``slack`` more requests in flight than the least loaded one, the
-   least loaded replica.
+2. when that replica has more than ``slack`` requests in flight beyond the least loaded one, or no
+   prefix is known, the least loaded replica: among several, the one the conversation's *anchor* (its
+   digest through the first non-system message) hashes to (rendezvous hashing, so ingress replicas
+   tend to agree without sharing state, and only a lost replica's conversations move).
 """
 
 from __future__ import annotations
@@ -125,9 +124,9 @@ class AffinityTable:
 @dataclass(frozen=True)
 class Choice:
     """The replica to try first (None: the least loaded) and why: ``held`` (it reports holding the
-    longest prefix), ``prefix`` (it served the longest known prefix), ``anchor`` (the conversation hashes
-    to it), ``overloaded`` (the preferred one has ``slack`` more requests than the least loaded) or
-    ``unkeyed`` (nothing to key on)."""
+    longest prefix), ``prefix`` (it served the longest known prefix), ``anchor`` (no known prefix: the
+    least loaded replica the conversation hashes to), ``overloaded`` (the replica with the prefix has
+    more than ``slack`` requests beyond the least loaded) or ``unkeyed`` (nothing to key on)."""
 
     replica: str | None
     how: str
@@ -174,16 +173,20 @@ def choose(
     min_match: float = 0.5,
 ) -> Choice:
     """Where a request with ``key`` should go among ``replicas`` (``loads``: requests in flight on each,
-    None where unknown; ``held``: prefix digests each replica reports holding). A known prefix counts
-    only where it covers at least ``min_match`` of the prompt: a shared system prompt alone does not
-    pull every new conversation onto one replica."""
+    None where unknown; ``held``: prefix digests each replica reports holding).
+
+    A known prefix counts only where it covers at least ``min_match`` of the prompt (a shared system
+    prompt alone does not pull every new conversation onto one replica), and keeps the request on its
+    replica while that one has at most ``slack`` requests more than the least loaded. Without a known
+    prefix nothing is cached anywhere yet, so the anchor only picks among the least loaded replicas.
+    """
     if key is None or not replicas:
         return Choice(None, "unkeyed")
-    choice = _longest(key, replicas, table, held or {}, loads, min_match) or Choice(
-        rendezvous(key.anchor, replicas), "anchor"
-    )
     known = [load for r in replicas if (load := loads.get(r)) is not None]
-    load = loads.get(choice.replica or "")
-    if load is not None and known and load - min(known) > slack:
-        return Choice(None, "overloaded")
-    return choice
+    least = min(known, default=0)
+    found = _longest(key, replicas, table, held or {}, loads, min_match)
+    if found is not None:
+        load = loads.get(found.replica or "")
+        return found if load is None or load - least <= slack else Choice(None, "overloaded")
+    idle = [r for r in replicas if (loads.get(r) or 0) <= least]
+    return Choice(rendezvous(key.anchor, idle or list(replicas)), "anchor")

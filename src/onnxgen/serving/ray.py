@@ -10,19 +10,18 @@ Two deployments make the application (:func:`build_app`):
   deployment queues at the ingress, at most ``max_queue`` requests, then answers 503 like a full
   ``onnxgen serve``. With ``min_replicas``/``max_replicas`` Ray Serve scales the replicas on the
   requests in flight per replica (target: ``max_batch``). Its metrics go to Ray's metrics, per replica.
-- ``OnnxgenIngress``: checks Host / Origin / API key like the engine does, reads the body (same limits),
-  keys it by its prompt's leading parts (:mod:`onnxgen.serving.affinity`) and passes it on through a
-  handle whose router, :class:`PrefixAffinityRouter`, prefers the replica that holds the prefix. A
-  request whose replica dies before any output reached the client is sent again to another replica; a
-  stream cut later ends with an error event. ``/metrics`` here shows the ingress's own counters.
+- ``OnnxgenIngress`` (:mod:`onnxgen.serving.ray_ingress`): checks Host / Origin / API key like the engine
+  does, reads the body (same limits), keys it by its prompt's leading parts
+  (:mod:`onnxgen.serving.affinity`) and passes it on through a handle whose router,
+  :class:`~onnxgen.serving.ray_router.PrefixAffinityRouter`, prefers the replica that holds the prefix.
+  A request whose replica dies before any output reached the client is sent again to another replica;
+  a stream cut later ends with an error event. ``/metrics`` here shows the ingress's own counters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import random
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -30,76 +29,26 @@ from dataclasses import replace
 from typing import Any
 
 from ray import serve
-from ray.exceptions import RayActorError
 from ray.serve.config import RequestRouterConfig
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
-from onnxgen.server.access import ENDPOINTS
-from onnxgen.server.body import read_body
-from onnxgen.server.protocol import ApiError, error_body
-from onnxgen.server.security import Guard, SecurityConfig
-from onnxgen.serving.affinity import AffinityTable, RoutingKey, choose, routing_key
+from onnxgen.server.security import SecurityConfig
 from onnxgen.serving.asgi import AppRunner, ForwardedRequest, ResponseHead
 from onnxgen.serving.engine import EngineSpec, load_app
-from onnxgen.serving.metrics import IngressMetrics, RegistryMirror
+from onnxgen.serving.metrics import RegistryMirror
+from onnxgen.serving.ray_ingress import REPLICA_HEADER, OnnxgenIngress
+from onnxgen.serving.ray_router import PrefixAffinityRouter
+
+__all__ = [
+    "REPLICA_HEADER",
+    "OnnxgenEngine",
+    "OnnxgenIngress",
+    "PrefixAffinityRouter",
+    "app_builder",
+    "build_app",
+]
 
 APP_NAME = "onnxgen"
-REPLICA_HEADER = "x-onnxgen-replica"
 METRICS_PERIOD_S = 5.0
-PARSE_IN_THREAD_BYTES = 64 * 1024  # bodies parsed for their routing key off the event loop above this
-REPLICA_FAILED = (RayActorError, DeploymentUnavailableError)
-_HOP_HEADERS = (b"content-length", b"transfer-encoding", b"connection")
-
-
-# -- routing ---------------------------------------------------------------------------------------------
-class PrefixAffinityRouter(RequestRouter):
-    """Ray Serve request router: a replica holding the request's prefix first (see
-    :func:`onnxgen.serving.affinity.choose`), then the least loaded of two random others.
-
-    Replicas may report the prefix digests their prefix cache holds as ``prefix_keys`` in their routing
-    stats (a deployment's ``record_routing_stats``); the router prefers them to its own memory.
-    """
-
-    def initialize_state(self, slack: int = 16, capacity: int = 100_000) -> None:
-        self.slack = slack
-        self.table = AffinityTable(capacity)
-
-    async def choose_replicas(
-        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
-    ) -> list[list[RunningReplica]]:
-        request = _forwarded(pending_request)
-        by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
-        cache = self.replica_queue_len_cache
-        loads = {name: cache.get(r.replica_id) for name, r in by_id.items()}
-        held = {name: r.routing_stats.get("prefix_keys", ()) for name, r in by_id.items()}
-        key = request.routing if request is not None else None
-        choice = choose(key, list(by_id), loads, self.table, self.slack, held)
-        if request is not None:
-            request.route = choice.how
-        others = [r for name, r in by_id.items() if name != choice.replica]
-        fallback = random.sample(others, min(2, len(others)))
-        if choice.replica is None:
-            return [fallback]
-        return [[by_id[choice.replica]], fallback] if fallback else [[by_id[choice.replica]]]
-
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
-        request = _forwarded(pending_request)
-        if request is not None and request.routing is not None:
-            self.table.record(request.routing, replica_id.to_full_id_str())
-
-
-def _forwarded(pending_request: PendingRequest | None) -> ForwardedRequest | None:
-    if pending_request is None or not pending_request.args:
-        return None
-    request = pending_request.args[0]
-    return request if isinstance(request, ForwardedRequest) else None
 
 
 # -- the engine replicas ---------------------------------------------------------------------------------
@@ -141,162 +90,6 @@ def _ray_gauge(name: str, description: str, tags: tuple[str, ...]) -> Any:
     return Gauge(name, description, tag_keys=tags)
 
 
-# -- the ingress -----------------------------------------------------------------------------------------
-class OnnxgenIngress:
-    """The HTTP front: guard, body, routing key, then the engine replica's response, relayed."""
-
-    async def __init__(self, engine: DeploymentHandle, security: SecurityConfig, retries: int) -> None:
-        self.engine = engine.options(method_name="forward", stream=True)
-        self.retries = retries
-        self.metrics = IngressMetrics()
-        routes = [
-            Route("/metrics", self._metrics, methods=["GET"]),
-            Route(
-                "/{path:path}", self._forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-            ),
-        ]
-        self._asgi = Starlette(routes=routes, middleware=[Middleware(Guard, config=security)])
-
-    def __serve_build_asgi_app__(self) -> Starlette:
-        return self._asgi
-
-    async def _metrics(self, request: Request) -> Response:
-        self._count(request, 200)
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    def _count(self, request: Request, status: int) -> None:
-        self.metrics.requests.labels(ENDPOINTS.get(request.url.path, "other"), str(status)).inc()
-
-    async def _forward(self, request: Request) -> Response:
-        try:
-            forwarded = await self._request(request)
-            head, first, stream = await self._first_output(forwarded)
-        except ApiError as e:
-            self._count(request, e.status)
-            return e.response()
-        self._count(request, head.status)
-        self.metrics.routed.labels(head.header(REPLICA_HEADER) or "", forwarded.route or "unkeyed").inc()
-        headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP_HEADERS]
-        if stream is None:
-            response = Response(b"".join(first), head.status)
-            response.raw_headers = [*headers, (b"content-length", str(len(response.body)).encode())]
-            return response
-        response = StreamingResponse(self._relay(first, stream), head.status)
-        response.raw_headers = headers
-        return response
-
-    async def _request(self, request: Request) -> ForwardedRequest:
-        path = request.url.path
-        keyed = request.method == "POST" and path in ("/v1/completions", "/v1/chat/completions")
-        body = await read_body(request) if keyed else b""
-        key = None
-        if keyed:
-            key = (
-                await asyncio.to_thread(_key, path, body)
-                if len(body) > PARSE_IN_THREAD_BYTES
-                else _key(path, body)
-            )
-        client = tuple(request.scope["client"]) if request.scope.get("client") else None
-        server = tuple(request.scope["server"]) if request.scope.get("server") else None
-        return ForwardedRequest(
-            request.method,
-            path,
-            request.scope.get("query_string", b""),
-            list(request.scope["headers"]),
-            body,
-            client,  # type: ignore[arg-type]
-            server,  # type: ignore[arg-type]
-            key,
-        )
-
-    async def _first_output(
-        self, forwarded: ForwardedRequest
-    ) -> tuple[ResponseHead, list[bytes], DeploymentResponseGenerator | None]:
-        """The head and the body up to the first output a client could have seen (all of it unless it is
-        a stream), sending the request again, up to ``retries`` times, while its replica fails first."""
-        for attempt in range(self.retries + 1):
-            stream = self.engine.remote(forwarded)
-            try:
-                head = await stream.__anext__()
-                if not isinstance(head, ResponseHead):
-                    raise TypeError(f"the engine answered {type(head).__name__} before its response head")
-                streaming = (head.header("content-type") or "").startswith("text/event-stream")
-                first = await (_leading_events(stream) if streaming else _all(stream))
-                return head, first, stream if streaming else None
-            except BackPressureError as e:
-                raise ApiError(
-                    503,
-                    f"every replica is busy and the queue is full ({e}); retry later",
-                    "server_overloaded",
-                ) from e
-            except REPLICA_FAILED as e:
-                stream.cancel()
-                if attempt == self.retries:
-                    raise ApiError(
-                        503,
-                        f"the replicas serving this request failed before answering ({e}); retry",
-                        "server_error",
-                    ) from e
-                self.metrics.retries.inc()
-            except BaseException:
-                stream.cancel()  # the client went away: stop the generation
-                raise
-        raise AssertionError("unreachable")
-
-    async def _relay(self, first: list[bytes], stream: DeploymentResponseGenerator) -> AsyncIterator[bytes]:
-        try:
-            for chunk in first:
-                yield chunk
-            async for chunk in stream:
-                yield chunk  # type: ignore[misc]
-        except REPLICA_FAILED as e:
-            self.metrics.broken.inc()
-            message = f"the replica serving this request failed mid-stream ({e}); the response is incomplete"
-            yield _sse_error(message)
-        finally:
-            stream.cancel()
-
-
-def _key(path: str, body: bytes) -> RoutingKey | None:
-    try:
-        return routing_key(path, json.loads(body))
-    except (ValueError, RecursionError):
-        return None  # the replica refuses the body with the precise error
-
-
-def _sse_error(message: str) -> bytes:
-    return f"data: {json.dumps(error_body(message, 'server_error'))}\n\n".encode()
-
-
-async def _all(stream: DeploymentResponseGenerator) -> list[bytes]:
-    return [chunk async for chunk in stream]  # type: ignore[misc]
-
-
-def _carries_output(chunk: bytes) -> bool:
-    """Whether SSE ``chunk`` holds more than the opening role chunks of a chat stream (which carry no
-    token, so a request that has sent only them can still be sent again)."""
-    for line in chunk.split(b"\n"):
-        if not line.startswith(b"data: "):
-            continue
-        try:
-            event = json.loads(line[6:])
-        except ValueError:
-            return True
-        choices = event.get("choices") if isinstance(event, dict) else None
-        if not choices or any(c.get("delta") != {"role": "assistant", "content": ""} for c in choices):
-            return True
-    return False
-
-
-async def _leading_events(stream: DeploymentResponseGenerator) -> list[bytes]:
-    chunks: list[bytes] = []
-    async for chunk in stream:
-        chunks.append(chunk)  # type: ignore[arg-type]
-        if _carries_output(chunk):  # type: ignore[arg-type]
-            break
-    return chunks
-
-
 # -- the application -------------------------------------------------------------------------------------
 def build_app(
     model: str | EngineSpec,
@@ -324,24 +117,12 @@ def build_app(
     if isinstance(model, EngineSpec) and engine:
         spec = replace(spec, **engine)
     spec.scheduler_config()  # bad sizes fail here, not in every replica
-    scaling = _scaling(replicas, min_replicas, max_replicas, target_ongoing_requests or spec.max_batch)
+    scaling = scaling_options(replicas, min_replicas, max_replicas, target_ongoing_requests or spec.max_batch)
     if retries < 0 or ingress_replicas < 1:
         raise ValueError(
             f"retries must be >= 0 and ingress_replicas >= 1 (got {retries}, {ingress_replicas})"
         )
-    router = RequestRouterConfig(
-        request_router_class=PrefixAffinityRouter,
-        request_router_kwargs={"slack": spec.max_batch if affinity_slack is None else affinity_slack},
-    )
-    engines = serve.deployment(
-        OnnxgenEngine,
-        ray_actor_options={"num_cpus": spec.threads or 1},
-        max_ongoing_requests=spec.max_batch + spec.max_queue,
-        max_queued_requests=spec.max_queue,
-        request_router_config=router,
-        health_check_period_s=5.0,
-        **scaling,
-    )
+    engines = engine_deployment(spec, scaling, spec.max_batch if affinity_slack is None else affinity_slack)
     ingress = serve.deployment(
         serve.ingress()(OnnxgenIngress),
         name="OnnxgenIngress",
@@ -352,7 +133,51 @@ def build_app(
     return ingress.bind(engines.bind(spec), spec.security, retries)
 
 
-def _scaling(replicas: int, low: int | None, high: int | None, target: float) -> dict[str, Any]:
+_INTEGERS = ("replicas", "min_replicas", "max_replicas", "affinity_slack", "ingress_replicas", "retries")
+_ENGINE_INTEGERS = ("threads", "max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows")
+
+
+def app_builder(args: dict[str, Any]) -> serve.Application:
+    """:func:`build_app` from a Ray Serve config's ``args`` (``serve run onnxgen.serving.ray:app_builder
+    model=/models/qwen3 replicas=4``, or a KubeRay RayService's ``serveConfigV2``): numbers may come as
+    text; ``security`` is a mapping of :class:`SecurityConfig`'s fields (``api_key``, ``host``, ...)."""
+    options = dict(args)
+    if "model" not in options:
+        raise ValueError("the application needs args.model: the model directory on every node")
+    for name in _INTEGERS + _ENGINE_INTEGERS:
+        if options.get(name) is not None:
+            options[name] = int(options[name])
+    if "target_ongoing_requests" in options:
+        options["target_ongoing_requests"] = float(options["target_ongoing_requests"])
+    security = options.pop("security", None) or {}
+    for name in ("allowed_hosts", "cors_origins"):
+        if isinstance(security.get(name), str):
+            security[name] = tuple(n.strip() for n in security[name].split(",") if n.strip())
+        elif name in security:
+            security[name] = tuple(security[name])
+    return build_app(options.pop("model"), security=SecurityConfig(**security), **options)
+
+
+def engine_deployment(spec: EngineSpec, scaling: dict[str, Any], slack: int) -> serve.Deployment:
+    """The engine deployment: one core per thread, at most the engine's rows and queue in flight per
+    replica, at most one engine queue's worth waiting at each caller (then 503), prefix-aware routing."""
+    router = RequestRouterConfig(
+        request_router_class=PrefixAffinityRouter, request_router_kwargs={"slack": slack}
+    )
+    return serve.deployment(
+        OnnxgenEngine,
+        ray_actor_options={"num_cpus": spec.threads or 1},
+        max_ongoing_requests=spec.max_batch + spec.max_queue,
+        max_queued_requests=spec.max_queue,
+        request_router_config=router,
+        health_check_period_s=5.0,
+        **scaling,
+    )
+
+
+def scaling_options(replicas: int, low: int | None, high: int | None, target: float) -> dict[str, Any]:
+    """``num_replicas`` (fixed) or Ray Serve's autoscaling between ``low`` and ``high`` replicas on
+    ``target`` requests in flight per replica."""
     if low is None and high is None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1 (got {replicas})")
