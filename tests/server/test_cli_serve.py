@@ -37,6 +37,28 @@ def test_a_bad_serve_flag_or_model_is_one_error_line_and_exit_code_2(
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--replicas", "2"], "--replicas only apply with --ray; add --ray or drop them"),
+        (["--address", "auto", "--max-replicas", "3"], "--max-replicas, --address only apply with --ray"),
+        (
+            ["--ray", "--replicas", "2", "--min-replicas", "1"],
+            "give either --replicas N (fixed) or --min-replicas/--max-replicas (autoscaling), not both",
+        ),
+    ],
+)
+def test_scale_out_flags_without_ray_or_mixed_are_one_error_line_before_ray_starts(
+    flags: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from onnxgen.llm import default_model_dir
+
+    assert main([str(default_model_dir()), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("onnxgen serve: error: ") and says in err
+    assert len(err.splitlines()) == 1
+
+
 def test_a_port_in_use_fails_before_the_model_loads(
     server_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

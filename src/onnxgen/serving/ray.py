@@ -25,7 +25,7 @@ import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from ray import serve
@@ -133,6 +133,8 @@ def build_app(
     return ingress.bind(engines.bind(spec), spec.security, retries)
 
 
+_APP_ARGS = ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "affinity_slack")
+_APP_ARGS += ("ingress_replicas", "retries")
 _INTEGERS = ("replicas", "min_replicas", "max_replicas", "affinity_slack", "ingress_replicas", "retries")
 _ENGINE_INTEGERS = ("threads", "max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows")
 
@@ -144,18 +146,26 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     options = dict(args)
     if "model" not in options:
         raise ValueError("the application needs args.model: the model directory on every node")
+    _check_names("args", options, _APP_ARGS + tuple(f.name for f in fields(EngineSpec)))
     for name in _INTEGERS + _ENGINE_INTEGERS:
         if options.get(name) is not None:
             options[name] = int(options[name])
     if "target_ongoing_requests" in options:
         options["target_ongoing_requests"] = float(options["target_ongoing_requests"])
-    security = options.pop("security", None) or {}
+    security = dict(options.pop("security", None) or {})
+    _check_names("args.security", security, tuple(f.name for f in fields(SecurityConfig)))
     for name in ("allowed_hosts", "cors_origins"):
         if isinstance(security.get(name), str):
             security[name] = tuple(n.strip() for n in security[name].split(",") if n.strip())
         elif name in security:
             security[name] = tuple(security[name])
     return build_app(options.pop("model"), security=SecurityConfig(**security), **options)
+
+
+def _check_names(where: str, given: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {where} {', '.join(unknown)}; known: {', '.join(sorted(known))}")
 
 
 def engine_deployment(spec: EngineSpec, scaling: dict[str, Any], slack: int) -> serve.Deployment:
