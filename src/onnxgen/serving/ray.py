@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -214,6 +215,9 @@ def run_until_interrupted(
         raise KeyboardInterrupt  # a terminated server takes its replicas (and a Ray it started) down too
 
     say(f"starting Ray ({address or 'a local instance'}) and the replicas")
+    if address is None:
+        # Ray runs its workers at niceness 15 by default; here the workers are the server itself
+        os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address=address, include_dashboard=False, log_to_driver=True)
     signal.signal(signal.SIGTERM, stop)  # after ray.init, which sets its own
     try:
