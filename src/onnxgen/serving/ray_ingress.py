@@ -38,7 +38,7 @@ _HOP_HEADERS = (b"content-length", b"transfer-encoding", b"connection")
 class OnnxgenIngress:
     """The HTTP front: guard, body, routing key, then the engine replica's response, relayed."""
 
-    async def __init__(self, engine: DeploymentHandle, security: SecurityConfig, retries: int) -> None:
+    def __init__(self, engine: DeploymentHandle, security: SecurityConfig, retries: int) -> None:
         self.engine = engine.options(method_name="forward", stream=True)
         self.retries = retries
         self.metrics = IngressMetrics()
