@@ -121,6 +121,22 @@ def test_a_prefix_covering_less_than_half_the_prompt_does_not_pull_the_request()
     assert choose(long_user, REPLICAS, IDLE, table, slack=4).how == "anchor"
 
 
+def test_a_conversation_keeps_its_replica_when_a_long_reply_makes_its_history_less_than_half() -> None:
+    table = AffinityTable()
+    first = [SYSTEM, {"role": "user", "content": "Write a long essay."}]
+    table.record(_key(first), "replica-b")
+    second = _key(
+        [*first, {"role": "assistant", "content": "z" * 5000}, {"role": "user", "content": "More."}]
+    )
+    assert choose(second, REPLICAS, IDLE, table, slack=4) == Choice("replica-b", "prefix")
+    # the shared system prompt alone still does not pull it (negative control: same lengths, other question)
+    other = [SYSTEM, {"role": "user", "content": "Write a short poem."}]
+    table = AffinityTable()
+    table.record(_key(other[:1]), "replica-b")
+    third = _key([*other, {"role": "assistant", "content": "z" * 5000}, {"role": "user", "content": "More."}])
+    assert choose(third, REPLICAS, IDLE, table, slack=4).how == "anchor"
+
+
 def test_a_replica_reporting_the_prefix_in_its_cache_beats_the_routers_memory() -> None:
     table = AffinityTable()
     turns = [_key(m) for m in _turns("Plan a trip to the mountains for a week.", 1)]

@@ -8,8 +8,10 @@ prompt's first 128, 256, 512, ... characters. The ingress computes the key from 
 
 1. a replica that reports holding the longest of those prefixes in its prefix cache (``held``: the
    replica-side signal, from each replica's routing stats), else the replica that served the longest
-   of them before (:class:`AffinityTable`, the router's memory), where that prefix covers at least
-   half the prompt (so a shared system prompt alone does not pull every conversation onto one replica);
+   of them before (:class:`AffinityTable`, the router's memory), where that prefix reaches into the
+   conversation's own messages or covers at least half the prompt (so a shared system prompt alone does
+   not pull every conversation onto one replica, while a conversation whose replies grew long keeps its
+   replica);
 2. when that replica has more than ``slack`` requests in flight beyond the least loaded one, or no
    prefix is known, the least loaded replica: among several, the one the conversation's *anchor* (its
    digest through the first non-system message) hashes to (rendezvous hashing, so ingress replicas
@@ -35,12 +37,14 @@ SYSTEM_ROLES = ("system", "developer")
 @dataclass(frozen=True)
 class RoutingKey:
     """Digests of a prompt's leading parts (shortest first), how many characters each covers, the
-    prompt's length in those characters, and the digest of the conversation it belongs to."""
+    prompt's length in those characters, the digest of the conversation it belongs to, and (chat) the
+    index of the first digest that covers a message of the conversation's own (past the system ones)."""
 
     prefixes: tuple[str, ...]
     lengths: tuple[int, ...]
     total: int
     anchor: str
+    own_from: int | None = None
 
 
 def _chain(previous: bytes, part: str) -> bytes:
@@ -53,7 +57,7 @@ def _chat_key(body: Mapping[str, Any]) -> RoutingKey | None:
         return None
     tools = body.get("tools")
     digest = _chain(b"chat", json.dumps(tools, sort_keys=True, ensure_ascii=False) if tools else "")
-    prefixes, lengths, anchor, total = [], [], None, 0
+    prefixes, lengths, anchor, own_from, total = [], [], None, None, 0
     for message in messages:
         text = json.dumps(message, sort_keys=True, ensure_ascii=False)
         digest = _chain(digest, text)
@@ -61,8 +65,8 @@ def _chat_key(body: Mapping[str, Any]) -> RoutingKey | None:
         prefixes.append(digest.hex())
         lengths.append(total)
         if anchor is None and not (isinstance(message, dict) and message.get("role") in SYSTEM_ROLES):
-            anchor = prefixes[-1]
-    return RoutingKey(tuple(prefixes), tuple(lengths), total, anchor or prefixes[-1])
+            anchor, own_from = prefixes[-1], len(prefixes) - 1
+    return RoutingKey(tuple(prefixes), tuple(lengths), total, anchor or prefixes[-1], own_from)
 
 
 def _text_key(text: str) -> RoutingKey:
@@ -151,8 +155,9 @@ def _longest(
     loads: Mapping[str, int | None],
     min_match: float,
 ) -> Choice | None:
-    for digest, length in zip(reversed(key.prefixes), reversed(key.lengths), strict=True):
-        if length < min_match * key.total:
+    for index in reversed(range(len(key.prefixes))):
+        digest, own = key.prefixes[index], key.own_from is not None and index >= key.own_from
+        if not own and key.lengths[index] < min_match * key.total:
             return None
         holders = [r for r in replicas if digest in held.get(r, ())]
         if holders:
@@ -175,8 +180,9 @@ def choose(
     """Where a request with ``key`` should go among ``replicas`` (``loads``: requests in flight on each,
     None where unknown; ``held``: prefix digests each replica reports holding).
 
-    A known prefix counts only where it covers at least ``min_match`` of the prompt (a shared system
-    prompt alone does not pull every new conversation onto one replica), and keeps the request on its
+    A known prefix counts only where it reaches into the conversation's own messages or covers at
+    least ``min_match`` of the prompt (a shared system prompt alone does not pull every new
+    conversation onto one replica), and keeps the request on its
     replica while that one has at most ``slack`` requests more than the least loaded. Without a known
     prefix nothing is cached anywhere yet, so the anchor only picks among the least loaded replicas.
     """
