@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -57,6 +58,19 @@ def test_scale_out_flags_without_ray_or_mixed_are_one_error_line_before_ray_star
     err = capsys.readouterr().err.strip()
     assert err.startswith("onnxgen serve: error: ") and says in err
     assert len(err.splitlines()) == 1
+
+
+def test_ray_without_ray_serve_installed_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from onnxgen.llm import default_model_dir
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "onnxgen.serving.ray", raising=False)
+    assert main([str(default_model_dir()), "--ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("onnxgen serve: error: --ray needs Ray Serve")
+    assert err.endswith("install it with: pip install 'onnxgen[ray]'") and len(err.splitlines()) == 1
 
 
 def test_a_port_in_use_fails_before_the_model_loads(
