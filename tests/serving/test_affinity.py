@@ -22,6 +22,12 @@ def _turns(first: str, replies: int) -> list[list[dict[str, str]]]:
     return turns
 
 
+def _completion_key(prompt: str) -> RoutingKey:
+    key = routing_key("/v1/completions", {"prompt": prompt})
+    assert key is not None
+    return key
+
+
 def _key(messages: list[dict[str, str]]) -> RoutingKey:
     key = routing_key(CHAT, {"messages": messages})
     assert key is not None
@@ -111,14 +117,25 @@ def test_the_replica_that_served_the_longest_prefix_is_chosen_and_is_a_hit() -> 
     )  # c is gone
 
 
-def test_a_prefix_covering_less_than_half_the_prompt_does_not_pull_the_request() -> None:
+def test_a_shared_system_prompt_does_not_pull_new_conversations_however_long() -> None:
     table = AffinityTable()
-    long_system = {"role": "system", "content": "x" * 50}
-    table.record(_key([long_system]), "replica-a")
-    short_user = _key([long_system, {"role": "user", "content": "hi"}])
-    long_user = _key([long_system, {"role": "user", "content": "y" * 500}])
-    assert choose(short_user, REPLICAS, IDLE, table, slack=4) == Choice("replica-a", "prefix")
-    assert choose(long_user, REPLICAS, IDLE, table, slack=4).how == "anchor"
+    long_system = {"role": "system", "content": "x" * 500}
+    table.record(_key([long_system, {"role": "user", "content": "first"}]), "replica-a")
+    for question in ("hi", "y" * 500):
+        new = _key([long_system, {"role": "user", "content": question}])
+        assert choose(new, REPLICAS, IDLE, table, slack=4).how == "anchor"
+    system_only = _key([long_system])  # nothing of its own: the system prompt is its whole prompt
+    assert choose(system_only, REPLICAS, IDLE, table, slack=4) == Choice("replica-a", "prefix")
+
+
+def test_a_completion_prefix_pulls_only_when_it_covers_half_the_prompt() -> None:
+    table = AffinityTable()
+    shared = "z" * 256
+    table.record(_completion_key(shared), "replica-b")
+    assert choose(_completion_key(shared + "q" * 200), REPLICAS, IDLE, table, slack=4) == Choice(
+        "replica-b", "prefix"
+    )
+    assert choose(_completion_key(shared + "q" * 400), REPLICAS, IDLE, table, slack=4).how == "anchor"
 
 
 def test_a_conversation_keeps_its_replica_when_a_long_reply_makes_its_history_less_than_half() -> None:

@@ -9,9 +9,8 @@ prompt's first 128, 256, 512, ... characters. The ingress computes the key from 
 1. a replica that reports holding the longest of those prefixes in its prefix cache (``held``: the
    replica-side signal, from each replica's routing stats), else the replica that served the longest
    of them before (:class:`AffinityTable`, the router's memory), where that prefix reaches into the
-   conversation's own messages or covers at least half the prompt (so a shared system prompt alone does
-   not pull every conversation onto one replica, while a conversation whose replies grew long keeps its
-   replica);
+   conversation's own messages (chat: a shared system prompt alone does not pull every new conversation
+   onto one replica, however long it is) or covers at least half the prompt (completions);
 2. when that replica has more than ``slack`` requests in flight beyond the least loaded one, or no
    prefix is known, the least loaded replica: among several, the one the conversation's *anchor* (its
    digest through the first non-system message) hashes to (rendezvous hashing, so ingress replicas
@@ -156,9 +155,12 @@ def _longest(
     min_match: float,
 ) -> Choice | None:
     for index in reversed(range(len(key.prefixes))):
-        digest, own = key.prefixes[index], key.own_from is not None and index >= key.own_from
-        if not own and key.lengths[index] < min_match * key.total:
+        if key.own_from is not None:
+            if index < key.own_from:
+                return None  # shared system messages alone do not pull a conversation
+        elif key.lengths[index] < min_match * key.total:
             return None
+        digest = key.prefixes[index]
         holders = [r for r in replicas if digest in held.get(r, ())]
         if holders:
             return Choice(min(holders, key=lambda r: loads.get(r) or 0), "held")
@@ -180,9 +182,9 @@ def choose(
     """Where a request with ``key`` should go among ``replicas`` (``loads``: requests in flight on each,
     None where unknown; ``held``: prefix digests each replica reports holding).
 
-    A known prefix counts only where it reaches into the conversation's own messages or covers at
-    least ``min_match`` of the prompt (a shared system prompt alone does not pull every new
-    conversation onto one replica), and keeps the request on its
+    A known prefix counts only where it reaches into the conversation's own messages (chat: a shared
+    system prompt alone does not pull every new conversation onto one replica) or, for a prompt without
+    such messages, covers at least ``min_match`` of it, and keeps the request on its
     replica while that one has at most ``slack`` requests more than the least loaded. Without a known
     prefix nothing is cached anywhere yet, so the anchor only picks among the least loaded replicas.
     """
