@@ -99,9 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "turns": args.turns,
         "follow_ups_on_the_previous_turns_replica": f"{stayed}/{len(follow_ups)}",
         "router_decisions": dict(counts),
-        "prefix_hit_rate_of_follow_ups": round(
-            (counts["prefix"] + counts["held"]) / max(len(follow_ups), 1), 3
-        ),
+        # a first turn has no history to find: the best rate is follow-ups / requests
+        "prefix_hit_rate": round((counts["prefix"] + counts["held"]) / max(sum(counts.values()), 1), 3),
+        "best_possible_hit_rate": round(len(follow_ups) / max(sum(len(t) for t in results), 1), 3),
         "first_turns_per_replica": sorted(first.values(), reverse=True),
         "turn_latency_ms_median": round(
             1000 * statistics.median(s for turns in results for _, s in turns), 1
