@@ -2,9 +2,11 @@
 
 Starts both servers on 127.0.0.1 with the same model and threads (scripts/load_test.py's ``Server``), then
 sends, one at a time and alternating between the two servers so that a busy machine slows both alike:
-``GET /v1/models`` (answered by the engine's app without the model: the hop alone) and a greedy
-1-token completion of a short prompt (the hop plus the lightest model request). Reports the medians and
-90th percentiles of each, and the median of the per-pair differences.
+``GET /v1/models`` (answered by the engine's app without the model: the hop alone), ``GET /metrics`` (on
+Ray answered by the ingress, so only Ray Serve's HTTP proxy and the ingress: the first half of the hop;
+plain: the engine's metrics) and a greedy 1-token completion of a short prompt (the hop plus the lightest
+model request). Reports the medians and 90th percentiles of each, and the median of the per-pair
+differences.
 
     python scripts/hop_overhead.py /work/bench-models/qwen3_5-fp32 --threads 1 --pairs 200
 """
@@ -52,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         body = {"model": servers[PLAIN].name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
         kinds: dict[str, Callable[[httpx.Client], httpx.Response]] = {
             "GET /v1/models": lambda c: c.get("/v1/models"),
+            # on Ray answered by the ingress itself: the proxy and ingress part of the hop
+            "GET /metrics": lambda c: c.get("/metrics"),
             "1-token completion": lambda c: c.post("/v1/completions", json=body),
         }
         times: dict[tuple[str, str], list[float]] = {(k, n): [] for k in kinds for n in servers}
