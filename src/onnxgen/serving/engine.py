@@ -75,6 +75,7 @@ def load_app(
         )
     check_outputs(llm)
     min_rows = spec.min_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
+    llm.package.release_graph()  # read again for that probe only
     config = SchedulerConfig(spec.max_batch, spec.max_queue, max_len, spec.prefill_chunk, min_rows)
     app = create_app(llm, config, spec.served_model_name, spec.security, log_prompts=spec.log_prompts)
     say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
