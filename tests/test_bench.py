@@ -23,7 +23,7 @@ from onnxgen.bench_prompts import CODE_SNIPPET, novel_prompt, repetitive_prompt
 from onnxgen.bench_stats import ratio
 from onnxgen.bench_worker import process_threads
 from onnxgen.cli import main
-from onnxgen.cli_bench import format_report
+from onnxgen.cli.bench_table import format_report
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative.proposers import NgramProposer
 from onnxgen.graph.decode_fusions import planned_fusions

@@ -17,7 +17,7 @@ from typing import Any
 from onnxgen.bench_constraints import constraint_kwargs
 from onnxgen.bench_genai import GENAI, BenchError, GenaiEngine, step_durations_ms
 from onnxgen.bench_worker import peak_rss_mb, rss_mb, serve
-from onnxgen.cli_speculative import SpeculativeSpec
+from onnxgen.cli.speculative import SpeculativeSpec
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import draft_threads, load

@@ -174,8 +174,17 @@ class ModelPackage:
 
 def _read_configs(root: Path, notes: list[str]) -> dict[str, tuple[Path, dict[str, Any]]]:
     if not root.is_dir():
+        hub = (
+            not root.exists() and not root.is_absolute() and len(root.parts) == 2 and "." not in root.parts[0]
+        )
         raise ModelPackageError(
             f"model path {root} does not exist or is not a directory; pass a model directory or its model.onnx"
+            + (
+                f" (a Hugging Face hub id such as {root} is not accepted: export the checkpoint to ONNX first, "
+                "e.g. with onnxruntime-genai's model builder; see the README's 'Getting a model')"
+                if hub
+                else ""
+            )
         )
     configs: dict[str, tuple[Path, dict[str, Any]]] = {}
     found = [root / n for n in INFERENCE_METADATA_NAMES if (root / n).is_file()]

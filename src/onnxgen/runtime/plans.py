@@ -35,6 +35,7 @@ import onnxruntime as ort
 
 from onnxgen.errors import UnsupportedModelError
 from onnxgen.runtime.graph_cache import cache_root, relocate
+from onnxgen.runtime.plan_names import DECODE_PLANS as DECODE_PLANS
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DECODE_PLANS = ("auto", "scan", "inline")
 FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 INLINE_FILE = "inline.onnx"
 # How the optimized copy is saved: weights (and onnxruntime's prepacked forms of them) in one data file.

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onnxgen.llm import LLM, load
 from onnxgen.server.security import SecurityConfig
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from onnxgen.llm import LLM
     from onnxgen.server.scheduler import SchedulerConfig
 
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -59,6 +59,7 @@ def load_app(
     spec: EngineSpec, say: Callable[[str], None] = lambda _: None
 ) -> tuple[FastAPI, SchedulerConfig]:
     """Load the model (saying so, with the time it took), check its outputs, and build the app."""
+    from onnxgen.llm import load  # the runtime: imported when a model loads, not with the CLI
     from onnxgen.runtime.batch import invariant_min_rows
     from onnxgen.server.app import create_app
     from onnxgen.server.scheduler import SchedulerConfig

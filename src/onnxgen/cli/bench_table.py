@@ -7,6 +7,7 @@ from typing import Any
 
 from onnxgen.bench_engine import ONNXGEN
 from onnxgen.bench_genai import GENAI
+from onnxgen.generation.speculative.loop import MAX_DRAFT_FACTOR
 
 COLUMNS = (
     "prompt",
@@ -229,7 +230,7 @@ def speculative_lines(report: dict[str, Any]) -> list[str]:
         if (s := e.get("speculative", {})).get("speculation")
     ]
     return [
-        f"speculative: {report['speculative']}, {k} draft tokens to start (adapting between 1 and {2 * k}); "
+        f"speculative: {report['speculative']}, {k} draft tokens to start (adapting between 1 and {MAX_DRAFT_FACTOR * k}); "
         "plain and speculative greedy runs alternate in one worker",
         *_table(rows),
         *(["auto (last run of each):", *decided] if decided else []),

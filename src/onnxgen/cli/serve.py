@@ -1,6 +1,6 @@
 """``onnxgen serve [MODEL] --host 127.0.0.1 --port 8000``: an OpenAI-compatible server with batched decoding.
 
-Also runnable as ``python -m onnxgen.cli_serve MODEL ...``. The port is bound before the model loads (a
+Also runnable as ``python -m onnxgen.cli.serve MODEL ...``. The port is bound before the model loads (a
 port in use is an error at once), and "listening" is printed only once the server accepts requests.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli_generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
+from onnxgen.cli.generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
 from onnxgen.errors import ModelPackageError, OnnxgenError
 from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
@@ -28,8 +28,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+def add_serve(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help=help_text)
     _add_arguments(p)
     p.set_defaults(run=_run)
 
@@ -249,7 +249,7 @@ def _count(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m onnxgen.cli_serve``: the serve command alone, with the CLI's one-line user errors."""
+    """``python -m onnxgen.cli.serve``: the serve command alone, with the CLI's one-line user errors."""
     parser = argparse.ArgumentParser(prog="onnxgen serve", description=__doc__.splitlines()[0])
     _add_arguments(parser)
     args = parser.parse_args(argv)

@@ -7,19 +7,16 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli_generate import MODEL_ENV, resolve_model
-from onnxgen.graph.decode_fusions import planned_fusions
-from onnxgen.graph.hybrid_ops import apply_fast_ops
-from onnxgen.model.inspect import describe, format_text
-from onnxgen.model.mtp import find_mtp_head, mtp_head_io
-from onnxgen.model.package import ModelPackage
-from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
+from onnxgen.cli.generate import MODEL_ENV, resolve_model
+
+if TYPE_CHECKING:
+    from onnxgen.model.package import ModelPackage
 
 
-def add_inspect(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("inspect", help="show a model's export family and derived I/O topology")
+def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("inspect", help=help_text)
     p.add_argument(
         "model",
         nargs="?",
@@ -37,6 +34,8 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 def decode_plan_summary(package: ModelPackage) -> dict[str, str]:
     """The plan ``load(model)`` (``decode_plan="auto"``) chooses for single-token steps, and why; from the
     graph alone (no weights loaded, no session made)."""
+    from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
+
     choice = choose_decode_plan("auto", summarize_scans(package.graph))
     reason = choice.reason
     if choice.plan == "inline":  # what the runtime checks before it uses the sibling
@@ -47,6 +46,8 @@ def decode_plan_summary(package: ModelPackage) -> dict[str, str]:
 def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
     """What ``load(model)`` on the CPU does with a hybrid's fused ops (:mod:`onnxgen.graph.hybrid_ops`);
     nothing for a model without recurrent state."""
+    from onnxgen.graph.hybrid_ops import apply_fast_ops
+
     if not package.io.state_pairs:
         return {}
     return {"fast_ops": apply_fast_ops(package.graph, None)[1].summary()}
@@ -54,6 +55,8 @@ def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
 
 def fusions_summary(package: ModelPackage) -> dict[str, str]:
     """What ``load(model)`` on the CPU merges for decode steps (:mod:`onnxgen.graph.decode_fusions`)."""
+    from onnxgen.graph.decode_fusions import planned_fusions
+
     return {"decode_fusions": planned_fusions(package.graph).summary()}
 
 
@@ -155,6 +158,8 @@ def format_memory(r: dict[str, Any]) -> str:
 
 def mtp_summary(package: ModelPackage) -> dict[str, str]:
     """The MTP head beside the model (``--speculative mtp`` drafts with it), and its hidden-state ports."""
+    from onnxgen.model.mtp import find_mtp_head, mtp_head_io
+
     path = find_mtp_head(package)
     if path is None:
         return {}
@@ -167,6 +172,9 @@ def _run(args: argparse.Namespace) -> int:
         report = memory_report(resolve_model(args.model), args.threads, args.prompt_tokens, args.new_tokens)
         print(json.dumps(report, indent=2) if args.json else format_memory(report))
         return 0
+    from onnxgen.model.inspect import describe, format_text
+    from onnxgen.model.package import ModelPackage
+
     package = ModelPackage.open(resolve_model(args.model))
     summary = describe(package)
     summary.update(decode_plan_summary(package))
