@@ -8,26 +8,22 @@ server accepts requests.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxgen.cli.generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
 from onnxgen.errors import ModelPackageError, OnnxgenError
+from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
-    from onnxgen.llm import LLM
-    from onnxgen.server.scheduler import SchedulerConfig
     from onnxgen.server.security import SecurityConfig
 
-DEFAULT_MAX_MODEL_LEN = 2048
 API_KEY_ENV = "ONNXGEN_API_KEY"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -89,6 +85,20 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "default: none, cross-origin browser requests are refused",
     )
     security.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json")
+    scale = p.add_argument_group("scale out on Ray Serve (pip install 'onnxgen[ray]'; docs/scale-out.md)")
+    scale.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve engine replicas on Ray Serve behind one ingress, with prefix-aware routing",
+    )
+    scale.add_argument("--replicas", type=int, help="engine replicas (default 2; each --threads, default 1)")
+    scale.add_argument("--min-replicas", type=int, help="autoscale: at least this many replicas")
+    scale.add_argument("--max-replicas", type=int, help="autoscale: at most this many replicas")
+    scale.add_argument(
+        "--address",
+        help="Ray cluster to deploy on: 'auto' (the one `ray start` began on this machine) or "
+        "ray://HEAD:10001; default: a Ray instance started here",
+    )
     p.add_argument(
         "--log-level", default="info", choices=LOG_LEVELS, help="one line per request at info (default)"
     )
@@ -122,6 +132,55 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _engine_spec(
+    args: argparse.Namespace, model: Path, fixed_rows: int | None, security: SecurityConfig
+) -> EngineSpec:
+    return EngineSpec(
+        str(model),
+        resolve_threads(args.threads),
+        args.max_batch,
+        args.max_queue,
+        args.max_model_len,
+        args.prefill_chunk,
+        fixed_rows,
+        args.served_model_name,
+        security,
+        args.log_prompts,
+        args.tool_call_parser,
+    )
+
+
+def _check_scale_flags(args: argparse.Namespace) -> None:
+    given = [
+        f"--{name.replace('_', '-')}" for name in ("replicas", "min_replicas", "max_replicas", "address")
+    ]
+    given = [flag for flag in given if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given and not args.ray:
+        raise ValueError(f"{', '.join(given)} only apply with --ray; add --ray or drop them")
+    if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
+        raise ValueError(
+            "give either --replicas N (fixed) or --min-replicas/--max-replicas (autoscaling), not both"
+        )
+
+
+def _run_on_ray(args: argparse.Namespace, spec: EngineSpec) -> int:
+    """Deploy ``spec``'s engine as Ray Serve replicas behind one ingress on --host:--port, until Ctrl-C."""
+    try:
+        from onnxgen.serving.ray import build_app, run_until_interrupted
+    except ImportError as e:
+        raise OnnxgenError(f"--ray needs Ray Serve ({e}); install it with: pip install 'onnxgen[ray]'") from e
+
+    if args.threads is None and spec.threads is None:
+        spec = dataclasses.replace(spec, threads=1)  # one replica per core unless told otherwise
+    bind(args.host, args.port).close()  # a port in use is an error before Ray starts
+    app = build_app(
+        spec, replicas=args.replicas or 2, min_replicas=args.min_replicas, max_replicas=args.max_replicas
+    )
+    _log_requests(args.log_level)
+    run_until_interrupted(app, args.host, args.port, args.address, _say)
+    return 0
+
+
 def _log_requests(level: str) -> None:
     """Server logs (one line per request, engine errors) to stderr at ``level``."""
     logger = logging.getLogger("onnxgen.server")
@@ -151,10 +210,13 @@ def _run(args: argparse.Namespace) -> int:
     model = Path(resolve_model(args.model))
     if not model.exists():
         raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
+    _check_scale_flags(args)
+    if args.ray:
+        return _run_on_ray(args, _engine_spec(args, model.resolve(), fixed_rows, security))
     sock = bind(args.host, args.port)
     try:
         with LoadingResponder(sock):  # /health and every route answer 503 until the app serves
-            app, config = _load_app(args, model, fixed_rows, security)
+            app, config = load_app(_engine_spec(args, model, fixed_rows, security), _say)
         port = sock.getsockname()[1]
         url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
         if args.host not in LOOPBACK and api_key is None:
@@ -170,48 +232,6 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 0
-
-
-def _load_app(
-    args: argparse.Namespace, model: Path, fixed_rows: int | None, security: SecurityConfig
-) -> tuple[FastAPI, SchedulerConfig]:
-    """Load the model (saying so, with the time it took), check its outputs, and build the app."""
-    from onnxgen.runtime.batch import invariant_min_rows
-    from onnxgen.server.app import create_app
-    from onnxgen.server.scheduler import SchedulerConfig
-
-    _say(f"loading {model}")
-    start = time.perf_counter()
-    from onnxgen.llm import load
-
-    llm = load(model, threads=resolve_threads(args.threads))
-    context = llm.package.context_length
-    max_len = args.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
-    if context is not None and max_len > context:
-        raise ValueError(
-            f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
-        )
-    _check_outputs(llm)
-    min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
-    llm.package.release_graph()  # read again for that probe only
-    config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
-    app = create_app(
-        llm,
-        config,
-        args.served_model_name,
-        security,
-        log_prompts=args.log_prompts,
-        tool_parser=args.tool_call_parser,
-    )
-    _say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
-    return app, config
-
-
-def _check_outputs(llm: LLM) -> None:
-    """One token from a one-token prompt: an export whose logits are NaN fails here, not per request."""
-    from onnxgen.generation.params import SamplingParams
-
-    llm.generate([llm.eos_token_ids[0] if llm.eos_token_ids else 0], SamplingParams(max_new_tokens=1))
 
 
 class _Uvicorn:
