@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -139,3 +140,7 @@ class _Finished:
         if reason in ("stop", "length"):
             return Both(self.finished.labels(reason), self.success.labels(self.model_name, reason))
         return self.finished.labels(reason)
+
+    def collect(self) -> list[Metric]:
+        """The finished-requests counter's samples (as ``Counter.collect``)."""
+        return self.finished.collect()
