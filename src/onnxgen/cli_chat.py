@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from onnxgen.cli_generate import (
     MODEL_ENV,
+    add_prefix_cache_flags,
     add_runtime_flags,
     add_sampling_flags,
     format_stats,
@@ -33,6 +34,8 @@ COMMANDS = {
     "/help": "show these commands",
 }
 PROMPT_MARK = ">>> "
+# a chat resumes each turn from the previous one's cached state (its history is never prefilled again)
+CHAT_PREFIX_CACHE_MB = 512
 
 
 class ChatSession:
@@ -81,6 +84,7 @@ def add_chat(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="print a stats line after each answer",
     )
     add_runtime_flags(p)
+    add_prefix_cache_flags(p, CHAT_PREFIX_CACHE_MB)
     add_sampling_flags(p)
     add_speculative_flags(p)
     p.set_defaults(run=_run)

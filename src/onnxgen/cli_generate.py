@@ -57,6 +57,26 @@ def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     add_fast_ops_flag(p)
 
 
+def add_prefix_cache_flags(p: argparse.ArgumentParser, default_mb: float) -> None:
+    """``--prefix-cache-mb`` and ``--checkpoint-interval`` (docs/prefix-cache.md)."""
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=default_mb,
+        metavar="MB",
+        help="MiB of prompts' and replies' KV rows and state checkpoints kept, so a request that shares a "
+        f"prefix with an earlier one prefills only the rest; 0 turns it off (default {default_mb:g})",
+    )
+    p.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="tokens of a long prefill between two cached checkpoints of a hybrid's recurrent states "
+        "(default 256)",
+    )
+
+
 def add_fast_ops_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fast-ops",
@@ -164,6 +184,8 @@ def load_llm(args: argparse.Namespace, speculative: bool = False) -> LLM:
         speculative=speculative,
         decode_plan=args.decode_plan,
         fast_ops=args.fast_ops,
+        prefix_cache_mb=getattr(args, "prefix_cache_mb", 0),
+        checkpoint_interval=getattr(args, "checkpoint_interval", None),
     )
 
 
@@ -206,6 +228,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     p.add_argument("prompt", help="prompt text, or - to read stdin")
     add_runtime_flags(p)
+    add_prefix_cache_flags(p, 0)
     add_sampling_flags(p)
     add_constraint_flags(p)
     add_speculative_flags(p)

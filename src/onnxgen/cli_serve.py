@@ -16,7 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli_generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
+from onnxgen.cli_generate import (
+    MODEL_ENV,
+    add_prefix_cache_flags,
+    add_runtime_flags,
+    resolve_model,
+    resolve_threads,
+)
 from onnxgen.errors import ModelPackageError, OnnxgenError
 from onnxgen.llm import LLM, load
 
@@ -89,6 +95,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-prompts", action="store_true", help="put each request's prompt into its log line")
     add_runtime_flags(p)
+    add_prefix_cache_flags(p, 0)
 
 
 def _say(message: str) -> None:
@@ -173,7 +180,12 @@ def _load_app(
 
     _say(f"loading {model}")
     start = time.perf_counter()
-    llm = load(model, threads=resolve_threads(args.threads))
+    llm = load(
+        model,
+        threads=resolve_threads(args.threads),
+        prefix_cache_mb=args.prefix_cache_mb,
+        checkpoint_interval=args.checkpoint_interval,
+    )
     context = llm.package.context_length
     max_len = args.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     if context is not None and max_len > context:

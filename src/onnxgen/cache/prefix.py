@@ -85,7 +85,7 @@ def _cut(array: np.ndarray, axis: int, start: int, end: int) -> np.ndarray:
 class _Node:
     """An edge of the radix tree: its tokens, their KV rows, and an optional checkpoint at its end."""
 
-    __slots__ = ("children", "checkpoint", "end", "key", "kv", "last_used", "nbytes", "parent")
+    __slots__ = ("checkpoint", "children", "end", "key", "kv", "last_used", "nbytes", "parent")
 
     def __init__(
         self,
@@ -305,10 +305,7 @@ class PrefixCache:
             walk = self._walk(ids)
             node = self._root
             for n, common in walk.path:
-                if common < len(n.key):
-                    node = self._split(n, common)
-                else:
-                    node = n
+                node = self._split(n, common) if common < len(n.key) else n
                 node.last_used = self._clock
                 if node.end == walk.matched:
                     break

@@ -384,14 +384,14 @@ class DecodeState:
             for a, axis in zip(values, self._kv_axes, strict=True)
         ]
 
-    def load_prefix(
-        self, length: int, kv: list[list[np.ndarray]], states: list[np.ndarray] | None
-    ) -> None:
+    def load_prefix(self, length: int, kv: list[list[np.ndarray]], states: list[np.ndarray] | None) -> None:
         """Make an empty state hold a cached prefix of ``length`` tokens: ``kv`` gives, per past KV tensor,
         consecutive pieces of its first ``length`` positions (copied in); ``states`` the recurrent states
         after them (``io.state_pairs`` order, copied in)."""
         if self.length != 0:
-            raise GenerationError(f"a prefix is loaded into an empty decode state (this one holds {self.length})")
+            raise GenerationError(
+                f"a prefix is loaded into an empty decode state (this one holds {self.length})"
+            )
         if length > self.capacity or len(kv) != len(self._kv_axes) or len(states or ()) != len(self._slots):
             raise ValueError(
                 f"a prefix of {length} tokens with {len(kv)} KV tensors and {len(states or ())} states does not "

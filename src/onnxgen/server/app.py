@@ -51,6 +51,8 @@ class Server:
             )
         self.llm, self.tokenizer, self.config, self.model_name = llm, llm.tokenizer, config, model_name
         self.metrics = ServerMetrics()
+        if llm.prefix_cache is not None:
+            self.metrics.watch_prefix_cache(llm.prefix_cache)
         self.scheduler = Scheduler(llm, config, self.metrics)
         self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name)
         self.pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="onnxgen-prepare")
@@ -93,7 +95,7 @@ class Server:
             if done.client_error:
                 raise ApiError(400, done.error)
             raise ApiError(500, done.error, "server_error")
-        use = usage(stream.prompt_tokens, record.completion_tokens)
+        use = usage(stream.prompt_tokens, record.completion_tokens, stream.handle.cached_tokens)
         ids = done.token_ids if req.return_token_ids else None
         return JSONResponse(shape.response(["".join(t) for t in done.texts], done.reasons, use, ids))
 

@@ -124,11 +124,15 @@ async def sse_events(
                     remaining -= 1
                 elif not delta.text and not token_ids:
                     continue  # text held back (an incomplete character or a possible stop string)
-                use = usage(stream.prompt_tokens, tokens) if remaining == 0 else None
+                use = (
+                    usage(stream.prompt_tokens, tokens, stream.handle.cached_tokens)
+                    if remaining == 0
+                    else None
+                )
                 ids = [delta.token_id] if token_ids else None
                 yield _sse(shape.chunk(delta.index, delta.text, delta.finish_reason, use=use, token_ids=ids))
         if include_usage:
-            yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens)))
+            yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens, stream.handle.cached_tokens)))
         yield "data: [DONE]\n\n"
     except Exception as e:  # a bug here must not end the stream without a word
         log.exception("streaming a response failed")
