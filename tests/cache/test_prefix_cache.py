@@ -220,3 +220,21 @@ def test_a_budget_of_zero_is_off_and_a_negative_one_is_refused(dirs: dict[str, P
     assert llm.generate(tokens(1, 5), GREEDY).stats["cached_tokens"] == 0
     with pytest.raises(ValueError, match="prefix_cache_mb must be >= 0"):
         onnxgen.load(dirs["genai-dense-split"], threads=1, prefix_cache_mb=-1)
+
+
+def test_inspect_states_what_a_cached_token_and_a_checkpoint_cost(dirs: dict[str, Path]) -> None:
+    from onnxgen.cli_inspect import prefix_cache_summary
+    from onnxgen.model.package import ModelPackage
+
+    for name in ("hybrid-mobius-static", "standard-dense-stacked", "hybrid-genai-split"):
+        llm = onnxgen.load(dirs[name], threads=1)
+        state = llm.session.new_state(4)
+        llm.session.forward(state, np.array([[5, 6]]), 1)
+        per_token = sum(a.nbytes for a in state.kv_slice(0, 1))  # what one token's rows take in the state
+        per_checkpoint = sum(a.nbytes for a in state.state_arrays().values())
+        shown = prefix_cache_summary(ModelPackage.open(dirs[name]))
+        assert shown["prefix_cache_kv_per_token"].startswith(f"{per_token:,} bytes")
+        if per_checkpoint:
+            assert shown["prefix_cache_state_checkpoint"].startswith(f"{per_checkpoint:,} bytes")
+        else:
+            assert "prefix_cache_state_checkpoint" not in shown
