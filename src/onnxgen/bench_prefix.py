@@ -39,12 +39,13 @@ class PrefixBenchConfig:
     requests: int = 3
     system_tokens: int = 1000
     server: bool = True
+    runs: int = 3  # conversations (each turn's TTFT is the median over them)
 
 
 @dataclass
 class PrefixBenchReport:
     model: str
-    chat_ttft_plain: list[float] = field(default_factory=list)
+    chat_ttft_plain: list[float] = field(default_factory=list)  # per turn: the median over the runs
     chat_ttft_cached: list[float] = field(default_factory=list)
     chat_prompt_tokens: list[int] = field(default_factory=list)
     chat_cached_tokens: list[int] = field(default_factory=list)
@@ -79,23 +80,30 @@ def run_chat(cfg: PrefixBenchConfig, report: PrefixBenchReport) -> None:
     plain = onnxgen.load(cfg.model, threads=cfg.threads)
     cached = onnxgen.load(cfg.model, threads=cfg.threads, prefix_cache_mb=cfg.cache_mb)
     params = SamplingParams(max_new_tokens=cfg.new_tokens, ignore_eos=True)
-    history: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful assistant."}]
     encode = cached.encode
     turn_tokens = _fit(cfg.turn_tokens, cached.package.context_length, cfg.turns, cfg.new_tokens)
     plain.generate(encode("warm up"), SamplingParams(max_new_tokens=2))
     cached.generate(encode("warm up"), SamplingParams(max_new_tokens=2))
-    for turn in range(cfg.turns):
-        history.append({"role": "user", "content": _words(encode, turn_tokens, 31 * turn)})
-        base = plain.chat(history, params)
-        got = cached.chat(history, params)
-        report.chat_ttft_plain.append(float(base.stats["ttft_s"]))
-        report.chat_ttft_cached.append(float(got.stats["ttft_s"]))
-        report.chat_prompt_tokens.append(int(got.stats["prompt_tokens"]))
-        report.chat_cached_tokens.append(int(got.stats["cached_tokens"]))
-        history.append({"role": "assistant", "content": got.text})
     assert cached.prefix_cache is not None
-    stats = cached.prefix_cache.stats()
-    report.chat_cache_bytes, report.cache_budget = stats.bytes, stats.budget
+    off: list[list[float]] = [[] for _ in range(cfg.turns)]
+    on: list[list[float]] = [[] for _ in range(cfg.turns)]
+    for run in range(cfg.runs):  # each run is another conversation (another system message)
+        cached.prefix_cache.clear()
+        chat = [{"role": "system", "content": f"You are a helpful assistant (conversation {run})."}]
+        for turn in range(cfg.turns):
+            chat.append({"role": "user", "content": _words(encode, turn_tokens, 31 * turn + run)})
+            base = plain.chat(chat, params)  # interleaved: the two see the same load
+            got = cached.chat(chat, params)
+            off[turn].append(float(base.stats["ttft_s"]))
+            on[turn].append(float(got.stats["ttft_s"]))
+            if run == 0:
+                report.chat_prompt_tokens.append(int(got.stats["prompt_tokens"]))
+                report.chat_cached_tokens.append(int(got.stats["cached_tokens"]))
+            chat.append({"role": "assistant", "content": got.text})
+        stats = cached.prefix_cache.stats()
+        report.chat_cache_bytes, report.cache_budget = stats.bytes, stats.budget
+    report.chat_ttft_plain = [statistics.median(t) for t in off]
+    report.chat_ttft_cached = [statistics.median(t) for t in on]
 
 
 async def _clients(

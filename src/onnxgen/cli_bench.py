@@ -127,7 +127,9 @@ def _run(args: argparse.Namespace) -> int:
         from onnxgen.bench_prefix import PrefixBenchConfig, format_prefix_report, run_prefix_bench
 
         model = str(resolve_model(args.model))
-        cfg = PrefixBenchConfig(model, threads, args.prefix_cache_mb, server=not args.no_server)
+        cfg = PrefixBenchConfig(
+            model, threads, args.prefix_cache_mb, server=not args.no_server, runs=args.runs
+        )
         report = run_prefix_bench(cfg)
         print(json.dumps(report.__dict__, indent=2) if args.json else format_prefix_report(report))
         return 0

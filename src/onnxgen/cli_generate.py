@@ -208,7 +208,9 @@ def write_stream(events: Iterable[StreamEvent], out: TextIO | None) -> Generatio
 def format_stats(result: GenerationResult) -> str:
     s = result.stats
     return (
-        f"[onnxgen] prompt {s.get('prompt_tokens', '?')} tokens | "
+        f"[onnxgen] prompt {s.get('prompt_tokens', '?')} tokens"
+        + (f" ({s['cached_tokens']} cached)" if s.get("cached_tokens") else "")
+        + " | "
         f"generated {s.get('generated_tokens', len(result.token_ids))} tokens | "
         f"TTFT {1000.0 * s.get('ttft_s', 0.0):.1f} ms | "
         f"decode {s.get('decode_tok_s', 0.0):.1f} tok/s | finish {result.finish_reason}"
