@@ -238,3 +238,20 @@ def test_inspect_states_what_a_cached_token_and_a_checkpoint_cost(dirs: dict[str
             assert shown["prefix_cache_state_checkpoint"].startswith(f"{per_checkpoint:,} bytes")
         else:
             assert "prefix_cache_state_checkpoint" not in shown
+
+
+def test_least_recently_used_prefixes_go_first_and_a_used_one_stays(dirs: dict[str, Path]) -> None:
+    llm = onnxgen.load(dirs["genai-dense-split"], threads=1)
+    state = llm.session.new_state(8)
+    llm.session.forward(state, np.array([[5, 6, 7]]), 1)
+    per_prefix = 3 * (cache_costs(llm.io).kv_bytes_per_token + 8)
+    cache = PrefixCache(llm.io, 10 * per_prefix)
+    kept = [3, 4, 5]
+    cache.insert(kept, state.kv_slice, None)
+    for i in range(200):
+        cache.insert([10 + i, 11, 12], state.kv_slice, None)
+        assert cache.lookup([*kept, 9]).tokens == 3  # used after every insert: never the oldest
+        assert cache.stats().bytes <= 10 * per_prefix
+    assert cache.lookup([10, 11, 12, 9]).tokens == 0  # the first of the others went long ago
+    assert cache.lookup([209, 11, 12, 9]).tokens == 3  # the last one is there
+    assert cache.stats().evictions == 201 - 10

@@ -30,6 +30,8 @@ arrays such as a batch row's).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -178,6 +180,10 @@ class PrefixCache:
         self._root = _Node(np.zeros(0, dtype=np.int64), [], None, 0)
         self._lock = threading.Lock()
         self._clock = 0
+        # least recently used first: (last_used, tie-break, node) of every node whose last_used was set; an
+        # entry is stale once the node was used again, got children or left the tree (skipped when popped)
+        self._lru: list[tuple[int, int, _Node]] = []
+        self._seq = itertools.count()
         self._stats = PrefixCacheStats(budget=budget_bytes)
 
     @classmethod
@@ -248,7 +254,7 @@ class PrefixCache:
                 hit = Hit(usable, walk.matched, tuple(segments), states)
             self._clock += 1
             for node, _ in walk.path:  # the whole shared path is in use
-                node.last_used = self._clock
+                self._touch(node)
             if count:
                 self._stats.lookups += 1
                 self._stats.queries += len(ids)
@@ -306,7 +312,7 @@ class PrefixCache:
             node = self._root
             for n, common in walk.path:
                 node = self._split(n, common) if common < len(n.key) else n
-                node.last_used = self._clock
+                self._touch(node)
                 if node.end == walk.matched:
                     break
             if walk.matched < len(ids):
@@ -317,7 +323,7 @@ class PrefixCache:
                 self._stats.bytes += child.nbytes
                 self._stats.nodes += 1
                 node = child
-            node.last_used = self._clock
+            self._touch(node)
             if self.hybrid and node.checkpoint is None and states is not None:
                 node.checkpoint = [_frozen(a) for a in states]
                 self._stats.bytes += node.resize()
@@ -359,6 +365,7 @@ class PrefixCache:
     def clear(self) -> None:
         with self._lock:
             self._root.children.clear()
+            self._lru.clear()
             self._stats.bytes = self._stats.nodes = self._stats.checkpoints = 0
 
     def _split(self, node: _Node, at: int) -> _Node:
@@ -378,24 +385,28 @@ class PrefixCache:
         self._stats.nodes += 1
         return head
 
+    def _touch(self, node: _Node) -> None:
+        node.last_used = self._clock
+        heapq.heappush(self._lru, (node.last_used, next(self._seq), node))
+        if len(self._lru) > 4 * self._stats.nodes + 64:  # stale entries dominate: keep the live ones
+            self._lru = [e for e in self._lru if e[2].parent is not None and e[0] == e[2].last_used]
+            heapq.heapify(self._lru)
+
     def _evict(self) -> None:
         """Drop least recently used leaves until the cache is within its budget."""
-        while self._stats.bytes > self.budget:
-            leaves: list[_Node] = []
-            stack = list(self._root.children.values())
-            while stack:
-                node = stack.pop()
-                if node.children:
-                    stack.extend(node.children.values())
-                else:
-                    leaves.append(node)
-            if not leaves:
-                return
-            self._drop(min(leaves, key=lambda n: n.last_used))
+        while self._stats.bytes > self.budget and self._lru:
+            used, _, node = heapq.heappop(self._lru)
+            if node.parent is None or used != node.last_used or node.children:
+                continue  # stale: used since, an inner node, or gone
+            parent = node.parent
+            self._drop(node)
+            if parent is not self._root and not parent.children:  # a leaf now: evictable in its turn
+                heapq.heappush(self._lru, (parent.last_used, next(self._seq), parent))
 
     def _drop(self, node: _Node) -> None:
         assert node.parent is not None
         del node.parent.children[int(node.key[0])]
+        node.parent = None
         self._stats.bytes -= node.nbytes
         self._stats.evictions += 1
         self._stats.evicted_bytes += node.nbytes
