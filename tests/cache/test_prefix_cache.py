@@ -255,3 +255,17 @@ def test_least_recently_used_prefixes_go_first_and_a_used_one_stays(dirs: dict[s
     assert cache.lookup([10, 11, 12, 9]).tokens == 0  # the first of the others went long ago
     assert cache.lookup([209, 11, 12, 9]).tokens == 3  # the last one is there
     assert cache.stats().evictions == 201 - 10
+
+
+def test_the_chat_benchmark_resumes_every_turn_after_the_first(dirs: dict[str, Path]) -> None:
+    from onnxgen.bench_prefix import PrefixBenchConfig, PrefixBenchReport, format_prefix_report, run_chat
+
+    cfg = PrefixBenchConfig(str(dirs["hybrid-genai-split"]), 1, turns=3, turn_tokens=20, new_tokens=4, runs=1)
+    report = PrefixBenchReport(cfg.model)
+    run_chat(cfg, report)
+    assert report.chat_cached_tokens[0] == 0
+    # every later turn resumes at least the previous turn's prompt
+    for turn in (1, 2):
+        assert report.chat_cached_tokens[turn] >= report.chat_prompt_tokens[turn - 1] - 1
+    assert 0 < report.chat_cache_bytes <= report.cache_budget
+    assert "chat hit rate" in format_prefix_report(report)
