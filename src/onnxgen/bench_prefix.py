@@ -128,11 +128,11 @@ async def _clients(
                 temperature=0.0,
                 stream=True,
                 stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True},
+                extra_body={"ignore_eos": True, "return_token_ids": True},
             )
             first = None
-            async for chunk in stream:
-                if first is None and chunk.choices and chunk.choices[0].delta.content is not None:
+            async for chunk in stream:  # (the first chunk, the role's, comes before the prefill)
+                if first is None and chunk.choices and (chunk.choices[0].model_extra or {}).get("token_ids"):
                     first = time.perf_counter() - start
                 if chunk.usage is not None:
                     tokens += chunk.usage.completion_tokens
