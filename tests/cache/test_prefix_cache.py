@@ -269,3 +269,21 @@ def test_the_chat_benchmark_resumes_every_turn_after_the_first(dirs: dict[str, P
         assert report.chat_cached_tokens[turn] >= report.chat_prompt_tokens[turn - 1] - 1
     assert 0 < report.chat_cache_bytes <= report.cache_budget
     assert "chat hit rate" in format_prefix_report(report)
+
+
+def test_a_long_conversation_sheds_its_old_checkpoints_and_keeps_its_latest(dirs: dict[str, Path]) -> None:
+    """A chat's older checkpoints are inner nodes of its path that later turns no longer restore: over
+    budget they go first, not the conversation's end."""
+    llm = onnxgen.load(dirs["hybrid-genai-split"], threads=1)
+    costs = cache_costs(llm.io)
+    cache = PrefixCache(llm.io, 60 * (costs.kv_bytes_per_token + 8) + 2 * costs.state_bytes_per_checkpoint)
+    ids = np.asarray(tokens(40, 60))
+    state = llm.session.new_state(64)
+    for end in range(10, 61, 10):  # six turns, each resuming from the last
+        llm.session.forward(state, ids[None, state.length : end], 1)
+        cache.insert_state(ids[:end], state)
+        assert cache.lookup(np.concatenate([ids[:end], [9]])).tokens == end
+        assert cache.stats().bytes <= cache.budget
+    s = cache.stats()
+    assert s.checkpoints == 2 and s.evictions == 4
+    assert cache.lookup(np.concatenate([ids[:35], [9]])).tokens == 0  # the checkpoints before 50 are gone

@@ -87,7 +87,7 @@ def _cut(array: np.ndarray, axis: int, start: int, end: int) -> np.ndarray:
 class _Node:
     """An edge of the radix tree: its tokens, their KV rows, and an optional checkpoint at its end."""
 
-    __slots__ = ("checkpoint", "children", "end", "key", "kv", "last_used", "nbytes", "parent")
+    __slots__ = ("checkpoint", "children", "ckpt_used", "end", "key", "kv", "last_used", "nbytes", "parent")
 
     def __init__(
         self,
@@ -102,7 +102,8 @@ class _Node:
         self.end = end  # tokens from the root to the end of this edge
         self.children: dict[int, _Node] = {}
         self.checkpoint: list[np.ndarray] | None = None  # recurrent states after the edge's last token
-        self.last_used = 0
+        self.last_used = 0  # the last lookup or insert whose path went through this node
+        self.ckpt_used = 0  # when the checkpoint was made or last restored
         self.nbytes = 0
         self.resize()
 
@@ -180,9 +181,12 @@ class PrefixCache:
         self._root = _Node(np.zeros(0, dtype=np.int64), [], None, 0)
         self._lock = threading.Lock()
         self._clock = 0
-        # least recently used first: (last_used, tie-break, node) of every node whose last_used was set; an
-        # entry is stale once the node was used again, got children or left the tree (skipped when popped)
-        self._lru: list[tuple[int, int, _Node]] = []
+        # least recently used first: (time, tie-break, node, what): what 0 is a leaf (the node and all it
+        # holds, time its last_used), 1 the checkpoint of an inner node (time its ckpt_used). An entry is
+        # stale once its time moved on, the node left the tree or became a leaf / inner node (skipped when
+        # popped). Checkpoints of inner nodes go on their own: a long chat's older checkpoints are inner
+        # nodes that its later turns no longer restore.
+        self._lru: list[tuple[int, int, _Node, int]] = []
         self._seq = itertools.count()
         self._stats = PrefixCacheStats(budget=budget_bytes)
 
@@ -255,6 +259,8 @@ class PrefixCache:
             self._clock += 1
             for node, _ in walk.path:  # the whole shared path is in use
                 self._touch(node)
+            if hit.states is not None:
+                self._use_checkpoint(walk.path[upto - 1][0])
             if count:
                 self._stats.lookups += 1
                 self._stats.queries += len(ids)
@@ -320,12 +326,15 @@ class PrefixCache:
                 segment = [_frozen(a) for a in kv(start, len(ids))]
                 child = _Node(_frozen(ids[start:]), segment, node, len(ids))
                 node.children[int(ids[start])] = child
+                if node.checkpoint is not None and len(node.children) == 1:  # an inner node now
+                    heapq.heappush(self._lru, (node.ckpt_used, next(self._seq), node, 1))
                 self._stats.bytes += child.nbytes
                 self._stats.nodes += 1
                 node = child
             self._touch(node)
             if self.hybrid and node.checkpoint is None and states is not None:
                 node.checkpoint = [_frozen(a) for a in states]
+                self._use_checkpoint(node)
                 self._stats.bytes += node.resize()
                 self._stats.checkpoints += 1
             self._stats.inserts += 1
@@ -387,21 +396,47 @@ class PrefixCache:
 
     def _touch(self, node: _Node) -> None:
         node.last_used = self._clock
-        heapq.heappush(self._lru, (node.last_used, next(self._seq), node))
-        if len(self._lru) > 4 * self._stats.nodes + 64:  # stale entries dominate: keep the live ones
-            self._lru = [e for e in self._lru if e[2].parent is not None and e[0] == e[2].last_used]
+        self._push(node, 0)
+
+    def _use_checkpoint(self, node: _Node) -> None:
+        node.ckpt_used = self._clock
+        self._push(node, 1)
+
+    def _push(self, node: _Node, what: int) -> None:
+        heapq.heappush(self._lru, (node.ckpt_used if what else node.last_used, next(self._seq), node, what))
+        if len(self._lru) > 8 * self._stats.nodes + 64:  # stale entries dominate: keep the live ones
+            self._lru = [e for e in self._lru if self._live(e)]
             heapq.heapify(self._lru)
 
+    @staticmethod
+    def _live(entry: tuple[int, int, _Node, int]) -> bool:
+        time, _, node, what = entry
+        if node.parent is None:
+            return False
+        if what == 0:
+            return time == node.last_used and not node.children
+        return time == node.ckpt_used and node.checkpoint is not None and bool(node.children)
+
     def _evict(self) -> None:
-        """Drop least recently used leaves until the cache is within its budget."""
+        """Drop least recently used leaves and inner checkpoints until the cache is within its budget."""
         while self._stats.bytes > self.budget and self._lru:
-            used, _, node = heapq.heappop(self._lru)
-            if node.parent is None or used != node.last_used or node.children:
-                continue  # stale: used since, an inner node, or gone
+            entry = heapq.heappop(self._lru)
+            if not self._live(entry):
+                continue
+            node = entry[2]
+            if entry[3] == 1:  # an inner node's checkpoint alone
+                node.checkpoint = None
+                freed = -node.resize()
+                self._stats.bytes -= freed
+                self._stats.evicted_bytes += freed
+                self._stats.checkpoints -= 1
+                self._stats.evictions += 1
+                continue
             parent = node.parent
+            assert parent is not None
             self._drop(node)
             if parent is not self._root and not parent.children:  # a leaf now: evictable in its turn
-                heapq.heappush(self._lru, (parent.last_used, next(self._seq), parent))
+                self._push(parent, 0)
 
     def _drop(self, node: _Node) -> None:
         assert node.parent is not None
