@@ -44,6 +44,7 @@ from onnxgen.runtime.buffers import dtype_of
 from onnxgen.runtime.state import DecodeState
 
 DEFAULT_CHECKPOINT_INTERVAL = 256
+MIN_PIECE = 16  # the fewest tokens a prefill piece that ends at a parting-point checkpoint runs
 MB = 1 << 20
 
 KVSource = Callable[[int, int], list[np.ndarray]]  # (start, end) -> one copy per past KV tensor
@@ -283,17 +284,20 @@ class PrefixCache:
         """Where a prefill of a ``length``-token prompt resumed at ``start`` (with ``matched`` tokens in
         common with the cache) stops to take a checkpoint: ascending positions in ``(start, length]``,
         the last being ``length``. A dense model needs no checkpoint but the end (its KV rows can be cut
-        anywhere); a hybrid stops at the parting point, every ``checkpoint_interval`` tokens and before
-        the last token."""
+        anywhere); a hybrid stops at the parting point, every ``checkpoint_interval`` tokens of a prefill
+        longer than that, and before the last token."""
         if not self.hybrid:
             return [length]
+        step = self.checkpoint_interval
         marks = {length}
         if length - 1 > start:
             marks.add(length - 1)
-        if start < matched < length:
+        # (a short piece costs more per token than it saves: no parting point within a few tokens of the
+        # resume point, and interval checkpoints only in a prefill longer than an interval)
+        if start + min(MIN_PIECE, max(1, step // 2)) <= matched < length:
             marks.add(matched)
-        step = self.checkpoint_interval
-        marks.update(range((start // step + 1) * step, length, step))
+        if length - start > step:
+            marks.update(range((start // step + 1) * step, length, step))
         return sorted(m for m in marks if m > start)
 
     # -- writing ------------------------------------------------------------------------------------
