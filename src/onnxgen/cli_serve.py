@@ -194,6 +194,7 @@ def _load_app(
         )
     _check_outputs(llm)
     min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
+    llm.package.release_graph()  # read again for that probe only
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
     app = create_app(llm, config, args.served_model_name, security, log_prompts=args.log_prompts)
     _say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,22 +71,25 @@ class LLM:
         self._mtp: MTPHeadSession | None = None
         self._mtp_lock = threading.Lock()
         self._providers = providers
-        self.session = DecoderSession(
-            self.decode_plan.model_path,
-            self.io,
-            threads=threads,
-            providers=providers,
-            graph=self.decode_plan.graph,
-            huge_pages=huge_pages,
-            verify_now=speculative,
-            fast_ops=fast_ops,
-            fuse=fuse,
-            hidden_state=self.mtp_path is not None,
-        )
+        # the tokenizer and the token settings load on another thread while onnxruntime makes the session
+        # (it releases the GIL while it repacks the weights, most of a load)
+        with ThreadPoolExecutor(1, thread_name_prefix="onnxgen-load") as pool:
+            tokenizer = pool.submit(_load_tokenizer, package)
+            self.session = DecoderSession(
+                self.decode_plan.model_path,
+                self.io,
+                threads=threads,
+                providers=providers,
+                graph=self.decode_plan.graph,
+                huge_pages=huge_pages,
+                verify_now=speculative,
+                fast_ops=fast_ops,
+                fuse=fuse,
+                hidden_state=self.mtp_path is not None,
+            )
+            self.tokenizer: Tokenizer | None = tokenizer.result()
         self.decode_plan.plan.attach(self.session)
-        self.tokenizer: Tokenizer | None = None
-        if package.tokenizer_path is not None:
-            self.tokenizer = Tokenizer.from_dir(package.root)
+        self.decode_plan.graph = None  # no graph is kept once the session is made
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
         if not eos:
             log.warning(
@@ -104,6 +108,7 @@ class LLM:
             mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
             prefix_cache=PrefixCache.from_mb(self.io, prefix_cache_mb, checkpoint_interval),
         )
+        package.release_graph()
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
 
@@ -176,7 +181,7 @@ class LLM:
                     providers=self._providers,
                 )
                 port = next(
-                    (o for o in self.session.session.get_outputs() if o.name == self.session.hidden_state),
+                    (o for o in self.session.current().get_outputs() if o.name == self.session.hidden_state),
                     None,
                 )
                 size = port.shape[-1] if port is not None else None
@@ -327,6 +332,14 @@ def _chat_events(plan: ChatPlan, events: Iterator[StreamEvent]) -> Iterator[Chat
         yield ChatStreamEvent(
             event.token_ids, event.text, reason, event.stats, event.logprobs, deltas=deltas, output=output
         )
+
+
+def _load_tokenizer(package: ModelPackage) -> Tokenizer | None:
+    """The package's tokenizer (None without ``tokenizer.json``), its token settings resolved too."""
+    package.settings  # noqa: B018 - resolved here, off the loading thread's path
+    if package.tokenizer_path is None:
+        return None
+    return Tokenizer.from_dir(package.root, package.tokenizer_backend)
 
 
 def draft_threads(target_threads: int) -> int:
