@@ -443,6 +443,7 @@ class DecodeState:
             if id(slot.current) in self._pinned:
                 slot.current = slot.take_spare()
             slot.current.array[...] = array
+        self._stale = False  # (a reset state's states read as zeros until written: every one is written now)
         self._broken = None
         self.length = length
 
