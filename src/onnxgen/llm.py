@@ -12,6 +12,7 @@ from typing import Any
 
 import onnx
 
+from onnxgen.cache.prefix import PrefixCache
 from onnxgen.chat.deltas import ChatDelta
 from onnxgen.chat.output import ChatOutput
 from onnxgen.chat.plan import ChatPlan, plan_chat
@@ -60,6 +61,8 @@ class LLM:
         speculative: bool = False,
         fast_ops: bool | None = None,
         fuse: bool | None = None,
+        prefix_cache_mb: float = 0,
+        checkpoint_interval: int | None = None,
     ) -> None:
         self.package = package
         self.io = package.io
@@ -108,10 +111,16 @@ class LLM:
             final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
             export=f"the export {package.model_path}",
             mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
+            prefix_cache=PrefixCache.from_mb(self.io, prefix_cache_mb, checkpoint_interval),
         )
         package.release_graph()
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The model's prefix cache (None when ``prefix_cache_mb`` is 0)."""
+        return self.generator.prefix_cache
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -415,6 +424,8 @@ def load(
     speculative: bool = False,
     fast_ops: bool | None = None,
     fuse: bool | None = None,
+    prefix_cache_mb: float = 0,
+    checkpoint_interval: int | None = None,
 ) -> LLM:
     """Open a model directory (or the bundled default model when ``model`` is None) and get it ready.
 
@@ -433,7 +444,11 @@ def load(
     they are, as onnxruntime-genai does. ``fuse`` (default: on, unless ``ONNXGEN_FUSE=0``) merges
     projections that read one input into one int4 MatMulNBits and a fused QKV's query/key RMSNorms into
     one, on the CPU: fewer kernel launches per decode step, the same output bits
-    (:mod:`onnxgen.graph.decode_fusions`).
+    (:mod:`onnxgen.graph.decode_fusions`). ``prefix_cache_mb`` (default 0: off) keeps up to that many MiB of
+    prompts' and replies' KV rows and recurrent-state checkpoints, so a request that shares a prefix with
+    an earlier one (a system prompt, a chat's history) prefills only the rest; ``checkpoint_interval``
+    (default 256) is how many tokens of a long prefill run between two checkpoints of a hybrid's states
+    (docs/prefix-cache.md).
     """
     package = ModelPackage.open(model if model is not None else default_model_dir())
     return LLM(
@@ -445,4 +460,6 @@ def load(
         speculative=speculative,
         fast_ops=fast_ops,
         fuse=fuse,
+        prefix_cache_mb=prefix_cache_mb,
+        checkpoint_interval=checkpoint_interval,
     )

@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli.generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
+from onnxgen.cli.generate import (
+    MODEL_ENV,
+    add_prefix_cache_flags,
+    add_runtime_flags,
+    resolve_model,
+    resolve_threads,
+)
 from onnxgen.errors import ModelPackageError, OnnxgenError
 from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
@@ -104,6 +110,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-prompts", action="store_true", help="put each request's prompt into its log line")
     add_runtime_flags(p)
+    add_prefix_cache_flags(p, 0)
 
 
 def _say(message: str) -> None:
@@ -147,6 +154,8 @@ def _engine_spec(
         security,
         args.log_prompts,
         args.tool_call_parser,
+        args.prefix_cache_mb,
+        args.checkpoint_interval,
     )
 
 

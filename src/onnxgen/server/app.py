@@ -62,6 +62,8 @@ class Server:
             )
         self.llm, self.tokenizer, self.config, self.model_name = llm, llm.tokenizer, config, model_name
         self.metrics = ServerMetrics(model_name, config.max_batch)
+        if llm.prefix_cache is not None:
+            self.metrics.watch_prefix_cache(llm.prefix_cache)
         self.scheduler = Scheduler(llm, config, self.metrics)
         self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name, tool_parser)
         self.store = ResponseStore()

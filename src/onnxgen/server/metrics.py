@@ -9,10 +9,15 @@ token counters, and time-to-first-token, inter-token and end-to-end latency hist
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from onnxgen.cache.prefix import PrefixCache
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -126,6 +131,10 @@ class ServerMetrics:
         self.free_rows.set(free)
         self.kv_usage.set((self.max_batch - free) / self.max_batch if self.max_batch else 0.0)
 
+    def watch_prefix_cache(self, cache: PrefixCache) -> None:
+        """Export the prefix cache's counters (read at each scrape)."""
+        self.registry.register(_PrefixCacheCollector(cache))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -144,3 +153,31 @@ class _Finished:
     def collect(self) -> list[Metric]:
         """The finished-requests counter's samples (as ``Counter.collect``)."""
         return self.finished.collect()
+
+
+class _PrefixCacheCollector(Collector):
+    """The prefix cache's counters, named as vLLM names them where it has them (``prefix_cache_queries``,
+    ``prefix_cache_hits``: prompt tokens looked up and tokens found)."""
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.cache.stats()
+        yield CounterMetricFamily(
+            "onnxgen_prefix_cache_queries", "prompt tokens looked up in the prefix cache", value=s.queries
+        )
+        yield CounterMetricFamily(
+            "onnxgen_prefix_cache_hits",
+            "prompt tokens resumed from the prefix cache (not prefilled)",
+            value=s.hits,
+        )
+        yield CounterMetricFamily(
+            "onnxgen_prefix_cache_evictions",
+            "prefix cache nodes evicted to stay within the budget",
+            value=s.evictions,
+        )
+        yield GaugeMetricFamily("onnxgen_prefix_cache_bytes", "bytes the prefix cache holds", value=s.bytes)
+        yield GaugeMetricFamily(
+            "onnxgen_prefix_cache_budget_bytes", "the prefix cache's budget", value=s.budget
+        )

@@ -41,5 +41,5 @@ async def completion(server: Service, request: Request, chat: bool) -> Response:
         if done.client_error:
             raise ApiError(400, done.error)
         raise ApiError(500, done.error, "server_error")
-    use = usage(stream.prompt_tokens, record.completion_tokens)
+    use = usage(stream.prompt_tokens, record.completion_tokens, stream.handle.cached_tokens)
     return JSONResponse(shape.response(done.results(), use))

@@ -8,6 +8,10 @@ Each iteration of the worker:
    prefilled KV and recurrent states into a free batch row per choice;
 3. runs one batched decode step over every running row and retires the rows that finished.
 
+With the model's prefix cache (:mod:`onnxgen.cache.prefix`), a prompt's prefill starts from its longest
+cached prefix, stops at the cache's checkpoints (caching each), and a finished row's sequence is cached
+from the batch row before it is retired.
+
 The wait queue is bounded: :meth:`Scheduler.submit` raises :class:`QueueFull` when it is full.
 """
 
@@ -152,6 +156,7 @@ class Scheduler:
                 if self._prefill is None:
                     return
                 self._prefill_state.reset()
+                self._resume(self._prefill)
             job = self._prefill
             if job.cancelled:
                 self._prefill = None
@@ -170,16 +175,57 @@ class Scheduler:
             job.offset += take
             budget -= take
             self.metrics.prompt_tokens.inc(take)
+            if job.cuts and job.offset == job.cuts[0]:
+                job.cuts.pop(0)
+                self._cache_prefix(job.prompt[: job.offset])
             if job.offset == len(job.prompt):
                 self._prefill = None
                 self._start(job, logits)
+
+    def _resume(self, job: Job) -> None:
+        """Start ``job``'s prefill from its longest cached prefix (restored into the prefill state)."""
+        cache = self.llm.prefix_cache
+        if cache is None:
+            return
+        try:
+            hit = cache.lookup(job.prompt)
+            cache.restore(hit, self._prefill_state)
+        except Exception:  # the cache must never fail a request: prefill it all instead
+            log.exception("prefix cache lookup failed; prefilling the whole prompt")
+            self._prefill_state.reset()
+            job.handle.cached_tokens = job.handle.cached_tokens or 0
+            return
+        job.offset = hit.tokens
+        job.cuts = cache.cuts(len(job.prompt), hit.tokens, hit.matched)
+        job.handle.cached_tokens = (job.handle.cached_tokens or 0) + hit.tokens
+
+    def _cache_prefix(self, tokens: list[int]) -> None:
+        cache = self.llm.prefix_cache
+        if cache is None:
+            return
+        try:
+            cache.insert_state(tokens, self._prefill_state)
+        except Exception:  # the cache must never fail a request
+            log.exception("caching a prompt prefix failed; it is not cached")
+
+    def _cache_row(self, row: int, run: SequenceRun) -> None:
+        """Cache a finished row's sequence (the tokens its state has run) before it is retired."""
+        cache = self.llm.prefix_cache
+        length = int(self.batch.lengths[row])
+        if cache is None or not 0 < length <= run.n:
+            return
+        try:
+            cache.insert_arrays(run.ids[:length], self.batch.row_kv(row), self.batch.row_states(row))
+        except Exception:
+            log.exception("caching a finished sequence failed; it is not cached")
 
     def _chunk(self, job: Job) -> int:
         """The next prefill chunk of ``job``: cut at fixed offsets (multiples of ``prefill_chunk``) whatever
         else the iteration prefills, and never a lone last token (a one-token forward takes the
         single-token path, which rounds differently): where one would be left, the last cut moves back
         by one, or with chunks of 2 the last chunk takes 3."""
-        chunk, left = self.config.prefill_chunk, len(job.prompt) - job.offset
+        end = job.cuts[0] if job.cuts else len(job.prompt)  # (stop at the prefix cache's next checkpoint)
+        chunk, left = self.config.prefill_chunk, end - job.offset
         if left <= chunk:
             return left
         if left == chunk + 1:
@@ -229,6 +275,7 @@ class Scheduler:
         for row in reversed(range(n)):
             job, run = self._rows[row]
             if run.finish_reason is not None:
+                self._cache_row(row, run)
                 self._retire(row)
                 self._finished(job, run, run.finish_reason)
         for handle, deltas in pushes.items():

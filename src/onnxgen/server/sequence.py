@@ -46,6 +46,9 @@ class Handle:
     def __init__(self, push: Callable[[list[Delta]], None]) -> None:
         self.push = push
         self.cancelled = False  # set by the asyncio side (client gone); read by the scheduler thread
+        # prompt tokens resumed from the prefix cache (None: the server has none); set by the scheduler
+        # thread before it pushes the prompt's first deltas
+        self.cached_tokens: int | None = None
 
 
 class SequenceRun:
@@ -129,6 +132,7 @@ class Job:
     runs: list[SequenceRun]
     arrived: float = field(default_factory=time.perf_counter)
     offset: int = 0  # prompt tokens prefilled so far (prefill runs in chunks between decode steps)
+    cuts: list[int] = field(default_factory=list)  # prefix-cache checkpoints still ahead of the prefill
 
     @property
     def cancelled(self) -> bool:

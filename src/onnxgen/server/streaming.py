@@ -136,7 +136,7 @@ async def sse_events(
                 if chunk is not None:
                     yield _sse(chunk)
         if include_usage:
-            yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens)))
+            yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens, stream.handle.cached_tokens)))
         yield "data: [DONE]\n\n"
     except Exception as e:  # a bug here must not end the stream without a word
         log.exception("streaming a response failed")

@@ -33,6 +33,8 @@ class EngineSpec:
         security: who may call the app (API key, Host names, CORS origins).
         log_prompts: put each request's prompt into its log line.
         tool_parser: tool-call format (None: chosen from the chat template), as ``--tool-call-parser``.
+        prefix_cache_mb, checkpoint_interval: the prefix cache's budget (0: off) and the tokens between
+            two state checkpoints of a long prefill, as ``--prefix-cache-mb`` / ``--checkpoint-interval``.
     """
 
     model: str
@@ -46,6 +48,8 @@ class EngineSpec:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     log_prompts: bool = False
     tool_parser: str | None = None
+    prefix_cache_mb: float = 0.0
+    checkpoint_interval: int | None = None
 
     def scheduler_config(self, min_rows: int = 1) -> SchedulerConfig:
         """The scheduler's limits (checked here, before anything loads)."""
@@ -69,7 +73,12 @@ def load_app(
     spec.scheduler_config()  # a bad size is an error before the model loads
     say(f"loading {spec.model}")
     start = time.perf_counter()
-    llm = load(Path(spec.model), threads=spec.threads)
+    llm = load(
+        Path(spec.model),
+        threads=spec.threads,
+        prefix_cache_mb=spec.prefix_cache_mb,
+        checkpoint_interval=spec.checkpoint_interval,
+    )
     context = llm.package.context_length
     max_len = spec.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     if context is not None and max_len > context:
