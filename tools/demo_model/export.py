@@ -1,5 +1,8 @@
-"""From trained weights to ONNX: an HF ``Qwen3_5ForConditionalGeneration`` checkpoint, onnxruntime-genai
-builder exports (fp32, int4), and the fp32 export installed as onnxgen's bundled default model."""
+"""From trained weights to ONNX: an HF ``Qwen3_5ForConditionalGeneration`` checkpoint (with the MTP head's
+``mtp.*`` tensors in its safetensors, as Qwen3.5 checkpoints ship them), onnxruntime-genai builder exports
+of the decoder (fp32, int4), and the fp32 export installed as onnxgen's bundled default model together with
+the head's tensors and the checkpoint's ``config.json`` (so the folder is also a checkpoint directory an
+MTP exporter can read)."""
 
 from __future__ import annotations
 
@@ -8,15 +11,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from onnxgen.demo.config import STOP_IDS, DemoConfig
-from onnxgen.demo.tokenizer import EOS_ID, IM_START_ID
+from tools.demo_model.config import STOP_IDS, DemoConfig
+from tools.demo_model.tokenizer import EOS_ID, IM_START_ID
 
-PACKAGE_MODEL_DIR = Path(__file__).resolve().parents[1] / "data" / "default_model"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_MODEL_DIR = REPO_ROOT / "src" / "onnxgen" / "data" / "default_model"
 # The export bundled as the default model. fp32: the trained checkpoint itself (same greedy tokens as
 # transformers), and at 4.7M parameters a multi-token forward costs little more than one step, as on
 # memory-bound real models, so speculative decoding shows its effect (the int4 export's kernels are
 # compute-bound per row here: a 5-token verify costs 2.2-2.7 steps). 19.6 MB instead of int4's 3.7 MB.
 BUNDLED_EXPORT = "fp32"
+MTP_FILE = "mtp.safetensors"  # the head's tensors in the bundled folder
 # what an installed default model holds (the builder's files plus our generation_config.json)
 MODEL_FILES = (
     "model.onnx",
@@ -30,24 +35,30 @@ MODEL_FILES = (
 
 
 def save_hf_checkpoint(model: Any, config: DemoConfig, tokenizer_dir: Path, out_dir: Path) -> Path:
-    """Save the trained text model inside a ``Qwen3_5ForConditionalGeneration`` (what the builder reads)
-    with the tokenizer beside it. The vision tower is the smallest one the class builds and is unused."""
+    """Save the trained text model (``model.lm`` of a :class:`~tools.demo_model.model.DemoModel`) inside a
+    ``Qwen3_5ForConditionalGeneration`` (what the builder reads) with the tokenizer beside it, and the MTP
+    head's tensors in the same ``model.safetensors``. The vision tower is the smallest one the class
+    builds and is unused."""
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
 
+    from tools.demo_model.mtp import write_mtp_tensors
+
     torch.manual_seed(config.seed)
     full = Qwen3_5ForConditionalGeneration(config.conditional_config()).float().eval()
-    full.model.language_model.load_state_dict(model.model.state_dict())
+    full.model.language_model.load_state_dict(model.lm.model.state_dict())
     full.lm_head.weight = full.model.language_model.embed_tokens.weight
     probe = torch.arange(3, 40).unsqueeze(0)
     with torch.no_grad():
-        diff = (full(input_ids=probe).logits - model(input_ids=probe).logits).abs().max().item()
+        diff = (full(input_ids=probe).logits - model.lm(input_ids=probe).logits).abs().max().item()
     if diff > 1e-4:
         raise RuntimeError(f"the wrapped checkpoint's logits differ from the trained model's by {diff:.2e}")
     full.generation_config.eos_token_id = list(STOP_IDS)
     full.generation_config.pad_token_id = EOS_ID
     out_dir.mkdir(parents=True, exist_ok=True)
     full.save_pretrained(out_dir)
+    if model.mtp is not None:
+        write_mtp_tensors(out_dir / "model.safetensors", model.mtp.checkpoint_tensors())
     for path in tokenizer_dir.iterdir():  # tokenizer.json, tokenizer_config.json, chat_template.jinja
         shutil.copy2(path, out_dir / path.name)
     return out_dir
@@ -60,29 +71,44 @@ def export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     cache = out_dir.with_name(out_dir.name + ".cache")
-    export_with_genai_builder(hf_dir, out_dir, precision, cache_dir=cache)  # type: ignore[arg-type]
+    # the decoder alone: with the checkpoint's MTP head the builder would also write mtp.onnx and give
+    # the decoder a hidden-state output
+    extra = {"exclude_mtp": "true"}
+    export_with_genai_builder(hf_dir, out_dir, precision, cache_dir=cache, extra_options=extra)  # type: ignore[arg-type]
     shutil.rmtree(cache, ignore_errors=True)
     generation = {"bos_token_id": IM_START_ID, "eos_token_id": list(STOP_IDS), "pad_token_id": EOS_ID}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return out_dir
 
 
-def install_default(export_dir: Path, target: Path = PACKAGE_MODEL_DIR) -> list[Path]:
-    """Replace the files of ``target`` (the bundled default model) with those of ``export_dir``."""
+def install_default(export_dir: Path, hf_dir: Path, target: Path = PACKAGE_MODEL_DIR) -> list[Path]:
+    """Replace the files of ``target`` (the bundled default model) with those of ``export_dir``, plus the
+    MTP head's tensors (``mtp.safetensors``) and ``config.json`` of the checkpoint ``hf_dir``."""
+    from safetensors.torch import save_file
+
+    from tools.demo_model.mtp import read_mtp_tensors
+
     missing = [name for name in MODEL_FILES if not (export_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{export_dir} lacks {', '.join(missing)}; export the model first")
+    head = read_mtp_tensors(hf_dir)
+    if not head:
+        raise FileNotFoundError(
+            f"{hf_dir} holds no mtp.* tensors; train with --set mtp_weight=0.3 (the default)"
+        )
     target.mkdir(parents=True, exist_ok=True)
     for old in target.iterdir():
         if old.is_file():
             old.unlink()
     copied = [Path(shutil.copy2(export_dir / name, target / name)) for name in MODEL_FILES]
+    copied.append(Path(shutil.copy2(hf_dir / "config.json", target / "config.json")))
+    save_file(head, str(target / MTP_FILE), metadata={"format": "pt"})
     (target / "NOTICE.txt").write_text(NOTICE)
-    return [*copied, target / "NOTICE.txt"]
+    return [*copied, target / MTP_FILE, target / "NOTICE.txt"]
 
 
 NOTICE = """\
-onnxgen demo model: a small Qwen3.5-layout hybrid trained from scratch by `python -m onnxgen.demo.train`
+onnxgen demo model: a small Qwen3.5-layout hybrid trained from scratch by `python -m tools.demo_model.train`
 (see docs/demo-model.md in the onnxgen repository).
 
 Its training text is the source of the Python standard library (the .py files that ship with CPython),

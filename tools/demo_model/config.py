@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from onnxgen.demo.tokenizer import EOS_ID, IM_END_ID, IM_START_ID
+from tools.demo_model.tokenizer import EOS_ID, IM_END_ID, IM_START_ID
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class DemoConfig:
     dense: bool = False
     vocab_size: int = 4096
     hidden: int = 192
-    intermediate: int = 512
+    intermediate: int = 416  # what fits the bundled files (<= 20 MB fp32) with the MTP head beside them
     layers: int = 8
     heads: int = 4
     kv_heads: int = 2
@@ -33,8 +33,13 @@ class DemoConfig:
     rope_theta: float = 10_000.0
     # data
     cut_rate: float = 0.1  # share of training line ends tokenized as a boundary (prompts end there)
-    copy_window_share: float = 0.25  # training rows made of repeated spans (onnxgen.demo.data.copy_window)
+    copy_window_share: float = (
+        0.25  # training rows made of repeated spans (tools.demo_model.data.copy_window)
+    )
     random_copy_share: float = 0.125  # rows of repeated spans of random ids (data.random_copy_window)
+    quote_share: float = 0.0  # rows where a long span recurs (data.quote_window), main schedule
+    # multi-token prediction: weight of the MTP head's loss (0: no head)
+    mtp_weight: float = 0.3
     # training
     seed: int = 0
     steps: int = 2000
@@ -65,7 +70,7 @@ class DemoConfig:
     def row_shares(self, step: int) -> tuple[float, float, float]:
         """(copy window, random copy, quote window) shares of the rows of training step ``step``."""
         if step < self.steps:
-            return self.copy_window_share, self.random_copy_share, 0.0
+            return self.copy_window_share, self.random_copy_share, self.quote_share
         return self.copy_phase_window_share, self.copy_phase_random_share, self.copy_phase_quote_share
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,6 +96,7 @@ class DemoConfig:
             "rms_norm_eps": 1e-6,
             "initializer_range": 0.02,
             "tie_word_embeddings": True,
+            "mtp_num_hidden_layers": 1 if self.mtp_weight > 0 else 0,
             "eos_token_id": list(STOP_IDS),
             "pad_token_id": EOS_ID,
             "bos_token_id": IM_START_ID,

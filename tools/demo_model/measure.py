@@ -1,6 +1,6 @@
 """Measurements of the demo model: held-out loss (torch and ONNX), generations, and copy behaviour.
 
-Used by :mod:`onnxgen.demo.report`. The torch measurement needs torch/transformers; the ONNX ones run
+Used by :mod:`tools.demo_model.report`. The torch measurement needs torch/transformers; the ONNX ones run
 on onnxruntime alone (plus onnxruntime-genai for the cross-check).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxgen.demo.data import val_windows
+from tools.demo_model.data import val_windows
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ def torch_loss(hf_dir: Path, val: np.ndarray, seq_len: int, decode: Any) -> Loss
     """Loss of the saved HF checkpoint on every validation window."""
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from onnxgen.demo.gdn import fast_gated_delta_rule
-    from onnxgen.demo.trainer import evaluate
+    from tools.demo_model.gdn import fast_gated_delta_rule
+    from tools.demo_model.trainer import evaluate
 
     model = Qwen3_5ForConditionalGeneration.from_pretrained(hf_dir).float().eval()
     with fast_gated_delta_rule():
