@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -47,11 +49,50 @@ def test_the_bundled_model_is_small_and_complete() -> None:
         "genai_config.json",
         "tokenizer.json",
         "chat_template.jinja",
+        "config.json",
+        "mtp.safetensors",
     ):
         assert name in files
-    assert sum(files.values()) < 22_000_000  # the fp32 export: 19.6 MB
+    assert sum(files.values()) <= 20_000_000
     genai = json.loads((default_model_dir() / "genai_config.json").read_text())
     assert genai["model"]["type"] == "qwen3_5_text"
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    with path.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(size))
+
+
+def test_the_bundled_mtp_head_has_every_tensor_of_a_qwen3_5_head_in_float32() -> None:
+    """mtp.safetensors holds the multi-token-prediction head in the checkpoint naming, with the shapes
+    config.json's geometry gives (Linear weights are [out, in]; q_proj yields the query and a gate)."""
+    text = json.loads((default_model_dir() / "config.json").read_text())["text_config"]
+    assert text["mtp_num_hidden_layers"] == 1
+    hidden, inter, hd = text["hidden_size"], text["intermediate_size"], text["head_dim"]
+    heads, kv = text["num_attention_heads"], text["num_key_value_heads"]
+    layer = "mtp.layers.0."
+    want = {
+        "mtp.fc.weight": [hidden, 2 * hidden],
+        "mtp.pre_fc_norm_embedding.weight": [hidden],
+        "mtp.pre_fc_norm_hidden.weight": [hidden],
+        "mtp.norm.weight": [hidden],
+        layer + "input_layernorm.weight": [hidden],
+        layer + "post_attention_layernorm.weight": [hidden],
+        layer + "self_attn.q_proj.weight": [heads * 2 * hd, hidden],
+        layer + "self_attn.k_proj.weight": [kv * hd, hidden],
+        layer + "self_attn.v_proj.weight": [kv * hd, hidden],
+        layer + "self_attn.o_proj.weight": [hidden, heads * hd],
+        layer + "self_attn.q_norm.weight": [hd],
+        layer + "self_attn.k_norm.weight": [hd],
+        layer + "mlp.gate_proj.weight": [inter, hidden],
+        layer + "mlp.up_proj.weight": [inter, hidden],
+        layer + "mlp.down_proj.weight": [hidden, inter],
+    }
+    header = _safetensors_header(default_model_dir() / "mtp.safetensors")
+    header.pop("__metadata__", None)
+    assert {name: entry["shape"] for name, entry in header.items()} == want
+    assert {entry["dtype"] for entry in header.values()} == {"F32"}
 
 
 def test_inspect_reports_a_hybrid_with_state_pairs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,7 +34,6 @@ def test_the_fast_gated_delta_rule_matches_transformers() -> None:
     torch.testing.assert_close(final, want_state, atol=1e-5, rtol=1e-4)
 
 
-
 def test_the_fast_causal_convolution_matches_transformers_with_its_gradients() -> None:
     torch = pytest.importorskip("torch")
     qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
@@ -51,7 +50,10 @@ def test_the_fast_causal_convolution_matches_transformers_with_its_gradients() -
     torch.testing.assert_close(dx, want_dx, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(dw, want_dw, atol=1e-4, rtol=1e-5)
     shifted = causal_conv1d_fn(torch.roll(x, 1, -1), weight, None, activation="silu")
-    assert not torch.allclose(shifted[..., 1:], want[..., 1:])  # the output depends on the order of time steps
+    assert not torch.allclose(
+        shifted[..., 1:], want[..., 1:]
+    )  # the output depends on the order of time steps
+
 
 def test_copy_windows_write_every_span_twice_in_a_row() -> None:
     from tools.demo_model.data import copy_window
@@ -290,7 +292,7 @@ def test_training_trains_the_head_and_an_interrupted_run_resumes_exactly(tmp_pat
     for (name, a), (_, b) in zip(whole.named_parameters(), resumed.named_parameters(), strict=True):
         assert torch.equal(a, b), name
     log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
-    assert all("mtp_loss" in e for e in log) and "mtp_agree" in log[1]
+    assert all("mtp_loss" in e for e in log) and "val_mtp_agree" in log[1]
 
 
 @pytest.mark.external
@@ -379,27 +381,62 @@ def test_the_checkpoint_carries_the_head_that_onnxruntime_genai_exports_as_the_r
     np.testing.assert_allclose(chained, want_chained.numpy(), atol=1e-4)
 
 
-def test_installing_copies_the_export_the_heads_tensors_and_the_config(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("safetensors")
-    from safetensors.torch import load_file, save_file
+def test_installing_copies_the_export_with_the_heads_tensors_and_refuses_one_without(tmp_path: Path) -> None:
+    from tools.demo_model.export import BUNDLED_FILES, MTP_FILE, install_default
 
-    from tools.demo_model.export import MODEL_FILES, MTP_FILE, install_default
-
-    export, hf, target = tmp_path / "fp32", tmp_path / "hf", tmp_path / "default_model"
+    export, target = tmp_path / "fp32", tmp_path / "default_model"
     export.mkdir()
-    for name in MODEL_FILES:
+    for name in BUNDLED_FILES:
         (export / name).write_text(name)
-    hf.mkdir()
-    (hf / "config.json").write_text('{"model_type": "qwen3_5"}')
-    save_file({"mtp.fc.weight": torch.ones(2, 4), "model.x": torch.zeros(3)}, str(hf / "model.safetensors"))
     target.mkdir()
     (target / "stale.onnx").write_text("old")
-    install_default(export, hf, target)
-    assert sorted(p.name for p in target.iterdir()) == sorted(
-        [*MODEL_FILES, "config.json", MTP_FILE, "NOTICE.txt"]
-    )
-    assert list(load_file(str(target / MTP_FILE))) == ["mtp.fc.weight"]
-    save_file({"model.x": torch.zeros(3)}, str(hf / "model.safetensors"))
-    with pytest.raises(FileNotFoundError, match="mtp"):
-        install_default(export, hf, target)
+    install_default(export, target)
+    assert sorted(p.name for p in target.iterdir()) == sorted([*BUNDLED_FILES, "NOTICE.txt"])
+    assert (target / MTP_FILE).read_text() == MTP_FILE
+    (export / MTP_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=MTP_FILE):
+        install_default(export, target)
+    assert (target / MTP_FILE).is_file()  # a refused install leaves the bundled model as it was
+
+
+# Not a standard library file: ordinary Python the bundled model has not seen.
+CODE = '''import json
+from pathlib import Path
+
+
+def load_settings(path):
+    """Read a JSON settings file; return an empty dict when it does not exist."""
+    file = Path(path)
+    if not file.exists():
+        return {}
+    with file.open() as handle:
+        return json.load(handle)
+
+
+def save_settings(path, settings):
+    """Write the settings as indented JSON."""
+    with Path(path).open("w") as handle:
+        json.dump(settings, handle, indent=2, sort_keys=True)
+'''
+
+
+def test_the_bundled_mtp_head_drafts_the_bundled_models_own_token_after_next() -> None:
+    """Teacher-forced on unseen code: the head (mtp.safetensors through the reference forward) reading the
+    export's hidden state at t and token t+1 mostly predicts the export's own greedy token at t+2; fed
+    the hidden state of the position before, it mostly does not."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from onnxgen.tokenizer import Tokenizer
+    from tools.demo_model.measure import bundled_head, prefill_hidden_fn
+
+    ids = np.array([Tokenizer.from_dir(default_model_dir()).encode(CODE)], dtype=np.int64)
+    logits, hidden = prefill_hidden_fn(default_model_dir())(ids)
+    greedy = logits[0].argmax(-1)  # the export's token t + 1 at each t
+    head = bundled_head(default_model_dir())
+    states, tokens = torch.from_numpy(hidden), torch.from_numpy(ids)
+    drafts = head(states[:, :-1], tokens[:, 1:], 0, None)[0][0].argmax(-1).numpy()
+    stale = head(states[:, :-2], tokens[:, 2:], 1, None)[0][0].argmax(-1).numpy()  # h(t-1), token t+1
+    agreement = float((drafts == greedy[1:]).mean())
+    stale_agreement = float((stale == greedy[2:]).mean())
+    assert agreement > 0.4, agreement
+    assert stale_agreement < agreement / 2, (stale_agreement, agreement)

@@ -33,25 +33,25 @@ class DemoConfig:
     rope_theta: float = 10_000.0
     # data
     cut_rate: float = 0.1  # share of training line ends tokenized as a boundary (prompts end there)
-    copy_window_share: float = (
-        0.25  # training rows made of repeated spans (tools.demo_model.data.copy_window)
-    )
-    random_copy_share: float = 0.125  # rows of repeated spans of random ids (data.random_copy_window)
-    quote_share: float = 0.0  # rows where a long span recurs (data.quote_window), main schedule
+    # shares of the main schedule's training rows (the rest are windows of the token stream)
+    copy_window_share: float = 0.125  # repeated spans (data.copy_window)
+    random_copy_share: float = 0.125  # repeated spans of random ids (data.random_copy_window)
+    quote_share: float = 0.125  # one long span recurring (data.quote_window)
     # multi-token prediction: weight of the MTP head's loss (0: no head)
     mtp_weight: float = 0.3
     # training
     seed: int = 0
-    steps: int = 2000
+    steps: int = 6800
     # then a copy phase at a constant rate: copy-heavy rows sharpen copying of real text (the 4.7M model
     # otherwise lets its own guess override a span it has seen; see docs/demo-model.md)
-    copy_phase_steps: int = 800
+    copy_phase_steps: int = 1200
     copy_phase_window_share: float = 0.125
     copy_phase_random_share: float = 0.25
     copy_phase_quote_share: float = 0.375  # rows where a long span recurs (data.quote_window)
     quote_span: int = 0  # longest quoted span (0: a third of the row)
     quote_gap: int = 64  # longest gap between copies
     copy_phase_lr: float = 3e-4
+    copy_phase_mtp_weight: float = 0.1  # DeepSeek-V3 lowers the MTP weight late in training (0.3 -> 0.1)
     batch: int = 4
     seq_len: int = 512
     lr: float = 3e-3
@@ -72,6 +72,10 @@ class DemoConfig:
         if step < self.steps:
             return self.copy_window_share, self.random_copy_share, self.quote_share
         return self.copy_phase_window_share, self.copy_phase_random_share, self.copy_phase_quote_share
+
+    def mtp_weight_at(self, step: int) -> float:
+        """Weight of the MTP head's loss at training step ``step``."""
+        return self.mtp_weight if step < self.steps else self.copy_phase_mtp_weight
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,6 +32,7 @@ MODEL_FILES = (
     "tokenizer_config.json",
     "chat_template.jinja",
 )
+BUNDLED_FILES = (*MODEL_FILES, "config.json", MTP_FILE)
 
 
 def save_hf_checkpoint(model: Any, config: DemoConfig, tokenizer_dir: Path, out_dir: Path) -> Path:
@@ -65,8 +66,13 @@ def save_hf_checkpoint(model: Any, config: DemoConfig, tokenizer_dir: Path, out_
 
 
 def export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
-    """Run the onnxruntime-genai model builder (CPU), then add ``generation_config.json``."""
+    """Run the onnxruntime-genai model builder (CPU) on the decoder, then add ``generation_config.json``
+    and, when the checkpoint has an MTP head, its tensors (``mtp.safetensors``) and ``config.json``: the
+    export directory is then what :func:`install_default` bundles."""
+    from safetensors.torch import save_file
+
     from onnxgen.testing.hf import export_with_genai_builder
+    from tools.demo_model.mtp import read_mtp_tensors
 
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -78,33 +84,28 @@ def export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
     shutil.rmtree(cache, ignore_errors=True)
     generation = {"bos_token_id": IM_START_ID, "eos_token_id": list(STOP_IDS), "pad_token_id": EOS_ID}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    head = read_mtp_tensors(hf_dir)
+    if head:
+        save_file(head, str(out_dir / MTP_FILE), metadata={"format": "pt"})
+        shutil.copy2(hf_dir / "config.json", out_dir / "config.json")
     return out_dir
 
 
-def install_default(export_dir: Path, hf_dir: Path, target: Path = PACKAGE_MODEL_DIR) -> list[Path]:
-    """Replace the files of ``target`` (the bundled default model) with those of ``export_dir``, plus the
-    MTP head's tensors (``mtp.safetensors``) and ``config.json`` of the checkpoint ``hf_dir``."""
-    from safetensors.torch import save_file
-
-    from tools.demo_model.mtp import read_mtp_tensors
-
-    missing = [name for name in MODEL_FILES if not (export_dir / name).is_file()]
+def install_default(export_dir: Path, target: Path = PACKAGE_MODEL_DIR) -> list[Path]:
+    """Replace the files of ``target`` (the bundled default model) with those of ``export_dir``: the
+    decoder export, and the MTP head's tensors with the checkpoint's ``config.json``."""
+    missing = [name for name in BUNDLED_FILES if not (export_dir / name).is_file()]
     if missing:
-        raise FileNotFoundError(f"{export_dir} lacks {', '.join(missing)}; export the model first")
-    head = read_mtp_tensors(hf_dir)
-    if not head:
         raise FileNotFoundError(
-            f"{hf_dir} holds no mtp.* tensors; train with --set mtp_weight=0.3 (the default)"
+            f"{export_dir} lacks {', '.join(missing)}; export a model trained with an MTP head first"
         )
     target.mkdir(parents=True, exist_ok=True)
     for old in target.iterdir():
         if old.is_file():
             old.unlink()
-    copied = [Path(shutil.copy2(export_dir / name, target / name)) for name in MODEL_FILES]
-    copied.append(Path(shutil.copy2(hf_dir / "config.json", target / "config.json")))
-    save_file(head, str(target / MTP_FILE), metadata={"format": "pt"})
+    copied = [Path(shutil.copy2(export_dir / name, target / name)) for name in BUNDLED_FILES]
     (target / "NOTICE.txt").write_text(NOTICE)
-    return [*copied, target / MTP_FILE, target / "NOTICE.txt"]
+    return [*copied, target / "NOTICE.txt"]
 
 
 NOTICE = """\

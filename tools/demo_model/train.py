@@ -99,7 +99,7 @@ def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) 
     hf_dir = save_hf_checkpoint(model, config, streams.tokenizer_dir, out / "hf")
     sizes = {p: directory_size(export(hf_dir, out / p, p)) for p in ("fp32", "int4")}
     if install:
-        installed = install_default(out / BUNDLED_EXPORT, hf_dir)
+        installed = install_default(out / BUNDLED_EXPORT)
         log(f"installed {len(installed)} files into {installed[0].parent}")
     metrics = {
         "config": config.to_dict(),

@@ -97,7 +97,7 @@ def evaluate_head(
             n, a, c = head_agreement(model.lm, model.mtp, chunk)
             count, agree, correct = count + n, agree + a, correct + c
     model.train()
-    return {"mtp_loss": total / count, "mtp_agree": agree / count, "mtp_correct": correct / count}
+    return {"val_mtp_loss": total / count, "val_mtp_agree": agree / count, "val_mtp_correct": correct / count}
 
 
 def train(
@@ -135,7 +135,7 @@ def train(
                 config.quote_gap,
             )
             main, head = model(torch.from_numpy(batch))
-            loss = main.mean() if head is None else main.mean() + config.mtp_weight * head.mean()
+            loss = main.mean() if head is None else main.mean() + config.mtp_weight_at(step) * head.mean()
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             opt.step()
