@@ -192,7 +192,7 @@ def mtp_speculation(llm: Any, out: Path, seq_len: int) -> tuple[str, dict[str, A
         full = prompt + llm.generate(prompt, params).token_ids
         hidden = run(np.asarray([full], dtype=np.int64))[1][0]
         for k in MTP_DRAFTS:
-            totals.setdefault(f"MTP head, {k} chained", []).append(
+            totals.setdefault(f"MTP head, {k} draft{'s' if k > 1 else ''} a step", []).append(
                 simulate_mtp(head, full, len(prompt), hidden, k)
             )
         totals.setdefault("prompt lookup (up to 4)", []).append(
