@@ -1,6 +1,6 @@
 """In-process A/B of a decode-loop feature, on and off in shuffled order.
 
-``python scripts/runtime_ab.py MODEL_DIR --feature lane|inplace|fast_ops|fuse [--threads 2] [--rounds 16]
+``python scripts/runtime_ab.py MODEL_DIR --feature lane|inplace|fast_ops|fuse|hidden [--threads 2] [--rounds 16]
 [--prompt-tokens 16]``
 
 One process loads the model (after a throwaway first session: the first onnxruntime session of a process
@@ -17,15 +17,20 @@ whether both produced the same tokens.
   (:mod:`onnxgen.graph.hybrid_ops`), against the export's ops (two sessions of the model, one per variant).
 - ``fuse``: the decode fusions (:mod:`onnxgen.graph.decode_fusions`) against the graph without them (two
   sessions, made in random order: of two sessions in one process the later one may step a few % faster).
+- ``hidden``: plain decoding of a model with an MTP head beside it, whose decoder therefore outputs its
+  final hidden state (:mod:`onnxgen.graph.hidden_state`), against the same model loaded as if it had no
+  head (two sessions, made in random order).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
 from collections.abc import Callable
+from unittest import mock
 
 import numpy as np
 
@@ -55,6 +60,20 @@ def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], onnxgen.LLM]:
             raise SystemExit(f"{root} has nothing that the decode fusions merge")
         print(f"sessions made {'fused first' if next(iter(made)) else 'unfused first'}")
         return lambda on: made[on]
+    if feature == "hidden":
+        root = session._model_path.parent
+        made = {}
+        for on in random.sample([True, False], 2):
+            headless = (
+                contextlib.nullcontext()
+                if on
+                else mock.patch.object(onnxgen.LLM, "_find_mtp", lambda *args: None)
+            )
+            with headless:
+                made[on] = onnxgen.load(root, threads=session.threads)
+        if made[True].session.hidden_state is None:
+            raise SystemExit(f"{root} has no MTP head (mtp.onnx), so its decoder outputs no hidden state")
+        return lambda on: made[on]
     if feature == "lane":
         make = DecoderSession._lane
 
@@ -75,13 +94,13 @@ def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], onnxgen.LLM]:
             return llm
 
         return set_inplace
-    raise SystemExit(f"unknown feature {feature!r}; choose lane, inplace, fast_ops or fuse")
+    raise SystemExit(f"unknown feature {feature!r}; choose lane, inplace, fast_ops, fuse or hidden")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
-    p.add_argument("--feature", required=True, choices=["lane", "inplace", "fast_ops", "fuse"])
+    p.add_argument("--feature", required=True, choices=["lane", "inplace", "fast_ops", "fuse", "hidden"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=16)

@@ -12,3 +12,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # Decode plans cache optimized model copies; keep the tests' copies out of the user's cache.
     if "ONNXGEN_CACHE_DIR" not in os.environ:
         os.environ["ONNXGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnxgen-test-cache-")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plan_warnings() -> None:
+    """Each test sees the decode-plan warnings its own loads give (a process says each once per model)."""
+    from onnxgen.runtime import plans
+
+    plans._WARNED.clear()

@@ -13,11 +13,12 @@ import pytest
 
 from onnxgen.cli import build_parser, main
 from onnxgen.cli_generate import sampling_params
+from onnxgen.errors import GenerationError
 from onnxgen.generation.generator import StreamEvent
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative.budget import DraftBudget
 from onnxgen.llm import LLM, load
-from onnxgen.testing import build_model
+from onnxgen.testing import build_model, poison_weights
 
 PROMPT = "the quick brown fox"
 STATS = re.compile(
@@ -274,8 +275,12 @@ def test_generate_with_a_draft_model_directory_keeps_the_tokens_and_drafts_from_
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [
-        (["--speculative", "ngram"], ["--speculative 'ngram' is not a mode", "prompt-lookup", "draft:PATH"]),
+        (
+            ["--speculative", "ngram"],
+            ["--speculative 'ngram' is not a mode", "prompt-lookup", "draft:PATH", "mtp"],
+        ),
         (["--speculative", "draft:"], ["names no draft model", "draft:PATH"]),
+        (["--speculative", "mtp"], ["needs the model's MTP head", "onnxgen export-mtp"]),
         (["--speculative", "draft:/no/such/draft"], ["/no/such/draft does not exist"]),
         (["--draft-tokens", "3"], ["--draft-tokens 3 needs --speculative"]),
         (
@@ -291,3 +296,19 @@ def test_generate_rejects_a_bad_speculative_setting_in_one_line_with_exit_2(
     captured = capsys.readouterr()
     assert captured.out == ""
     _one_line_error(captured.err, *needles)
+
+
+# -- numerics --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["genai-dense", "hybrid-genai"])
+def test_a_model_with_nan_weights_is_an_error_naming_the_export_not_greedy_text(
+    tmp_path: Path, family: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = poison_weights(build_model(tmp_path / family, family))
+    with pytest.raises(
+        GenerationError, match=f"the export {re.escape(str(model / 'model.onnx'))} computed non-finite"
+    ):
+        load(model, threads=1).generate(PROMPT, SamplingParams(max_new_tokens=4))
+    assert main(["generate", str(model), PROMPT, "-n", "4", "--threads", "1"]) == 2
+    captured = capsys.readouterr()
+    _one_line_error(captured.err, "non-finite logits", str(model / "model.onnx"))
+    assert captured.out.strip() == ""

@@ -305,3 +305,53 @@ def test_chat_templates_render_like_hf_transformers(tmp_path: Path, template: st
         messages, chat_template=template, tokenize=False, tools=tools, add_generation_prompt=True
     )
     assert ours.apply_chat_template(messages, tools=tools) == expected
+
+
+# -- a floor on the token count from the text's length --------------------------------------------------
+FLOOR_TEXTS = [
+    "ab " * 2000,
+    "x" * 9000,
+    " " * 9000,
+    "\n\n" * 3000,
+    "héllo wörld — 日本語 🙂 " * 300,
+    "\u1100\u1161\u11a8" * 1000,  # Hangul jamo that NFC composes into one syllable each (9 bytes -> 3)
+    "\U0001d400" * 2000,  # mathematical bold A: NFKC folds its 4 bytes into one
+    "<|im_start|>" * 500,
+]
+
+
+def bundled() -> Tokenizer:
+    from onnxgen.llm import default_model_dir
+
+    return Tokenizer.from_dir(default_model_dir())
+
+
+@pytest.mark.parametrize("normalizer", [None, "NFC", "NFKC"])
+@pytest.mark.parametrize("make", ["byte-level", "bundled"])
+def test_the_floor_from_byte_length_never_exceeds_the_real_token_count(
+    make: str, normalizer: str | None
+) -> None:
+    from tokenizers import normalizers
+
+    tok = bundled() if make == "bundled" else Tokenizer(byte_level_bpe())
+    if normalizer is not None:
+        tok.backend.normalizer = getattr(normalizers, normalizer)()
+    assert tok.max_bytes_per_token is not None
+    for text in FLOOR_TEXTS:
+        floor = tok.min_tokens(text)
+        assert 0 < floor <= len(tok.encode(text, add_special_tokens=False)), text[:12]
+    assert tok.min_tokens("ab " * 2_700_000) > 32_768  # an 8 MiB prompt is refused without tokenizing it
+
+
+def test_a_tokenizer_that_can_drop_or_fold_text_gives_no_floor() -> None:
+    from tokenizers import normalizers
+
+    stripping = byte_level_bpe()
+    stripping.normalizer = normalizers.Strip()  # " " * n normalizes to nothing
+    assert Tokenizer(stripping).max_bytes_per_token is None
+    assert Tokenizer(stripping).min_tokens(" " * 9000) == 0 == len(Tokenizer(stripping).encode(" " * 9000))
+    splitting = byte_level_bpe()
+    splitting.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # whitespace is dropped
+    assert Tokenizer(splitting).max_bytes_per_token is None
+    unigram = HFTokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], 0))  # fuses unknown runs
+    assert Tokenizer(unigram).max_bytes_per_token is None

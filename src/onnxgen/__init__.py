@@ -1,5 +1,6 @@
 """onnxgen: text generation from ONNX exports of decoder LLMs (dense and hybrid) on ONNX Runtime."""
 
+from onnxgen.chat.tools import ChatInputError, ToolCall
 from onnxgen.errors import (
     AmbiguousIOError,
     ConfigError,
@@ -12,15 +13,20 @@ from onnxgen.errors import (
 )
 from onnxgen.generation.constraints import ConstraintError
 from onnxgen.generation.generator import GenerationResult, StreamEvent
-from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.speculative import DraftModel, PromptLookup
-from onnxgen.llm import LLM, load
+from onnxgen.generation.logprobs import TokenLogprob
+from onnxgen.generation.params import ReasoningSection, SamplingParams
+from onnxgen.generation.speculative import MTP, DraftModel, PromptLookup
+from onnxgen.llm import LLM, ChatResult, ChatStreamEvent, load
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
+    "MTP",
     "AmbiguousIOError",
+    "ChatInputError",
+    "ChatResult",
+    "ChatStreamEvent",
     "ConfigError",
     "ConstraintError",
     "DecoderIOError",
@@ -30,9 +36,12 @@ __all__ = [
     "ModelPackageError",
     "OnnxgenError",
     "PromptLookup",
+    "ReasoningSection",
     "SamplingParams",
     "StreamEvent",
+    "TokenLogprob",
     "TokenizerError",
+    "ToolCall",
     "UnsupportedModelError",
     "__version__",
     "load",

@@ -72,6 +72,7 @@ class BenchConfig:
     prompt_files: tuple[str, ...] = ()
     constraints: tuple[str, ...] = ()  # built-in constraints (bench_constraints) timed beside plain runs
     processes: int = 1  # worker sets started one after another per prompt; their runs are pooled
+    fast_ops: bool | None = None  # onnxgen workers' fast-ops pass (None: load()'s default)
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens or min(self.prompt_tokens) < 1:
@@ -146,7 +147,10 @@ def prompt_cases(cfg: BenchConfig) -> list[PromptCase]:
 # -- one prompt ------------------------------------------------------------------------------------
 def _start_workers(cfg: BenchConfig) -> list[Worker]:
     spec = cfg.spec
-    options: dict[str, Any] = {"speculative": asdict(spec) if spec is not None else None}
+    options: dict[str, Any] = {
+        "speculative": asdict(spec) if spec is not None else None,
+        "fast_ops": cfg.fast_ops,
+    }
     workers: list[Worker] = []
     try:
         for plan in cfg.decode_plans or ("",):

@@ -29,6 +29,8 @@ SPECULATIVE_STATS = (
     "accepted_draft_tokens",
     "target_forward_passes",
     "state_replays",
+    "speculation",  # MTP auto: on, or off after n verifies
+    "predicted_speedup",
 )
 CONSTRAINT_STATS = ("constraint_s", "constraint_masks", "constraint_unmasked")
 
@@ -45,9 +47,14 @@ class OnnxgenEngine:
         threads: int,
         decode_plan: str = "auto",
         speculative: SpeculativeSpec | None = None,
+        fast_ops: bool | None = None,
     ) -> None:
         self.llm = load(
-            model_dir, threads=threads, decode_plan=decode_plan, speculative=speculative is not None
+            model_dir,
+            threads=threads,
+            decode_plan=decode_plan,
+            speculative=speculative is not None,
+            fast_ops=fast_ops,
         )
         self.requested_plan = decode_plan
         self.speculative: Speculative | None = None
@@ -142,6 +149,7 @@ def make_engine(name: str, model: str, threads: int, options: dict[str, Any]) ->
             threads,
             decode_plan=options.get("decode_plan") or "auto",
             speculative=SpeculativeSpec(**spec) if spec else None,
+            fast_ops=options.get("fast_ops"),
         )
     if name == GENAI:
         return GenaiEngine(model, threads)

@@ -101,6 +101,8 @@ def summarize_speculative(
         "acceptance": accepted / proposed if proposed else 0.0,
         "target_forward_passes": last.get("target_forward_passes"),
         "state_replays": last.get("state_replays"),
+        "speculation": last.get("speculation"),  # MTP auto's decision in the last run, if it decides
+        "predicted_speedup": last.get("predicted_speedup"),
         "speedup": statistics.median(p["total_ms"] / s["total_ms"] for p, s in zip(plain, spec, strict=True)),
         "decode_speedup": statistics.median(rates) / statistics.median(plain_rates)
         if statistics.median(plain_rates) > 0

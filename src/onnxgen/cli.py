@@ -29,15 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     from onnxgen.cli_bench import add_bench
     from onnxgen.cli_chat import add_chat
+    from onnxgen.cli_export_mtp import add_export_mtp
     from onnxgen.cli_generate import add_generate
     from onnxgen.cli_inspect import add_inspect
     from onnxgen.cli_serve import add_serve
+    from onnxgen.cli_validate import add_validate
 
     add_generate(sub)
     add_chat(sub)
     add_bench(sub)
     add_inspect(sub)
     add_serve(sub)
+    add_validate(sub)
+    add_export_mtp(sub)
     return parser
 
 

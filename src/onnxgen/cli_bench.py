@@ -13,7 +13,7 @@ from onnxgen.bench import ENGINES, ONNXGEN, BenchConfig, run_bench, to_json
 from onnxgen.bench_constraints import CONSTRAINTS
 from onnxgen.bench_prompts import PROMPT_KINDS
 from onnxgen.cli_bench_table import format_report
-from onnxgen.cli_generate import MODEL_ENV, THREADS_ENV, resolve_model, resolve_threads
+from onnxgen.cli_generate import MODEL_ENV, THREADS_ENV, add_fast_ops_flag, resolve_model, resolve_threads
 from onnxgen.cli_speculative import add_speculative_flags
 from onnxgen.runtime.plans import DECODE_PLANS
 from onnxgen.runtime.session import default_threads
@@ -98,6 +98,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         help=f"one onnxgen worker per plan ({', '.join(DECODE_PLANS)}), side by side "
         "(default: one worker on auto)",
     )
+    add_fast_ops_flag(p)
     add_speculative_flags(p)
     p.add_argument(
         "--constraint",
@@ -127,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         prompt_files=tuple(args.prompt_file or ()),
         constraints=_names(args.constraint) or (),
         processes=args.processes,
+        fast_ops=args.fast_ops,
     )
     report = run_bench(cfg)
     print(to_json(report) if args.json else format_report(report))

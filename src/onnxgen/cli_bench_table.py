@@ -180,10 +180,18 @@ def speculative_lines(report: dict[str, Any]) -> list[str]:
         rows.extend(
             _spec_row(entry, n, e["speculative"]) for n, e in entry["engines"].items() if "speculative" in e
         )
+    decided = [
+        f"  {entry.get('prompt', '')} {n}: speculation {s['speculation']}"
+        + (f" (predicted {s['predicted_speedup']:.2f}x)" if s.get("predicted_speedup") else "")
+        for entry in report["results"]
+        for n, e in entry["engines"].items()
+        if (s := e.get("speculative", {})).get("speculation")
+    ]
     return [
         f"speculative: {report['speculative']}, {k} draft tokens to start (adapting between 1 and {2 * k}); "
         "plain and speculative greedy runs alternate in one worker",
         *_table(rows),
+        *(["auto (last run of each):", *decided] if decided else []),
         "tokens/forward: generated tokens per target forward (plain: 1.00); plain/spec ms: request to last "
         "token, prefill included; speedup: median of plain/spec ms over run pairs (> 1x: speculation is faster)",
     ]

@@ -20,6 +20,7 @@ from onnxgen.errors import GenerationError, ModelPackageError
 from onnxgen.generation.generator import GenerationResult, StreamEvent
 from onnxgen.generation.params import SamplingParams
 from onnxgen.llm import LLM, default_model_dir, load
+from onnxgen.runtime.plans import DECODE_PLANS
 
 MODEL_ENV = "ONNXGEN_MODEL"
 THREADS_ENV = "ONNXGEN_THREADS"
@@ -45,6 +46,25 @@ _SAMPLING_FIELDS = (
 def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads", type=int, default=None, help=f"intra-op threads (env {THREADS_ENV}; default: all cores)"
+    )
+    p.add_argument(
+        "--decode-plan",
+        choices=DECODE_PLANS,
+        default="auto",
+        help="how a Scan-based hybrid runs single-token steps: its Scans inlined in a sibling session "
+        "(inline), as exported (scan), or whichever the model gains from (auto, default)",
+    )
+    add_fast_ops_flag(p)
+
+
+def add_fast_ops_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fast-ops",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run a hybrid's GatedRMSNorm and fused CausalConvWithState on onnxruntime's vectorized kernels "
+        "(same math, rounded differently); default: on unless the export quantizes activations to int8 "
+        "(env ONNXGEN_FAST_OPS)",
     )
 
 
@@ -138,7 +158,13 @@ def resolve_model(model: str | None) -> str | Path:
 
 
 def load_llm(args: argparse.Namespace, speculative: bool = False) -> LLM:
-    return load(resolve_model(args.model), threads=resolve_threads(args.threads), speculative=speculative)
+    return load(
+        resolve_model(args.model),
+        threads=resolve_threads(args.threads),
+        speculative=speculative,
+        decode_plan=args.decode_plan,
+        fast_ops=args.fast_ops,
+    )
 
 
 # -- output ---------------------------------------------------------------------------------------

@@ -1,24 +1,45 @@
 """``onnxgen serve [MODEL] --host 127.0.0.1 --port 8000``: an OpenAI-compatible server with batched decoding.
 
-Also runnable as ``python -m onnxgen.cli_serve MODEL ...``.
+Also runnable as ``python -m onnxgen.cli_serve MODEL ...``. The port is bound before the model loads (a
+port in use is an error at once), and "listening" is printed only once the server accepts requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import socket
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli_generate import MODEL_ENV, add_runtime_flags, load_llm
-from onnxgen.errors import OnnxgenError
+from onnxgen.cli_generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
+from onnxgen.errors import ModelPackageError, OnnxgenError
+from onnxgen.llm import LLM, load
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from onnxgen.server.scheduler import SchedulerConfig
+    from onnxgen.server.security import SecurityConfig
 
 DEFAULT_MAX_MODEL_LEN = 2048
+API_KEY_ENV = "ONNXGEN_API_KEY"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     _add_arguments(p)
     p.set_defaults(run=_run)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,39 +64,153 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "(int8 activations) compute a lone row differently from a block on this CPU (probed at start), so "
         "a request gets the same tokens alone or beside others; else 1",
     )
-    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    security = p.add_argument_group("security")
+    security.add_argument(
+        "--api-key",
+        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_ENV})",
+    )
+    security.add_argument(
+        "--allowed-hosts",
+        type=_names,
+        default=(),
+        help="comma-separated Host names answered besides the bound address and localhost ('*': any); "
+        "guards against DNS rebinding",
+    )
+    security.add_argument(
+        "--cors-origins",
+        type=_names,
+        default=(),
+        help="comma-separated origins of web pages allowed to call the API from a browser ('*': any); "
+        "default: none, cross-origin browser requests are refused",
+    )
+    security.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json")
+    p.add_argument(
+        "--log-level", default="info", choices=LOG_LEVELS, help="one line per request at info (default)"
+    )
+    p.add_argument("--log-prompts", action="store_true", help="put each request's prompt into its log line")
     add_runtime_flags(p)
+
+
+def _say(message: str) -> None:
+    print(f"onnxgen serve: {message}", file=sys.stderr, flush=True)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, so that a port in use fails before the model loads."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as e:
+        raise OnnxgenError(f"--host {host!r} cannot be resolved ({e.strerror}); pass an address") from e
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise OnnxgenError(
+            f"cannot listen on {host}:{port} ({e.strerror}); stop what uses the port or pick another "
+            "with --port"
+        ) from e
+    return sock
+
+
+def _log_requests(level: str) -> None:
+    """Server logs (one line per request, engine errors) to stderr at ``level``."""
+    logger = logging.getLogger("onnxgen.server")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("onnxgen serve: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if level == "trace" else level.upper())
+    logger.propagate = False
 
 
 def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from onnxgen.runtime.batch import invariant_min_rows
-    from onnxgen.server.app import create_app
     from onnxgen.server.scheduler import SchedulerConfig
+    from onnxgen.server.security import SecurityConfig
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
-    llm = load_llm(args)
+    sizes = (args.max_batch, args.max_queue, args.max_model_len or DEFAULT_MAX_MODEL_LEN, args.prefill_chunk)
+    SchedulerConfig(*sizes, fixed_rows or 1)  # a bad size is an error before the port and the model
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
+    model = Path(resolve_model(args.model))
+    if not model.exists():
+        raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
+    sock = bind(args.host, args.port)
+    try:
+        app, config = _load_app(args, model, fixed_rows, security)
+        port = sock.getsockname()[1]
+        url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
+        if args.host not in LOOPBACK and api_key is None:
+            _say(f"warning: {args.host} is reachable from other machines and no --api-key is set")
+        _log_requests(args.log_level)
+        uvicorn_level = "warning" if args.log_level == "info" else args.log_level
+        server = _Uvicorn(
+            uvicorn.Config(app, log_level=uvicorn_level, access_log=False),
+            f"listening on {url} (batch {config.max_batch}, at least {config.min_rows} "
+            f"row{'s' if config.min_rows != 1 else ''} a step, {config.max_model_len} tokens per sequence)",
+        )
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0
+
+
+def _load_app(
+    args: argparse.Namespace, model: Path, fixed_rows: int | None, security: SecurityConfig
+) -> tuple[FastAPI, SchedulerConfig]:
+    """Load the model (saying so, with the time it took), check its outputs, and build the app."""
+    from onnxgen.runtime.batch import invariant_min_rows
+    from onnxgen.server.app import create_app
+    from onnxgen.server.scheduler import SchedulerConfig
+
+    _say(f"loading {model}")
+    start = time.perf_counter()
+    llm = load(model, threads=resolve_threads(args.threads))
     context = llm.package.context_length
     max_len = args.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     if context is not None and max_len > context:
         raise ValueError(
             f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
         )
+    _check_outputs(llm)
     min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
-    app = create_app(llm, config, args.served_model_name)
-    print(
-        f"onnxgen serve: {app.state.server.model_name} on http://{args.host}:{args.port} "
-        f"(batch {config.max_batch}, at least {config.min_rows} row{'s' if config.min_rows != 1 else ''} a step, "
-        f"{config.max_model_len} tokens per sequence)",
-        file=sys.stderr,
-        flush=True,
-    )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
-    return 0
+    app = create_app(llm, config, args.served_model_name, security, log_prompts=args.log_prompts)
+    _say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
+    return app, config
+
+
+def _check_outputs(llm: LLM) -> None:
+    """One token from a one-token prompt: an export whose logits are NaN fails here, not per request."""
+    from onnxgen.generation.params import SamplingParams
+
+    llm.generate([llm.eos_token_ids[0] if llm.eos_token_ids else 0], SamplingParams(max_new_tokens=1))
+
+
+class _Uvicorn:
+    """uvicorn's server, saying ``ready`` once it accepts connections (not when it merely starts)."""
+
+    def __init__(self, config: Any, ready: str) -> None:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets)
+                if self.started:
+                    _say(ready)
+
+        self.server = Server(config)
+
+    def run(self, sockets: list[socket.socket]) -> None:
+        self.server.run(sockets=sockets)
 
 
 def _count(text: str) -> int:

@@ -1,9 +1,12 @@
-"""``--speculative prompt-lookup|draft:PATH`` and ``--draft-tokens K``, shared by generate, chat and bench.
+"""``--speculative prompt-lookup|draft:PATH|mtp|mtp-always`` and ``--draft-tokens K``, shared by generate,
+chat and bench.
 
 ``prompt-lookup`` drafts by n-gram lookup in the prompt and the text generated so far
 (:class:`~onnxgen.generation.speculative.PromptLookup`); ``draft:PATH`` drafts with a smaller model of the
-same tokenizer (:class:`~onnxgen.generation.speculative.DraftModel`). Greedy output is the same as without
-speculation; sampled output has the same distribution.
+same tokenizer (:class:`~onnxgen.generation.speculative.DraftModel`); ``mtp`` with the model's own
+multi-token-prediction head (:class:`~onnxgen.generation.speculative.MTP`), turned off for the rest of a
+request once the measured costs and acceptance predict no gain, and ``mtp-always`` drafts with it
+throughout. Greedy output is the same as without speculation; sampled output has the same distribution.
 """
 
 from __future__ import annotations
@@ -13,13 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxgen.generation.speculative import DraftModel, PromptLookup, Speculative
+from onnxgen.generation.speculative import MTP, DraftModel, PromptLookup, Speculative
 
 PROMPT_LOOKUP = "prompt-lookup"
 DRAFT_PREFIX = "draft:"
+MTP_AUTO, MTP_ALWAYS = "mtp", "mtp-always"
 DEFAULT_DRAFT_TOKENS = 4
+DEFAULT_MTP_TOKENS = 2
 MODES_HINT = (
-    f"give {PROMPT_LOOKUP} or {DRAFT_PREFIX}PATH (a draft model directory with the target's tokenizer)"
+    f"give {PROMPT_LOOKUP}, {DRAFT_PREFIX}PATH (a draft model directory with the target's tokenizer), "
+    f"{MTP_AUTO} or {MTP_ALWAYS} (the model's MTP head)"
 )
 
 
@@ -27,20 +33,22 @@ MODES_HINT = (
 class SpeculativeSpec:
     """What ``--speculative`` / ``--draft-tokens`` asked for, checked; :meth:`build` makes the library object."""
 
-    mode: str  # PROMPT_LOOKUP or "draft"
+    mode: str  # PROMPT_LOOKUP, "draft", MTP_AUTO or MTP_ALWAYS
     draft_tokens: int = DEFAULT_DRAFT_TOKENS
     draft_path: str | None = None
 
     @property
     def label(self) -> str:
-        """The flag value this spec came from: ``prompt-lookup`` or ``draft:PATH``."""
-        return PROMPT_LOOKUP if self.mode == PROMPT_LOOKUP else f"{DRAFT_PREFIX}{self.draft_path}"
+        """The flag value this spec came from: ``prompt-lookup``, ``draft:PATH``, ``mtp`` or ``mtp-always``."""
+        return f"{DRAFT_PREFIX}{self.draft_path}" if self.mode == "draft" else self.mode
 
     def build(self, draft: Any = None) -> Speculative:
-        """The :class:`PromptLookup` or :class:`DraftModel`; ``draft`` (an already loaded ``LLM``) replaces
-        the draft path."""
+        """The :class:`PromptLookup`, :class:`DraftModel` or :class:`MTP`; ``draft`` (an already loaded
+        ``LLM``) replaces the draft path."""
         if self.mode == PROMPT_LOOKUP:
             return PromptLookup(num_draft_tokens=self.draft_tokens)
+        if self.mode in (MTP_AUTO, MTP_ALWAYS):
+            return MTP(num_draft_tokens=self.draft_tokens, auto=self.mode == MTP_AUTO)
         return DraftModel(draft if draft is not None else self.draft_path, num_draft_tokens=self.draft_tokens)
 
 
@@ -51,11 +59,12 @@ def parse_speculative(value: str | None, draft_tokens: int | None = None) -> Spe
         if draft_tokens is not None:
             raise ValueError(f"--draft-tokens {draft_tokens} needs --speculative; {MODES_HINT}")
         return None
-    k = DEFAULT_DRAFT_TOKENS if draft_tokens is None else draft_tokens
+    mtp = value in (MTP_AUTO, MTP_ALWAYS)
+    k = (DEFAULT_MTP_TOKENS if mtp else DEFAULT_DRAFT_TOKENS) if draft_tokens is None else draft_tokens
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"--draft-tokens must be an integer >= 1 (got {k!r}); 4 is a good start")
-    if value == PROMPT_LOOKUP:
-        return SpeculativeSpec(PROMPT_LOOKUP, k)
+    if value == PROMPT_LOOKUP or mtp:
+        return SpeculativeSpec(value, k)
     if not value.startswith(DRAFT_PREFIX):
         raise ValueError(f"--speculative {value!r} is not a mode; {MODES_HINT}")
     path = value[len(DRAFT_PREFIX) :].strip()
@@ -76,14 +85,16 @@ def add_speculative_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--speculative",
         metavar="MODE",
-        help=f"{PROMPT_LOOKUP} (n-gram lookup in the context) or {DRAFT_PREFIX}PATH (a smaller draft model "
-        "with the same tokenizer); greedy output is unchanged",
+        help=f"{PROMPT_LOOKUP} (n-gram lookup in the context), {DRAFT_PREFIX}PATH (a smaller draft model "
+        f"with the same tokenizer), {MTP_AUTO} (the model's MTP head, mtp.onnx, while it pays) or "
+        f"{MTP_ALWAYS}; greedy output is unchanged",
     )
     g.add_argument(
         "--draft-tokens",
         type=int,
         metavar="K",
-        help=f"tokens drafted per target forward (default {DEFAULT_DRAFT_TOKENS}; adapts between 1 and 2K)",
+        help=f"tokens drafted per target forward (default {DEFAULT_DRAFT_TOKENS}, {DEFAULT_MTP_TOKENS} for MTP; "
+        "adapts between 1 and 3K)",
     )
 
 
@@ -105,4 +116,8 @@ def format_speculative_stats(stats: dict[str, Any]) -> str:
         f" | {forwards} target forwards ({per_forward:.2f} tokens/forward)"
     )
     replays = int(stats.get("state_replays", 0))
-    return text + (f", {replays} state replays" if replays else "")
+    text += f", {replays} state replays" if replays else ""
+    if "speculation" in stats:  # auto: whether the drafts paid
+        gain = stats.get("predicted_speedup")
+        text += f" | speculation {stats['speculation']}" + (f" (predicted {gain:.2f}x)" if gain else "")
+    return text

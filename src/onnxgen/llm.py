@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxgen.errors import GenerationError, TokenizerError
+import onnx
+
+from onnxgen.chat.deltas import ChatDelta
+from onnxgen.chat.output import ChatOutput
+from onnxgen.chat.plan import ChatPlan, plan_chat
+from onnxgen.chat.tools import ToolCall
+from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import DraftModel, Speculative
+from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.model import ModelPackage
+from onnxgen.model.mtp import find_mtp_head, mtp_head_io
+from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.plans import prepare_decode_plan
 from onnxgen.runtime.session import DecoderSession, default_threads
 from onnxgen.tokenizer import Tokenizer
@@ -47,6 +58,15 @@ class LLM:
         self.package = package
         self.io = package.io
         self.decode_plan = prepare_decode_plan(package, decode_plan, providers=providers)
+        # an MTP head beside the model: the session also outputs the final hidden state the head reads
+        self._mtp_missing = (
+            f"MTP speculation needs the model's MTP head: {package.root} has no mtp.onnx; write it with "
+            "`onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR` from the checkpoint this model was exported from"
+        )
+        self.mtp_path = self._find_mtp(package, self.decode_plan.graph)
+        self._mtp: MTPHeadSession | None = None
+        self._mtp_lock = threading.Lock()
+        self._providers = providers
         self.session = DecoderSession(
             self.decode_plan.model_path,
             self.io,
@@ -57,18 +77,28 @@ class LLM:
             verify_now=speculative,
             fast_ops=fast_ops,
             fuse=fuse,
+            hidden_state=self.mtp_path is not None,
         )
         self.decode_plan.plan.attach(self.session)
         self.tokenizer: Tokenizer | None = None
         if package.tokenizer_path is not None:
             self.tokenizer = Tokenizer.from_dir(package.root)
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
+        if not eos:
+            log.warning(
+                "%s names no end-of-sequence token (no config states one and tokenizer.json has none of "
+                "the usual end-of-text tokens): generation stops only at max_new_tokens or a stop string; "
+                "SamplingParams(stop_token_ids=[...]) adds tokens to stop at",
+                package.root,
+            )
         self.generator = Generator(
             self.session,
             self.tokenizer,
             eos,
             package.context_length,
             final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
+            export=f"the export {package.model_path}",
+            mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
         )
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
@@ -98,7 +128,60 @@ class LLM:
         text = tok.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         return tok.encode(text, add_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (for log-probability bodies; may be part of a character)."""
+        self._require_tokenizer()
+        return self.generator.constraints.token_bytes(token_id)
+
     # -- speculative decoding -----------------------------------------------------------------------
+    def _find_mtp(self, package: ModelPackage, graph: onnx.ModelProto) -> Path | None:
+        """The MTP head beside the model, where the decoder's final hidden state can be output for it (from
+        ``graph``, what the session loads); otherwise None, and why in ``_mtp_missing`` (plain decoding is
+        not held up by a broken head)."""
+        try:
+            path = find_mtp_head(package)
+        except OnnxgenError as e:
+            self._mtp_missing = str(e)
+            log.warning("MTP speculation is unavailable: %s", e)
+            return None
+        if path is None:
+            return None
+        exposed = expose_hidden_state(graph, package.io.logits)
+        if exposed.output is None:
+            self._mtp_missing = (
+                f"{path} cannot be used: the decoder's final hidden state cannot be output ({exposed.report})"
+            )
+            log.warning("%s", self._mtp_missing)
+            return None
+        return path
+
+    def mtp_head(self) -> MTPHeadSession:
+        """The model's MTP head session, loaded on first use (checked against the decoder)."""
+        with self._mtp_lock:
+            if self._mtp is None:
+                if self.mtp_path is None:
+                    raise GenerationError(self._mtp_missing)
+                head = MTPHeadSession(
+                    mtp_head_io(self.package, self.mtp_path),
+                    threads=draft_threads(self.session.threads),
+                    providers=self._providers,
+                )
+                port = next(
+                    (o for o in self.session.session.get_outputs() if o.name == self.session.hidden_state),
+                    None,
+                )
+                size = port.shape[-1] if port is not None else None
+                if head.vocab_size != self.session.vocab_size or (
+                    isinstance(size, int) and size != head.hidden_size
+                ):
+                    raise GenerationError(
+                        f"{self.mtp_path} does not fit {self.package.model_path}: the head has vocabulary "
+                        f"{head.vocab_size} and hidden size {head.hidden_size}, the decoder {self.session.vocab_size} "
+                        f"and {size}; export the head from the checkpoint of this model"
+                    )
+                self._mtp = head
+            return self._mtp
+
     def _draft_session(self, speculative: Speculative | None) -> Generator | None:
         if not isinstance(speculative, DraftModel):
             return None
@@ -142,20 +225,98 @@ class LLM:
         draft = self._draft_session(speculative)
         return self.generator.stream(self.encode(prompt), params or SamplingParams(), speculative, draft)
 
+    def plan_chat(self, messages: Messages, params: SamplingParams | None = None, **options: Any) -> ChatPlan:
+        """The prompt, sampling parameters and reply parser of a chat request (options: see :meth:`chat`)."""
+        tokenizer = self._require_tokenizer()
+        template_kwargs = options.pop("chat_template_kwargs", None)
+        return plan_chat(
+            tokenizer,
+            messages,
+            params or SamplingParams(),
+            template_kwargs=template_kwargs,
+            literal=self.generator.constraints.literal,
+            **options,
+        )
+
     def chat(
-        self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
-    ) -> GenerationResult:
+        self,
+        messages: Messages,
+        params: SamplingParams | None = None,
+        speculative: Speculative | None = None,
+        **options: Any,
+    ) -> ChatResult:
+        """Reply to ``messages``: the text, and parsed from it the answer, the reasoning and tool calls.
+
+        Options: ``tools`` (OpenAI function tools), ``tool_choice`` (``"auto"``, ``"none"``,
+        ``"required"`` or ``{"type": "function", "function": {"name": ...}}``), ``parallel_tool_calls``
+        (default True), ``chat_template_kwargs`` (template variables such as ``enable_thinking``),
+        ``tool_parser`` (``"hermes"`` or ``"qwen3_coder"``; default: from the template), ``reasoning``
+        (split ``<think>`` sections; default: when the template writes them), ``constrain_calls`` (default
+        True: ``"auto"`` replies are grammar-constrained too). See :mod:`onnxgen.chat.plan`.
+        """
+        plan = self.plan_chat(messages, params, **options)
         draft = self._draft_session(speculative)
-        return self.generator.generate(
-            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+        result = self.generator.generate(self._chat_ids(plan), plan.params, speculative, draft)
+        output = plan.parse(result.text)
+        return ChatResult(
+            result.token_ids,
+            result.text,
+            plan.finish_reason(result.finish_reason, output),
+            result.stats,
+            result.logprobs,
+            content=output.content,
+            reasoning=output.reasoning,
+            tool_calls=output.tool_calls,
         )
 
     def stream_chat(
-        self, messages: Messages, params: SamplingParams | None = None, speculative: Speculative | None = None
-    ) -> Iterator[StreamEvent]:
+        self,
+        messages: Messages,
+        params: SamplingParams | None = None,
+        speculative: Speculative | None = None,
+        **options: Any,
+    ) -> Iterator[ChatStreamEvent]:
+        """:meth:`chat` streamed: each event carries the parsed ``deltas`` its text completes; the last
+        one also the whole parsed ``output``."""
+        plan = self.plan_chat(messages, params, **options)
         draft = self._draft_session(speculative)
-        return self.generator.stream(
-            self.chat_prompt(messages), params or SamplingParams(), speculative, draft
+        events = self.generator.stream(self._chat_ids(plan), plan.params, speculative, draft)
+        return _chat_events(plan, events)
+
+    def _chat_ids(self, plan: ChatPlan) -> list[int]:
+        return self._require_tokenizer().encode(plan.prompt, add_special_tokens=False)
+
+
+@dataclass
+class ChatResult(GenerationResult):
+    """A chat reply: :class:`GenerationResult` plus the answer, the reasoning and the tool calls parsed
+    from ``text`` (``finish_reason`` is ``"tool_calls"`` when a reply that ended on its own made calls)."""
+
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+@dataclass
+class ChatStreamEvent(StreamEvent):
+    """A :class:`StreamEvent` with the parsed pieces of its text; the last event has ``output``."""
+
+    deltas: list[ChatDelta] = field(default_factory=list)
+    output: ChatOutput | None = None
+
+
+def _chat_events(plan: ChatPlan, events: Iterator[StreamEvent]) -> Iterator[ChatStreamEvent]:
+    parser = plan.stream()
+    for event in events:
+        deltas = parser.feed(event.text)
+        output = None
+        reason = event.finish_reason
+        if reason is not None:
+            deltas += parser.finish()
+            output = parser.output
+            reason = plan.finish_reason(reason, output)
+        yield ChatStreamEvent(
+            event.token_ids, event.text, reason, event.stats, event.logprobs, deltas=deltas, output=output
         )
 
 

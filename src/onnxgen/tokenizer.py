@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers.decoders import DecodeStream
 
+from onnxgen.chat.messages import template_messages, template_tools
 from onnxgen.errors import TokenizerError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -173,6 +175,21 @@ class Tokenizer:
         eos = self.eos_token_id
         return () if eos is None else (eos,)
 
+    @cached_property
+    def max_bytes_per_token(self) -> int | None:
+        """How many UTF-8 bytes of input text one token stands for at most, where the tokenizer's pipeline
+        proves a bound; None where it may drop or fold arbitrary text (see :func:`text_bytes_per_token`).
+
+        ``len(text.encode()) // max_bytes_per_token`` is then a floor on the number of tokens of ``text``:
+        a prompt whose byte length alone exceeds the context can be refused without tokenizing it.
+        """
+        return text_bytes_per_token(json.loads(self.backend.to_str()))
+
+    def min_tokens(self, text: str) -> int:
+        """A floor on ``len(self.encode(text))`` from the length of ``text`` alone (0 without a bound)."""
+        bound = self.max_bytes_per_token
+        return 0 if bound is None else len(text.encode("utf-8", "surrogatepass")) // bound
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         bos = self.bos_token_id
@@ -185,19 +202,29 @@ class Tokenizer:
         return self.backend.decode(as_list, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
+        **kwargs: Any,
     ) -> str:
-        """Render ``messages`` with the chat template (HF globals: special tokens, ``tools=None``, ...)."""
+        """Render ``messages`` with the chat template (HF globals: special tokens, ``tools``, ...).
+
+        ``tools`` (OpenAI function tools or :class:`~onnxgen.chat.tools.Tool`) reach the template as its
+        ``tools`` variable; other keyword arguments (``enable_thinking``, ...) as variables of their name.
+        Assistant tool calls and tool results are made ready for the template by
+        :func:`~onnxgen.chat.messages.template_messages` (arguments given as JSON text become objects).
+        """
         template = self._template()
         context = {name: text for name, text in self.special_tokens.items() if text is not None}
-        context.update(tools=None, documents=None)
+        context.update(tools=template_tools(tools) if tools else None, documents=None)
         context.update(kwargs)
         for index, message in enumerate(messages):
             if not isinstance(message, Mapping):
                 raise TokenizerError(
                     f"chat message {index} must be a mapping such as {{'role': ..., 'content': ...}} (got {message!r})"
                 )
-        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        chat = template_messages(messages)
         try:
             return template.render(
                 messages=_plain_data(chat),
@@ -226,6 +253,74 @@ class Tokenizer:
                     f"the chat template does not compile (line {e.lineno}: {e.message})"
                 ) from e
         return self._compiled
+
+
+# Normalizers that can shorten text, and by how much at most (UTF-8 bytes in / out): Unicode normal forms
+# and lowercasing map one character to one or more, except compositions (3 jamo -> one Hangul syllable)
+# and compatibility forms (a 4-byte mathematical letter -> one ASCII letter).
+_SHRINKING_NORMALIZERS = {"NFC": 4, "NFD": 4, "NFKC": 4, "NFKD": 4, "Lowercase": 4, "Prepend": 1}
+_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Metaspace", "Digits", "Punctuation", "UnicodeScripts"}
+
+
+def _normalizer_shrink(spec: Mapping[str, Any] | None) -> int | None:
+    """At most how many times shorter (in UTF-8 bytes) the normalizer can make a text; None: unbounded."""
+    if spec is None:
+        return 1
+    kind = spec.get("type")
+    if kind == "Sequence":
+        factor = 1
+        for step in spec.get("normalizers") or ():
+            inner = _normalizer_shrink(step)
+            if inner is None:
+                return None
+            factor *= inner
+        return factor
+    if kind == "Replace":  # a fixed string replaced by one at least as long (metaspace's " " -> "▁")
+        pattern, content = (spec.get("pattern") or {}).get("String"), spec.get("content")
+        keeps = isinstance(pattern, str) and isinstance(content, str)
+        return 1 if keeps and len(content.encode()) >= len(pattern.encode()) else None
+    return _SHRINKING_NORMALIZERS.get(str(kind))
+
+
+def _pre_tokenizer_keeps_text(spec: Mapping[str, Any] | None) -> bool:
+    if spec is None:
+        return True
+    if spec.get("type") == "Sequence":
+        return all(_pre_tokenizer_keeps_text(step) for step in spec.get("pretokenizers") or ())
+    return spec.get("type") in _KEEPING_PRE_TOKENIZERS and spec.get("behavior") != "Removed"
+
+
+def _has_byte_level(spec: Mapping[str, Any] | None) -> bool:
+    if spec is None:
+        return False
+    if spec.get("type") == "Sequence":
+        return any(_has_byte_level(step) for step in spec.get("pretokenizers") or ())
+    return spec.get("type") == "ByteLevel"
+
+
+def text_bytes_per_token(spec: Mapping[str, Any]) -> int | None:
+    """An upper bound on the UTF-8 bytes of input one token of the ``tokenizer.json`` ``spec`` covers.
+
+    A BPE model whose normalizer shortens text by a bounded factor, whose pre-tokenizer keeps every
+    character, and that maps every character to some token (byte-level, byte fallback, or an unknown
+    token per character) gives each token at most ``factor * longest token`` input bytes: a byte-level
+    token's characters are one byte each, any other token's text is at most its UTF-8 length (``▁`` and
+    ``<0x41>`` stand for fewer bytes than they take). Anything else (WordPiece and Unigram, which can fold
+    a whole word into one unknown token, normalizers that strip or replace by pattern, pre-tokenizers that
+    drop whitespace) gets None.
+    """
+    model = spec.get("model") or {}
+    shrink = _normalizer_shrink(spec.get("normalizer"))
+    byte_level = _has_byte_level(spec.get("pre_tokenizer"))
+    covered = byte_level or model.get("byte_fallback") or model.get("unk_token") is not None
+    if model.get("type") != "BPE" or model.get("fuse_unk") or not covered or shrink is None:
+        return None
+    if not _pre_tokenizer_keeps_text(spec.get("pre_tokenizer")):
+        return None
+    vocab = model.get("vocab") or {}
+    longest = max((len(t) if byte_level else len(t.encode()) for t in vocab), default=1)
+    added = max((len(str(t.get("content", "")).encode()) for t in spec.get("added_tokens") or ()), default=1)
+    return shrink * max(longest, added, 4)  # 4: an unknown character becomes one token
 
 
 class IncrementalDetokenizer:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxgen.testing.hf import build_hf_checkpoint, export_with_genai_builder
+from onnxgen.testing.hf import build_hf_checkpoint, export_with_genai_builder, export_with_mobius
 
 _HERE = Path(__file__).parent
 
@@ -26,6 +26,22 @@ EXPORTS: tuple[tuple[str, str], ...] = (
     ("qwen3_5", "fp32"),
     ("qwen3_5", "int4"),
 )
+
+
+# More builder exports (fp32 and int4 of each), tested by test_more_exports.py.
+MORE_FAMILIES = ("lfm2", "gemma2", "phi3")
+# mobius exports: (checkpoint family, --ep, --static-cache).
+MOBIUS: tuple[tuple[str, str | None, bool], ...] = (
+    ("qwen3_5_text", "cpu", False),  # linear attention as fused-op functions (Scan bodies inside)
+    ("qwen3_5_text", "onnx-standard", False),  # the same inlined: plain Scans
+    ("qwen3_next", "cpu", False),
+    ("qwen2", None, False),
+    ("qwen2", None, True),
+)
+
+
+def mobius_id(family: str, ep: str | None, static: bool) -> str:
+    return f"{family}-{ep or 'default'}{'-static' if static else ''}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -47,7 +63,7 @@ class TinyExport:
 
     @property
     def is_hybrid(self) -> bool:
-        return self.family == "qwen3_5"
+        return self.family in ("qwen3_5", "qwen3_5_text", "qwen3_next", "lfm2")
 
     @property
     def id(self) -> str:
@@ -75,6 +91,17 @@ class TinyExports:
             if not (out / "genai_config.json").is_file():
                 export_with_genai_builder(hf_dir, out, precision, cache_dir=self.root / ".builder-cache")  # type: ignore[arg-type]
             self._done[key] = TinyExport(family, precision, hf_dir, out)
+        return self._done[key]
+
+    def mobius(self, family: str, ep: str | None, static: bool) -> TinyExport:
+        key = (family, mobius_id(family, ep, static))
+        if key not in self._done:
+            pytest.importorskip("mobius")
+            hf_dir = self.checkpoint(family)
+            out = self.root / f"mobius-{key[1]}"
+            if not (out / "inference_metadata.yaml").is_file():
+                export_with_mobius(hf_dir, out, ep=ep, static_cache=static)
+            self._done[key] = TinyExport(family, key[1], hf_dir, out)
         return self._done[key]
 
 
@@ -119,3 +146,41 @@ def qwen3_5_fp32(tiny_exports: TinyExports) -> TinyExport:
 @pytest.fixture(scope="session")
 def qwen3_5_int4(tiny_exports: TinyExports) -> TinyExport:
     return tiny_exports.get("qwen3_5", "int4")
+
+
+def hf_greedy(hf_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` (EOS ignored) from the checkpoint's own class."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    cls = getattr(transformers, config.architectures[0])
+    model = cls.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def genai_greedy(onnx_dir: Path, prompt: list[int], new_tokens: int, max_length: int = 0) -> list[int]:
+    """onnxruntime-genai's greedy continuation (EOS ignored); ``max_length`` makes its buffers longer
+    (a sliding-window export refuses a KV buffer shorter than its window)."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    model = og.Model(str(onnx_dir))
+    params = og.GeneratorParams(model)
+    total = max(len(prompt) + new_tokens, max_length)
+    params.set_search_options(do_sample=False, max_length=total, min_length=total)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array(prompt, dtype=np.int32))
+    while not gen.is_done():
+        gen.generate_next_token()
+    return [int(t) for t in gen.get_sequence(0)][len(prompt) : len(prompt) + new_tokens]

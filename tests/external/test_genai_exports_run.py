@@ -155,9 +155,9 @@ def _hf_model(export: TinyExport) -> Any:
 
 @pytest.mark.parametrize("name", ["qwen3_fp32", "llama_fp32", "qwen3_5_fp32"])
 def test_fp32_export_prefill_logits_match_transformers(name: str, request: pytest.FixtureRequest) -> None:
+    export: TinyExport = request.getfixturevalue(name)  # (skips without the external packages)
     import torch
 
-    export: TinyExport = request.getfixturevalue(name)
     _, ort_logits = _PlainLoop(export).greedy(PROMPT, 1)
     with torch.no_grad():
         hf_logits = _hf_model(export)(input_ids=torch.tensor([PROMPT]), use_cache=False).logits[0, -1].numpy()
@@ -169,9 +169,9 @@ def test_fp32_export_prefill_logits_match_transformers(name: str, request: pytes
 def test_fp32_export_greedy_tokens_match_transformers_generate(
     name: str, request: pytest.FixtureRequest
 ) -> None:
+    export: TinyExport = request.getfixturevalue(name)  # (skips without the external packages)
     import torch
 
-    export: TinyExport = request.getfixturevalue(name)
     with torch.no_grad():
         hf = (
             _hf_model(export)

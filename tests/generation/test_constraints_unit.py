@@ -148,6 +148,43 @@ def test_an_invalid_constraint_is_refused_with_the_compilers_message(
         assert isinstance(info.value, ValueError) and isinstance(info.value, GenerationError)
 
 
+OPTIONAL_PROPERTIES = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(500)}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "needle"),
+    [
+        ({"$ref": "#"}, "admits no finite output"),
+        ({"anyOf": [{"$ref": "#"}]}, "admits no finite output"),
+        (OPTIONAL_PROPERTIES, "too many alternatives"),
+    ],
+)
+def test_a_schema_that_compiles_but_fails_its_first_steps_is_refused_at_compile_time(
+    compiler: ConstraintCompiler, schema: dict[str, object], needle: str
+) -> None:
+    params = SamplingParams(json_schema=schema)
+    check_constraint(params)  # llguidance's own validation passes these: only running them shows it
+    with pytest.raises(ConstraintError, match="json_schema cannot constrain the output") as info:
+        compiler.compile(params)
+    assert needle in str(info.value) and "<state>" not in str(info.value) and "\n" not in str(info.value)
+    required = {**OPTIONAL_PROPERTIES, "required": list(OPTIONAL_PROPERTIES["properties"])}  # type: ignore[call-overload]
+    assert compiler.compile(SamplingParams(json_schema=required)) is not None  # as many required: fine
+
+
+def test_a_parser_limit_hit_in_the_middle_of_the_output_is_reported_as_such(
+    compiler: ConstraintCompiler, tok: Tokenizer
+) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": OPTIONAL_PROPERTIES}}
+    constraint = compiler.compile(SamplingParams(json_schema={**schema, "required": ["a", "b"]}))
+    assert constraint is not None  # the limit is past the first free choice: the probe cannot see it
+    ids = np.array(tok.encode('{"a": "x", "b": {', add_special_tokens=False), dtype=np.int64)
+    with pytest.raises(ConstraintError, match="too many alternatives") as info:
+        for n in range(1, len(ids) + 1):
+            constraint(gen(list(ids[: n - 1])), np.zeros(VOCAB, dtype=np.float32))
+            constraint.complete(ids[:n])
+    assert "outside the json_schema constraint" not in str(info.value)
+
+
 def test_a_valid_constraint_passes_the_check_and_params_without_one_compile_to_none(
     compiler: ConstraintCompiler,
 ) -> None:

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import random
+import tracemalloc
+
 import pytest
 
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.stopping import StopChecker, StopMatch, StopStringMatcher
+from onnxgen.generation.stopping import StopChecker, StopMatch, StopStringMatcher, StopStrings
 
 
 def test_an_eos_token_stops_with_reason_stop() -> None:
@@ -105,3 +108,62 @@ def test_without_stop_strings_text_passes_straight_through() -> None:
 def test_empty_stop_strings_are_rejected() -> None:
     with pytest.raises(ValueError, match="non-empty"):
         StopStringMatcher(["ok", ""])
+
+
+def held_tail(text: str, stops: list[str]) -> int:
+    """Brute force: the length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    return max(
+        (n for n in range(1, len(text) + 1) for s in stops if len(s) > n and s.startswith(text[-n:])),
+        default=0,
+    )
+
+
+def test_streamed_matching_agrees_with_a_brute_force_search_after_every_piece() -> None:
+    rng = random.Random(7)
+    for _ in range(3000):
+        stops = ["".join(rng.choices("ab\n", k=rng.randint(1, 5))) for _ in range(rng.randint(1, 4))]
+        pieces = ["".join(rng.choices("ab\nc", k=rng.randint(0, 4))) for _ in range(rng.randint(1, 8))]
+        matcher, emitted, seen = StopStringMatcher(stops), "", ""
+        for piece in pieces:
+            seen += piece
+            found = [(seen.find(s), i) for i, s in enumerate(stops) if s in seen]
+            match = matcher.feed(piece)
+            emitted += match.text
+            if found:  # the earliest start wins; among stops starting there, the shortest
+                start, _ = min(found, key=lambda f: (f[0], len(stops[f[1]])))
+                assert match.stopped and emitted == seen[:start], (stops, pieces)
+                assert seen.startswith(matcher.matched or "?", start)
+                break
+            assert not match.stopped and emitted == seen[: len(seen) - held_tail(seen, stops)], (
+                stops,
+                pieces,
+            )
+        else:
+            assert emitted + matcher.flush() == seen
+
+
+def test_a_long_stop_string_costs_memory_linear_in_its_length() -> None:
+    stops = ["x" * 16_000, "ab" * 8_000, "".join(chr(0x4E00 + i % 5000) for i in range(16_000))]
+    total = sum(map(len, stops))
+    tracemalloc.start()
+    try:
+        matcher = StopStringMatcher(stops)
+        for _ in range(200):
+            matcher.feed("x" * 97 + "a")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # ~250 bytes a character; every prefix of every stop string (quadratic) would take ~10 kB a character
+    # here (over 500 MB)
+    assert peak < 512 * total, f"{peak / 1e6:.1f} MB for {total} characters of stop strings"
+    assert not matcher.stopped and matcher.feed("x" * 16_000).stopped
+
+
+def test_one_compiled_set_of_stop_strings_serves_independent_matchers() -> None:
+    shared = StopStrings(["STOP", "\n\n"])
+    first, second = StopStringMatcher(shared), StopStringMatcher(shared)
+    assert first.feed("aST") == StopMatch("a", False, None)
+    assert second.feed("b\n") == StopMatch("b", False, None)
+    assert first.feed("OP") == StopMatch("", True, "stop") and first.matched == "STOP"
+    assert second.feed("ST") == StopMatch("\n", False, None)
+    assert second.flush() == "ST"

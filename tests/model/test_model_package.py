@@ -99,6 +99,22 @@ def test_missing_model_onnx_is_an_error_naming_the_file(tmp_path: Path) -> None:
         ModelPackage.open(tmp_path)
 
 
+@pytest.mark.parametrize("genai_config", [False, True])
+@pytest.mark.parametrize("given", ["the directory", "model.onnx"])
+def test_a_model_onnx_that_is_a_directory_is_one_error_saying_so(
+    tmp_path: Path, genai_config: bool, given: str
+) -> None:
+    configs = (
+        {"genai_config.json": {"model": {"decoder": {"filename": "model.onnx"}}}} if genai_config else {}
+    )
+    write_package(tmp_path, None, configs)
+    (tmp_path / "model.onnx").mkdir()
+    (tmp_path / "model.onnx" / "model.onnx.data").write_bytes(b"")
+    path = tmp_path if given == "the directory" else tmp_path / "model.onnx"
+    with pytest.raises(ModelPackageError, match=r"model\.onnx is a directory, not an ONNX file"):
+        ModelPackage.open(path)
+
+
 def test_a_path_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ModelPackageError, match="does not exist"):
         ModelPackage.open(tmp_path / "nowhere")

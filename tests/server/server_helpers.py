@@ -82,6 +82,8 @@ class ServerProcess:
 
 
 INT8_ACTIVATIONS = "genai-dense-int8act"
+# server families in another KV-cache layout: name -> build_model(kv=...)
+CACHE_VARIANTS = {"standard-dense-stacked": "stacked", "hybrid-mobius-static": "static"}
 
 
 def int8_activation_model(root: Path) -> Path:

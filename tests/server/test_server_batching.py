@@ -1,8 +1,9 @@
 """Concurrent requests decode in one batch and each returns exactly what it returns alone.
 
 One server per model family: dense with a shared KV buffer (GroupQueryAttention), hybrid with a shared KV
-buffer and mRoPE position ids, hybrid with a growing KV cache, and dense int4 on int8 activations (whose
-MatMulNBits kernel computes a single row differently from several). Rows have different prompt lengths,
+buffer and mRoPE position ids, hybrid with a growing KV cache, dense int4 on int8 activations (whose
+MatMulNBits kernel computes a single row differently from several), dense with a GPT-2 style stacked KV
+cache and hybrid with a static (TensorScatter) KV cache. Rows have different prompt lengths,
 join the batch at different steps and carry different sampling parameters.
 
 "Alone" is checked two ways: the same request sent alone to the same server (always identical: a row's
@@ -21,11 +22,11 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
-from server_helpers import INT8_ACTIVATIONS, ServerProcess
+from server_helpers import CACHE_VARIANTS, INT8_ACTIVATIONS, ServerProcess
 
 from onnxgen import LLM, SamplingParams, load
 
-FAMILIES = ("genai-dense", "hybrid-genai", "hybrid-mobius", INT8_ACTIVATIONS)
+FAMILIES = ("genai-dense", "hybrid-genai", "hybrid-mobius", INT8_ACTIVATIONS, *CACHE_VARIANTS)
 LENGTHS = (1, 3, 7, 12, 20, 28, 35, 44, 52, 60)
 NEW_TOKENS = 40
 NEAR_TIE = (

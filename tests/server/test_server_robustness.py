@@ -112,7 +112,9 @@ def test_a_bad_request_gets_an_openai_style_error_body_with_a_4xx_status(
 def test_unknown_routes_and_methods_and_oversized_bodies_get_error_bodies(server: ServerProcess) -> None:
     assert server.http.post("/v1/nothing", json={}).json()["error"]["type"] == "not_found_error"
     assert server.http.get("/v1/completions").status_code == 405
-    huge = server.http.post("/v1/completions", content=b"x" * (9 * 1024 * 1024))
+    huge = server.http.post(
+        "/v1/completions", content=b"x" * (9 * 1024 * 1024), headers={"content-type": "application/json"}
+    )
     assert huge.status_code == 413 and "larger than" in huge.json()["error"]["message"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from mtp_helpers import MTPZoo
 from speculative_helpers import ModelZoo
 
 
@@ -16,3 +17,8 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelZoo:
 @pytest.fixture(scope="session")
 def zoo_root(zoo: ModelZoo) -> Path:
     return zoo.root
+
+
+@pytest.fixture(scope="session")
+def mtp_zoo(tmp_path_factory: pytest.TempPathFactory) -> MTPZoo:
+    return MTPZoo(tmp_path_factory.mktemp("mtp-models"))

@@ -143,6 +143,20 @@ def assert_stats_consistent(result: GenerationResult, *, hybrid: bool) -> None:
         assert passes < s["generated_tokens"]
 
 
+def spread_sampling(seed: int, length: int) -> SamplingParams:
+    """Sampling with temperature, top-k, top-p and a presence penalty, ``length`` tokens every run: what
+    the distribution tests draw with (a spread-out distribution small enough to enumerate)."""
+    return SamplingParams(
+        max_new_tokens=length,
+        temperature=1.3,
+        top_k=4,
+        top_p=0.9,
+        presence_penalty=0.5,
+        ignore_eos=True,  # every run is ``length`` tokens long
+        seed=seed,
+    )
+
+
 # -- chi-square ---------------------------------------------------------------------------------------
 # scipy is not a dependency. The critical value uses the Wilson-Hilferty approximation of the
 # chi-square quantile, accurate to about 1% for df >= 3 (more than good enough at alpha = 1e-3).

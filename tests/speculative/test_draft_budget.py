@@ -115,3 +115,15 @@ def test_a_verify_size_timed_once_while_slow_is_forgotten_once_other_sizes_are_t
     assert b.cap(8) == 8
     b.observe_forward(9, 1.5)  # timed again: starts over, not blended with the forgotten 20 s
     assert b.cost(9) == 1.5
+
+
+def test_the_predicted_speedup_is_above_one_only_where_accepted_drafts_pay_for_the_verify() -> None:
+    # Verifies of k + 1 tokens cost 1 + 0.1 k plain steps; drafting costs 0.3 of a step per draft (an MTP
+    # head): all drafts accepted give ~2x, none accepted give 1 / (1.1 + 0.3) at one draft.
+    for acceptance, low, high in ((1.0, 1.5, 2.5), (0.0, 0.0, 0.75)):
+        b = budget_with(0.1, acceptance, k=3)
+        for _ in range(3):
+            b.observe_proposal(3, 0.9)
+        gain = b.gain(3)
+        assert gain is not None and low < gain < high, (acceptance, gain)
+    assert DraftBudget().gain(3) is None  # nothing measured: no prediction

@@ -1,4 +1,4 @@
-"""Speculative sampling draws from the plain sampling distribution (REFERENCE.md section 4).
+"""Speculative sampling draws from the plain sampling distribution (Leviathan et al. 2023; Chen et al. 2023).
 
 A tiny hybrid model with the smallest vocabulary the tokenizer allows generates 4 tokens per run with
 temperature, top-k, top-p and a presence penalty active, over many seeds. The exact distribution of the
@@ -19,7 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from speculative_helpers import PROMPT, ModelZoo, chi2_critical, chi2_statistic, greedy, plain_distribution
+from speculative_helpers import (
+    PROMPT,
+    ModelZoo,
+    chi2_critical,
+    chi2_statistic,
+    greedy,
+    plain_distribution,
+    spread_sampling,
+)
 
 from onnxgen import DraftModel, PromptLookup, SamplingParams
 from onnxgen.generation.sampling import Sampler, probs
@@ -34,15 +42,7 @@ RUNS = 500
 
 
 def params(seed: int) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=LENGTH,
-        temperature=1.3,
-        top_k=4,
-        top_p=0.9,
-        presence_penalty=0.5,
-        ignore_eos=True,  # every run is LENGTH tokens long
-        seed=seed,
-    )
+    return spread_sampling(seed, LENGTH)
 
 
 @dataclass

@@ -13,6 +13,11 @@ eos may follow) ends the request with finish reason ``"stop"``, even with ``igno
 
 JSON is generated compactly with ``", "`` and ``": "`` separators and no other whitespace (a schema's
 ``"x-guidance"`` options override this).
+
+A request whose output starts with a reasoning section (``SamplingParams.reasoning_section``) gets the
+constraint as a subgrammar after that section: the thinking is free text (it may not spell the end tag,
+so the section ends where a reasoning parser splits it), then the constraint applies to the answer.
+Tags that the tokenizer holds as special tokens are named as tokens in the grammar (:meth:`literal`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import numpy as np
 from onnxgen.errors import GenerationError
 from onnxgen.generation.params import SamplingParams, SamplingParamsError
 from onnxgen.generation.processors import Seqs, SequenceView
+from onnxgen.generation.reasoning_gate import Literal, after_reasoning, quoted
 from onnxgen.tokenizer import Tokenizer
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -39,6 +45,7 @@ _HINTS = {
     "uniqueItems, contains, are errors; 'x-guidance': {'lenient': true} in the schema ignores them)",
     "regex": "fix the regular expression (Rust regex syntax: no lookaround, no backreferences)",
     "grammar": "fix the grammar (Lark syntax with a `start` rule)",
+    "tool_grammar": "check the tools' parameter schemas (the grammar is built from them)",
 }
 
 
@@ -46,20 +53,73 @@ class ConstraintError(SamplingParamsError):
     """A json_schema, regex or grammar that does not compile."""
 
 
-def grammar_source(params: SamplingParams) -> tuple[str, str] | None:
-    """``(field name, llguidance grammar text)`` for the constraint ``params`` sets, or None."""
+def grammar_source(params: SamplingParams, literal: Literal = quoted) -> tuple[str, str] | None:
+    """``(field name, llguidance grammar text)`` for the constraint ``params`` sets, or None.
+
+    ``literal`` gives the grammar syntax of a reasoning tag (a special-token reference or a string)."""
     kind = params.constraint
-    if kind == "json_schema":
-        return kind, llg.LLMatcher.grammar_from_json_schema(str(params.json_schema), defaults=JSON_OPTIONS)
-    if kind == "regex":
-        return kind, llg.LLMatcher.grammar_from_regex(str(params.regex))
-    if kind == "grammar":
-        return kind, llg.LLMatcher.grammar_from_lark(str(params.grammar))
-    return None
+    try:
+        if kind == "json_schema":
+            grammar = llg.LLMatcher.grammar_from_json_schema(str(params.json_schema), defaults=JSON_OPTIONS)
+        elif kind == "regex":
+            grammar = llg.LLMatcher.grammar_from_regex(str(params.regex))
+        elif kind == "grammar":
+            grammar = llg.LLMatcher.grammar_from_lark(str(params.grammar))
+        elif kind == "tool_grammar":
+            grammar = llg.LLMatcher.grammar_from_lark(str(params.tool_grammar))
+        else:
+            return None
+    except ValueError as e:  # e.g. a schema nested past llguidance's recursion limit
+        raise _compile_error(kind, str(e)) from e
+    if params.reasoning_section is not None:
+        grammar = after_reasoning(grammar, params.reasoning_section, literal)
+    return kind, grammar
 
 
 def _compile_error(kind: str, message: str) -> ConstraintError:
     return ConstraintError(f"{kind} does not compile: {' '.join(message.split())}; {_HINTS[kind]}")
+
+
+def _first_line(message: str) -> str:
+    """llguidance's error without the parser-state dump it appends (``<state>...``)."""
+    return " ".join(message.split("<state>")[0].split()) or "no message"
+
+
+# What llguidance's errors at the first steps of a grammar mean, and how to fix the request
+_STEP_HINTS = {
+    "NoExtensionBias": "the grammar admits no finite output (a schema whose $ref refers only to itself, "
+    "a rule with no base case); give it a way to end",
+    "Current row has": "the grammar allows too many alternatives at one point for llguidance's parser "
+    "(e.g. hundreds of optional properties of one object); make properties required or split the schema",
+}
+PROBE_STEPS = 8  # forced-token runs a new grammar is taken through before it is accepted
+
+
+def _step_error(kind: str, message: str) -> ConstraintError:
+    line = _first_line(message)
+    hint = next((h for key, h in _STEP_HINTS.items() if key in line), _HINTS[kind])
+    return ConstraintError(f"{kind} cannot constrain the output: llguidance fails on it ({line}); {hint}")
+
+
+def _probe(matcher: llg.LLMatcher, kind: str) -> None:
+    """Take a copy of a freshly compiled grammar through its first mask and the forced tokens after it.
+
+    llguidance builds its parser lazily: a grammar that compiles can still fail when the first masks are
+    computed (``{"$ref": "#"}``: no output can end; an object with hundreds of optional properties: the
+    parser row after the forced ``{`` exceeds its item limit). Found here, that is a bad request before
+    decoding starts rather than a failure in the middle of it.
+    """
+    probe = matcher.deep_copy()
+    for _ in range(PROBE_STEPS):
+        probe.compute_bitmask()
+        if probe.is_error():
+            raise _step_error(kind, probe.get_error())
+        forced = probe.compute_ff_tokens()
+        if not forced or probe.is_stopped():
+            return
+        probe.consume_tokens(forced)
+        if probe.is_error():
+            raise _step_error(kind, probe.get_error())
 
 
 def check_constraint(params: SamplingParams) -> None:
@@ -205,6 +265,8 @@ class Constraint:
         followed = self._follow(generated)
         self.seconds += time.perf_counter() - start
         if not followed:
+            if self._matcher.is_error():  # a parser limit hit in the middle of the output
+                raise _step_error(self.kind, self._matcher.get_error())
             done = len(self._taken) // 8
             raise GenerationError(
                 f"token {int(generated[done])} (position {done}) is outside the {self.kind} "
@@ -247,7 +309,7 @@ class Constraint:
             return self._bias
         self._matcher.unsafe_compute_mask_ptr(self._words_ptr, self._words.nbytes)
         if self._matcher.is_error():
-            raise GenerationError(f"the {self.kind} constraint failed while decoding: {self._error()}")
+            raise _step_error(self.kind, self._matcher.get_error())
         if self._rows_key != (width, dtype):  # a new logits width or dtype: rows built before do not fit
             self._rows = {}
             self._rows_key = (width, dtype)
@@ -276,7 +338,7 @@ class Constraint:
         return rows[:width]
 
     def _error(self) -> str:
-        return " ".join(self._matcher.get_error().split()) or "no message"
+        return _first_line(self._matcher.get_error())
 
 
 class ConstraintCompiler:
@@ -298,9 +360,10 @@ class ConstraintCompiler:
         self._lock = threading.Lock()
 
     def compile(self, params: SamplingParams) -> Constraint | None:
-        """The request's :class:`Constraint` (None when it sets none); raises before any decoding when the
-        schema/regex/grammar is invalid or the model has no tokenizer."""
-        source = grammar_source(params)
+        """The request's :class:`Constraint` (None when it sets none); raises :class:`ConstraintError`
+        before any decoding when the schema/regex/grammar is invalid or fails its first steps, and
+        :class:`GenerationError` when the model has no tokenizer."""
+        source = grammar_source(params, self.literal)
         if source is None:
             return None
         kind, grammar = source
@@ -313,11 +376,25 @@ class ConstraintCompiler:
         template = llg.LLMatcher(ll_tokenizer, grammar, log_level=0)
         if template.is_error():
             raise _compile_error(kind, template.get_error())
+        _probe(template, kind)
         with self._lock:
             self._compiled[source] = template
             while len(self._compiled) > self.cache_size:
                 self._compiled.popitem(last=False)
             return self._constraint(template, kind, grammar)
+
+    def literal(self, text: str) -> str:
+        """Lark syntax of the fixed text ``text`` in a grammar for this model: ``<[id]>`` when the tokenizer
+        holds it as one token that llguidance treats as special (such tokens cannot be spelled in a
+        grammar: Qwen's ``<tool_call>``, ``<think>``), else a string literal."""
+        token = self.tokenizer.token_to_id(text) if self.tokenizer is not None else None
+        if token is not None and self._token_table("grammar").is_special_token(token):
+            return f"<[{token}]>"
+        return quoted(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (a piece of a UTF-8 character for some tokens)."""
+        return bytes(self._token_table("logprobs").decode_bytes([int(token_id)]))
 
     def _constraint(self, template: llg.LLMatcher, kind: str, grammar: str) -> Constraint:
         assert self._ll_tokenizer is not None

@@ -17,11 +17,13 @@ import numpy as np
 
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
+from onnxgen.generation.logprobs import TokenLogprob, choose_scored
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import TokenChoice, build_chain
-from onnxgen.generation.sampling import Sampler
-from onnxgen.generation.speculative import PromptLookup, Speculative
+from onnxgen.generation.processors import SequenceView, TokenChoice, apply_chain, build_chain
+from onnxgen.generation.sampling import Sampler, check_model_logits
+from onnxgen.generation.speculative import MTP, PromptLookup, Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher
+from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -29,12 +31,15 @@ from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
 
 @dataclass
 class StreamEvent:
-    """One step of a stream: the new token ids, the text they complete, and at the end a finish reason."""
+    """One step of a stream: the new token ids, the text they complete, and at the end a finish reason.
+
+    ``logprobs`` (when the request asked for them) holds one :class:`TokenLogprob` per token id."""
 
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
     stats: dict[str, Any] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -43,6 +48,7 @@ class GenerationResult:
     text: str
     finish_reason: str
     stats: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 class TokenLoop:
@@ -56,8 +62,10 @@ class TokenLoop:
         params: SamplingParams,
         eos_ids: Sequence[int],
         constraint: Constraint | None = None,
+        export: str = "the model",
     ) -> None:
         self.session = session
+        self.export = export  # named by the error when the prompt's logits are not finite
         self.state = state
         self.params = params
         self.constraint = constraint
@@ -71,6 +79,8 @@ class TokenLoop:
         self.checker = StopChecker(params, eos_ids)
         self.forward_passes = 0
         self.prefill_s = 0.0
+        # the log-probability of each emitted token, in order (only when the request asks for them)
+        self.scores: list[TokenLogprob] | None = [] if params.logprobs else None
 
     def stats(self) -> dict[str, Any]:
         """Loop-specific statistics merged into the result's stats."""
@@ -82,6 +92,7 @@ class TokenLoop:
         logits = self.session.forward(self.state, self.ids[None, : self.n], 1, copy=False)[0, -1]
         self.prefill_s = time.perf_counter() - start
         self.forward_passes += 1
+        check_model_logits(logits, self.export)
         return logits
 
     def _check(self, token: int) -> str | None:
@@ -93,9 +104,44 @@ class TokenLoop:
     def _select(self, logits: np.ndarray) -> int:
         return self.choose(self.ids[: self.n], self.prompt_len, logits)
 
+    def _process(self, row: np.ndarray, prefix_len: int) -> np.ndarray:
+        """``row`` through the processor chain, as the token after ``ids[:prefix_len]`` sees it."""
+        if not self.chain:
+            return row
+        return apply_chain(self.chain, SequenceView(self.ids[:prefix_len], self.prompt_len), row)
+
+    def _pick(self, logits: np.ndarray) -> int:
+        """:meth:`_select`, recording the token's log-probability when the request asks for it."""
+        if self.scores is None:
+            return self._select(logits)
+        token, score = choose_scored(self.choose, self.params, self.ids[: self.n], self.prompt_len, logits)
+        self.scores.append(score)
+        return token
+
+    def _scored_tokens(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
+        """:meth:`_decode` for a request that asks for log-probabilities (one score a token)."""
+        while True:
+            token = self._pick(logits)
+            self.ids[self.n] = token
+            self.n += 1
+            reason = self._check(token)
+            yield token, reason
+            if reason is not None:
+                return
+            logits = self.session.step(self.state, token)
+            self.forward_passes += 1
+
     def tokens(self) -> Iterator[tuple[int, str | None]]:
-        """Yield (token id, finish reason or None); the last yielded token carries the reason."""
-        logits = self._prefill()
+        """Yield (token id, finish reason or None); the last yielded token carries the reason. The prompt
+        runs when this is called."""
+        return self._decode(self._prefill())
+
+    def _decode(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
+        """Plain decoding on from ``logits``, those of the last forward (after the last id in ``ids``)."""
+        return self._scored_tokens(logits) if self.scores is not None else self._steps(logits)
+
+    def _steps(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
+        """:meth:`_decode` without log-probabilities: the hot loop."""
         # what runs per token runs with caches the forward evicted: names bound once, and where the raw
         # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain; where
         # it does not, the chain decides without taking that argmax again
@@ -131,10 +177,16 @@ class Generator:
         eos_ids: Sequence[int],
         context_length: int | None,
         final_stats: Callable[[], dict[str, Any]] | None = None,
+        export: str = "the model",
+        mtp_head: Callable[[], MTPHeadSession] | None = None,
     ) -> None:
         """``final_stats`` adds entries to every request's statistics when it finishes (the LLM's decode
-        plan: which plan ran the decode steps)."""
+        plan: which plan ran the decode steps); ``export`` names the model in errors. ``mtp_head`` gives the
+        model's MTP head (loaded on first use) where it has one and the session outputs the final hidden
+        state."""
         self.session = session
+        self.export = export
+        self.mtp_head = mtp_head
         self.final_stats = final_stats
         self.tokenizer = tokenizer
         self.eos_ids = tuple(eos_ids)
@@ -194,13 +246,17 @@ class Generator:
     ) -> TokenLoop:
         state = self.state_for(len(prompt_ids) + params.max_new_tokens)
         if speculative is None:
-            return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint)
+            return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint, self.export)
         from onnxgen.generation.speculative.loop import SpeculativeLoop
+        from onnxgen.generation.speculative.mtp import MTPProposer
         from onnxgen.generation.speculative.proposers import DraftModelProposer, NgramProposer
 
-        proposer: NgramProposer | DraftModelProposer
+        proposer: NgramProposer | DraftModelProposer | MTPProposer
         if isinstance(speculative, PromptLookup):
             proposer = NgramProposer(speculative.max_ngram, speculative.min_ngram)
+        elif isinstance(speculative, MTP):
+            head, hidden = self._mtp()
+            proposer = MTPProposer(head, hidden, params, self.eos_ids, state.capacity)
         else:
             if draft is None:
                 raise GenerationError("a DraftModel needs its loaded draft model")
@@ -218,7 +274,20 @@ class Generator:
             speculative.num_draft_tokens,
             speculative.adaptive,
             constraint,
+            self.export,
+            auto=isinstance(speculative, MTP) and speculative.auto,
         )
+
+    def _mtp(self) -> tuple[MTPHeadSession, str]:
+        """The MTP head (loaded on first use) and the decoder's hidden-state output it reads."""
+        head = self.mtp_head() if self.mtp_head is not None else None  # raises where the model has none
+        hidden = self.session.hidden_state
+        if head is None or hidden is None:
+            raise GenerationError(
+                "MTP speculation needs the model's MTP head (mtp.onnx beside model.onnx) and its final "
+                "hidden state; write the head with `onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR`"
+            )
+        return head, hidden
 
     def stream(
         self,
@@ -235,6 +304,8 @@ class Generator:
                 "tokenizer; put its tokenizer.json beside model.onnx, or stop on token ids (eos) instead"
             )
         constraint = self.constraints.compile(params)  # an invalid schema/regex/grammar raises here
+        if isinstance(speculative, MTP):
+            self._mtp()  # no head, or one that does not fit the model: raises here
         return self._events(prompt_ids, self._budget(len(prompt_ids), params), speculative, draft, constraint)
 
     def _events(
@@ -273,8 +344,9 @@ class Generator:
                         elif reason is not None:
                             piece += stops.flush()
                     text = piece
+                scores = None if loop.scores is None else [loop.scores[len(generated) - 1]]
                 if reason is None:
-                    yield StreamEvent([token], text)
+                    yield StreamEvent([token], text, logprobs=scores)
                     continue
                 end = time.perf_counter()
                 stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
@@ -284,7 +356,7 @@ class Generator:
                     stats.update(loop.constraint.stats())
                 if self.final_stats is not None:
                     stats.update(self.final_stats())
-                yield StreamEvent([token], text, reason, stats)
+                yield StreamEvent([token], text, reason, stats, scores)
                 return
         finally:
             self.give_back(loop.state)
@@ -312,9 +384,12 @@ class Generator:
     ) -> GenerationResult:
         ids: list[int] = []
         parts: list[str] = []
+        scores: list[TokenLogprob] | None = [] if params.logprobs else None
         for event in self.stream(prompt_ids, params, speculative, draft):
             ids.extend(event.token_ids)
             parts.append(event.text)
+            if scores is not None and event.logprobs is not None:
+                scores.extend(event.logprobs)
             if event.finish_reason is not None:
-                return GenerationResult(ids, "".join(parts), event.finish_reason, event.stats or {})
+                return GenerationResult(ids, "".join(parts), event.finish_reason, event.stats or {}, scores)
         raise GenerationError("generation ended without a finish reason")  # pragma: no cover

@@ -53,7 +53,28 @@ def _normalize_stop(stop: object) -> tuple[str, ...]:
     return tuple(items)
 
 
-CONSTRAINT_FIELDS = ("json_schema", "regex", "grammar")
+CONSTRAINT_FIELDS = ("json_schema", "regex", "grammar", "tool_grammar")
+LOGPROBS_MODES = ("raw", "processed")
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class ReasoningSection:
+    """A reasoning section at the start of the output (``start`` ... ``end``), which a constraint leaves
+    free: the constraint applies to the text after ``end``. ``opened``: the prompt opened the section, so
+    the output starts inside it (Qwen3.5); otherwise the output may open it itself or skip it (Qwen3)."""
+
+    opened: bool = False
+    start: str = "<think>"
+    end: str = "</think>"
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise _invalid(f"reasoning_section.{name}", "a non-empty string", value, "give the tag text")
+        if not isinstance(self.opened, bool):
+            raise _invalid("reasoning_section.opened", "a bool", self.opened, "use True or False")
 
 
 def _normalize_schema(schema: object) -> str:
@@ -90,6 +111,9 @@ class SamplingParams:
         seed: seed of the request's random generator; ``None`` draws from OS entropy.
         stop: stop strings; a single string is accepted and stored as a one-element tuple.
         ignore_eos: keep generating past end-of-sequence tokens.
+        stop_token_ids: more token ids that end the request as end-of-sequence does (e.g. where the model
+            package names none, or a chat model's end-of-turn token); unlike eos they stop even with
+            ``ignore_eos``.
         min_new_tokens: end-of-sequence tokens are masked until this many tokens were generated.
         json_schema: constrain the output to JSON valid under this schema (a dict or JSON text; stored as
             JSON text). At most one of ``json_schema``, ``regex``, ``grammar`` may be given.
@@ -97,6 +121,18 @@ class SamplingParams:
         grammar: constrain the output to this Lark grammar (llguidance's Lark dialect, rule ``start``).
             A constrained request ends with finish reason ``"stop"`` as soon as the constraint is complete;
             see :mod:`onnxgen.generation.constraints`.
+        tool_grammar: a Lark grammar of tool calls, as :func:`onnxgen.chat.grammar.tool_call_grammar` builds
+            it from a request's tools (``LLM.chat`` sets it); constrains like ``grammar``.
+        reasoning_section: the output starts with (or may start with) a reasoning section that the
+            constraint leaves free (:class:`ReasoningSection`); without a constraint it has no effect.
+        logprobs: report the log-probability of each generated token (``GenerationResult.logprobs``,
+            ``StreamEvent.logprobs``).
+        top_logprobs: also report the ``top_logprobs`` most likely tokens at each step (0 to 20; needs
+            ``logprobs``).
+        logprobs_mode: ``"raw"`` (default, as vLLM): the model's distribution, the log-softmax of its
+            logits before penalties, masks and temperature; ``"processed"``: the distribution the token was
+            chosen from, after the processor chain (penalties, constraint mask, and when sampling
+            temperature and top-k/top-p/min-p), where masked tokens have ``-inf``.
         detokenize: stream text beside the token ids (``False``: events and results carry token ids
             and empty text, and no time goes to detokenizing, as vLLM's ``detokenize=False``; stop
             strings, which are matched on text, need it).
@@ -113,11 +149,17 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] | list[str] | str = field(default_factory=tuple)
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] | list[int] = ()
     min_new_tokens: int = 0
     json_schema: str | Mapping[str, Any] | None = None
     regex: str | None = None
     grammar: str | None = None
+    tool_grammar: str | None = None
+    reasoning_section: ReasoningSection | None = None
     detokenize: bool = True
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logprobs_mode: str = "raw"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
@@ -128,6 +170,12 @@ class SamplingParams:
             _check_int("seed", self.seed, 0, "use a non-negative integer, or None for a random seed")
         if not isinstance(self.ignore_eos, bool):
             raise _invalid("ignore_eos", "a bool", self.ignore_eos, "use True or False")
+        ids = self.stop_token_ids
+        if isinstance(ids, (str, bytes)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+        ):
+            raise _invalid("stop_token_ids", "a list of token ids >= 0", ids, "e.g. stop_token_ids=[2]")
+        object.__setattr__(self, "stop_token_ids", tuple(ids))
         if not isinstance(self.detokenize, bool):
             raise _invalid("detokenize", "a bool", self.detokenize, "use True or False")
         if self.stop and not self.detokenize:
@@ -138,6 +186,7 @@ class SamplingParams:
                 f"stop strings {list(self.stop)!r} are matched on decoded text; drop them or detokenize",
             )
         self._check_constraint()
+        self._check_logprobs()
 
     def _check_lengths(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 1, "ask for at least one new token")
@@ -187,14 +236,35 @@ class SamplingParams:
             )
         if self.json_schema is not None:
             object.__setattr__(self, "json_schema", _normalize_schema(self.json_schema))
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "tool_grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise _invalid(name, "a non-empty string", value, f"pass the {name} as text, or None")
+        if self.reasoning_section is not None and not isinstance(self.reasoning_section, ReasoningSection):
+            raise _invalid(
+                "reasoning_section", "a ReasoningSection", self.reasoning_section, "use ReasoningSection(...)"
+            )
+
+    def _check_logprobs(self) -> None:
+        if not isinstance(self.logprobs, bool):
+            raise _invalid("logprobs", "a bool", self.logprobs, "use True to report token log-probabilities")
+        hint = f"ask for 0 to {MAX_TOP_LOGPROBS} alternatives per token"
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:  # type: ignore[operator]
+            raise _invalid("top_logprobs", f"an integer in [0, {MAX_TOP_LOGPROBS}]", self.top_logprobs, hint)
+        if self.top_logprobs and not self.logprobs:
+            raise _invalid("logprobs", "True when top_logprobs is given", self.logprobs, "set logprobs=True")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise _invalid(
+                "logprobs_mode",
+                f"one of {', '.join(LOGPROBS_MODES)}",
+                self.logprobs_mode,
+                "use 'raw' (the default)",
+            )
 
     @property
     def constraint(self) -> str | None:
-        """The name of the constraint field that is set (``"json_schema"``, ``"regex"``, ``"grammar"``), or None."""
+        """The name of the constraint field that is set (``"json_schema"``, ``"regex"``, ``"grammar"``,
+        ``"tool_grammar"``), or None."""
         return next((name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None), None)
 
     @property

@@ -229,8 +229,8 @@ def build_chain(
         chain.append(PresencePenalty(params.presence_penalty))
     if params.frequency_penalty != 0.0:
         chain.append(FrequencyPenalty(params.frequency_penalty))
-    eos = list(eos_ids)
-    if params.min_new_tokens > 0 and eos and not params.ignore_eos:
+    eos = [*(() if params.ignore_eos else eos_ids), *params.stop_token_ids]
+    if params.min_new_tokens > 0 and eos:
         chain.append(MinNewTokens(params.min_new_tokens, eos))
     if constraint is not None:
         chain.append(constraint)

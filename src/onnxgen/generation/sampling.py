@@ -8,6 +8,8 @@ to a few live tokens (top-k, top-p) are sampled over those tokens only.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from onnxgen.errors import GenerationError
@@ -18,6 +20,20 @@ _BLOCK = 1024  # the draw sums the weights per block, then searches inside one b
 def _check_row(logits: np.ndarray) -> None:
     if logits.ndim != 1:
         raise ValueError(f"expected one logits row of shape [vocab], got shape {logits.shape}")
+
+
+def check_model_logits(logits: np.ndarray, export: str) -> None:
+    """Raise :class:`GenerationError` when a forward's logits row holds NaN or +inf, or nothing but -inf.
+
+    Greedy decoding would otherwise take ``argmax`` of NaNs (token 0, over and over) and report success.
+    One ``max`` over the row: callers check the prompt's forward of each request, not every step.
+    """
+    top = float(np.max(logits))
+    if not math.isfinite(top):
+        raise GenerationError(
+            f"{export} computed non-finite logits (largest: {top}) for the prompt: its weights hold NaN or "
+            "inf, or its arithmetic overflows (e.g. fp16 activations); check the export or re-export it"
+        )
 
 
 def greedy(logits: np.ndarray) -> int:

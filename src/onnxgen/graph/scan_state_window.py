@@ -1,6 +1,6 @@
 """Pass: make a Scan-based export emit every recurrent state after each position of a forward.
 
-This is commit strategy (b) of speculative decoding (REFERENCE.md section 4) for exports whose linear
+This is commit strategy (b) of speculative decoding (docs/speculative-commit.md) for exports whose linear
 layers are a Concat + Conv + Slice causal conv and an ONNX ``Scan`` over the sequence axis (mobius
 ``--ep onnx-standard``, ``onnxgen.testing`` family ``hybrid-scan``). The verify forward then leaves the
 state after every token in an extra output, and committing to an accepted prefix is one copy per state.

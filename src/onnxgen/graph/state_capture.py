@@ -1,6 +1,6 @@
 """Pass: export the per-token inputs of the state-updating nodes, and a commit graph that replays them.
 
-Commit strategy (c) of speculative decoding (REFERENCE.md section 4), for every export family. The verify
+Commit strategy (c) of speculative decoding (docs/speculative-commit.md), for every export family. The verify
 forward additionally returns the inputs of the nodes that update the recurrent states (values the forward
 computes anyway), and committing to an accepted prefix re-runs only those nodes over the kept tokens, from
 the states saved before the verify: a small weightless *commit graph* for the recurrences, a host copy for

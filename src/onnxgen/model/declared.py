@@ -12,6 +12,13 @@ Keys (all optional; a key that is absent leaves its role to the graph rules)::
         kv_outputs: [present.3.key, present.3.value, ...]
         state_pairs:
           - {input: past_key_values.0.conv_state, output: present.0.conv_state, init: zeros, update: replace}
+        static_cache:                             # fixed-length KV buffers (mobius --static-cache)
+          write_indices_input: write_indices
+          kv_sequence_length_input: nonpad_kv_seqlen
+          key_cache_inputs: [key_cache.0, ...]    # paired by position with value_cache_inputs and outputs
+          value_cache_inputs: [value_cache.0, ...]
+          key_cache_outputs: [updated_key_cache.0, ...]
+          value_cache_outputs: [updated_value_cache.0, ...]
 
 A port entry may be a name or ``{name: ..., shape: [...], dtype: ...}``; a state pair may carry
 ``shape``/``dtype`` for its input. Declared shapes must match the graph exactly (symbolic axis names are
@@ -25,7 +32,7 @@ from typing import Any
 
 from onnxgen.errors import ConfigError, DecoderIOError
 from onnxgen.model.naming import KVNames, StateNames, kv_role, layer_of, parse_past, state_kind
-from onnxgen.model.plan import Plan
+from onnxgen.model.plan import Plan, StaticNames
 
 _ROLE_KEYS = {
     "token_input": "token_input",
@@ -52,7 +59,38 @@ def declared_plan(metadata: dict[str, Any], path: Path) -> Plan | None:
         plan.kv = _kv(plan, io.get("kv_inputs"), io.get("kv_outputs"), origin, path)
     if "state_pairs" in io:
         plan.states = _states(plan, io["state_pairs"], origin, path)
+    if io.get("static_cache") is not None:
+        static = _static_cache(plan, io["static_cache"], f"{origin}.static_cache", path)
+        plan.kv = [*(plan.kv or []), *static]
     return plan
+
+
+_STATIC_LISTS = ("key_cache_inputs", "value_cache_inputs", "key_cache_outputs", "value_cache_outputs")
+
+
+def _static_cache(plan: Plan, block: Any, where: str, path: Path) -> list[KVNames]:
+    """The static KV caches a ``static_cache`` block declares (lists paired by position)."""
+    if not isinstance(block, dict):
+        raise ConfigError(f"{path}: {where} must be a mapping (write_indices_input, key_cache_inputs, ...)")
+    write = block.get("write_indices_input")
+    lengths = block.get("kv_sequence_length_input")
+    if not isinstance(write, str) or not (lengths is None or isinstance(lengths, str)):
+        raise ConfigError(
+            f"{path}: {where}.write_indices_input must name the write-index input "
+            "(and kv_sequence_length_input, when given, the live-length input)"
+        )
+    lists = [_names(plan, block.get(key) or [], f"{where}.{key}", path) for key in _STATIC_LISTS]
+    if len({len(names) for names in lists}) != 1 or not lists[0]:
+        sizes = ", ".join(f"{key} {len(names)}" for key, names in zip(_STATIC_LISTS, lists, strict=True))
+        raise DecoderIOError(
+            f"{where}: the four cache lists pair by position and must be equally long ({sizes})"
+        )
+    plan.static = StaticNames(write, lengths)
+    out = []
+    for i, (k_in, v_in, k_out, v_out) in enumerate(zip(*lists, strict=True)):
+        layer = next((int(part) for part in reversed(k_in.replace("_", ".").split(".")) if part.isdigit()), i)
+        out.append(KVNames(layer, k_in, v_in, k_out, v_out, layout="static"))
+    return out
 
 
 def _port_name(plan: Plan, entry: Any, where: str, path: Path) -> str | None:

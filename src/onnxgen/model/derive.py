@@ -19,18 +19,26 @@ cannot share is ignored with a note).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from onnxgen.errors import DecoderIOError
 from onnxgen.model.declared import declared_plan
 from onnxgen.model.genai import genai_plan
 from onnxgen.model.graph_ports import GraphSignature
-from onnxgen.model.io import DecoderIO, KVPair, StatePair
-from onnxgen.model.kv import KVBuilder, shares_buffer
+from onnxgen.model.io import DecoderIO, KVPair, StatePair, StaticCache
+from onnxgen.model.kv import KVBuilder, reads_lengths_from_mask, shares_buffer, sliding_window
 from onnxgen.model.naming import StateNames
-from onnxgen.model.pairs import pair_by_name, state_pair
+from onnxgen.model.pairs import pair_by_name, special_kv_by_name, state_pair
 from onnxgen.model.plan import Plan, graph_plan
-from onnxgen.model.roles import check_declared_shapes, check_named_ports, derive_roles, hidden_state_outputs
+from onnxgen.model.roles import (
+    check_declared_shapes,
+    check_index_input,
+    check_named_ports,
+    derive_roles,
+    hidden_state_outputs,
+)
+from onnxgen.model.unsupported import check_supported
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage
@@ -51,20 +59,28 @@ def choose_plan(package: ModelPackage) -> Plan:
     return graph_plan()
 
 
-def derive_io(package: ModelPackage) -> DecoderIO:
-    """Derive and check the decoder I/O of ``package`` (also available, cached, as ``package.io``)."""
+def derive_io(package: ModelPackage, fed: Collection[str] = ()) -> DecoderIO:
+    """Derive and check the decoder I/O of ``package`` (also available, cached, as ``package.io``).
+
+    ``fed`` names graph inputs the caller feeds itself (an MTP head's hidden-state input): no role is
+    derived for them and they are not refused as unknown; they stay in ``input_ports``."""
     sig = package.signature
+    if fed:
+        sig = GraphSignature(tuple(p for p in sig.inputs if p.name not in fed), sig.outputs)
+    check_supported(sig)
     plan = choose_plan(package)
     check_named_ports(plan, sig)
     check_declared_shapes(plan, sig)
     notes = list(plan.notes)
 
     kv_pairs, state_pairs = _pairs(package, plan, notes)
+    static = _static_cache(plan, sig, kv_pairs)
     cache_ports = {n for p in kv_pairs for n in (*p.inputs, *p.outputs)}
     cache_ports |= {n for s in state_pairs for n in (s.input, s.output)}
-    roles = derive_roles(plan, sig, cache_ports, notes)
+    static_inputs = {n for n in (static.write_indices, static.kv_lengths) if n} if static else set()
+    roles = derive_roles(plan, sig, cache_ports | static_inputs, notes)
     hidden = hidden_state_outputs(sig, cache_ports | {roles.logits})
-    _reject_unknown_inputs(sig, cache_ports | roles.inputs())
+    _reject_unknown_inputs(sig, cache_ports | roles.inputs() | static_inputs)
 
     return DecoderIO(
         source=plan.source,
@@ -77,8 +93,11 @@ def derive_io(package: ModelPackage) -> DecoderIO:
         state_pairs=state_pairs,
         hidden_states=hidden,
         past_present_share_buffer=_share_buffer(package, list(kv_pairs), notes),
+        static_cache=static,
+        lengths_from_mask=reads_lengths_from_mask(package.graph, list(kv_pairs)),
+        min_kv_capacity=sliding_window(package.graph),
         notes=tuple(notes),
-        input_ports=sig.inputs,
+        input_ports=package.signature.inputs,
         output_ports=sig.outputs,
     )
 
@@ -89,9 +108,16 @@ def _pairs(
     """The plan's KV and state pairs, the graph rules filling whichever list the plan does not state."""
     sig = package.signature
     if plan.kv is None or plan.states is None:
-        graph_kv, graph_states = pair_by_name(sig, _claimed_by(plan))
+        claimed = _claimed_by(plan)
+        special, static = special_kv_by_name(sig, claimed) if plan.kv is None else ([], None)
+        claimed |= {
+            n for kv in special for n in (kv.past_key, kv.past_value, kv.present_key, kv.present_value)
+        }
+        graph_kv, graph_states = pair_by_name(sig, claimed)
+        graph_kv = special + graph_kv
         if plan.kv is None:
             plan.kv = graph_kv
+            plan.static = static
             _fallback_note(plan, notes, "KV pairs", len(graph_kv))
         if plan.states is None:
             plan.states = graph_states
@@ -100,6 +126,35 @@ def _pairs(
     kv_pairs = tuple(builder.build(n) for n in plan.kv)
     notes.extend(builder.notes)
     return kv_pairs, tuple(_state(sig, n) for n in plan.states)
+
+
+def _static_cache(plan: Plan, sig: GraphSignature, kv_pairs: tuple[KVPair, ...]) -> StaticCache | None:
+    """The static cache's extra inputs and fixed length, where the KV pairs are static buffers."""
+    static = [p for p in kv_pairs if p.layout == "static"]
+    if not static:
+        return None
+    if len(static) != len(kv_pairs):
+        others = ", ".join(p.past_key for p in kv_pairs if p.layout != "static")
+        raise DecoderIOError(
+            f"the graph mixes static cache buffers ({static[0].past_key}, ...) with growing KV caches ({others}); "
+            "onnxgen runs one kind of KV cache per export"
+        )
+    names = plan.static
+    if names is None:  # static pairs come with their names from every source
+        raise DecoderIOError(f"{plan.origin} states static caches without a write-index input")
+    for name, role in ((names.write_indices, "write indices"), (names.kv_lengths, "KV lengths")):
+        if name is None:
+            continue
+        port = sig.input(name)
+        if port is None:
+            raise DecoderIOError(f"{plan.origin} names '{name}' ({role}), but the graph has no such input")
+        check_index_input(port, role, ranks=(1,))
+    lengths = {int(p.shape[p.seq_axis]) for p in static}  # type: ignore[arg-type]
+    if len(lengths) != 1:
+        raise DecoderIOError(
+            f"static cache buffers hold different lengths {sorted(lengths)}; onnxgen needs one"
+        )
+    return StaticCache(names.write_indices, names.kv_lengths, lengths.pop())
 
 
 def _claimed_by(plan: Plan) -> set[str]:
@@ -128,13 +183,8 @@ def _reject_unknown_inputs(sig: GraphSignature, known: set[str]) -> None:
     if not unknown:
         return
     shown = ", ".join(f"'{p.name}' ({p.dtype} {list(p.shape)})" for p in unknown)
-    hint = (
-        " (a decoder fed with inputs_embeds needs its embedding model; onnxgen feeds token ids)"
-        if any("embeds" in p.name for p in unknown)
-        else ""
-    )
     raise DecoderIOError(
-        f"onnxgen does not know how to feed graph input(s) {shown}{hint}; if one is the token input, mask, "
+        f"onnxgen does not know how to feed graph input(s) {shown}; if one is the token input, mask, "
         "position ids or a cache, declare its role in inference_metadata.yaml model.io (e.g. "
         f"'model: {{io: {{token_input: {unknown[0].name}}}}}'), else re-export the model without it"
     )

@@ -1,7 +1,8 @@
 """``genai_config.json`` ``model.decoder`` name templates: the second source of decoder I/O.
 
 ``inputs``: ``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_names`` /
-``past_value_names`` (e.g. ``past_key_values.%d.key``), ``past_conv_names`` (``past.%d.conv``),
+``past_value_names`` (e.g. ``past_key_values.%d.key``), or ``past_names`` (``past_%d``: GPT-2 style
+stacked key and value, with ``outputs.present_names``), ``past_conv_names`` (``past.%d.conv``),
 ``past_recurrent_names``; ``outputs``: ``logits``, ``present_key_names``, ``present_value_names``,
 ``present_conv_names``, ``present_recurrent_names``. Templates expand over the layer indices the graph
 actually has (a hybrid's KV exists only at its attention layers). onnxruntime-genai treats
@@ -68,6 +69,25 @@ def _template(plan: Plan, section: dict[str, Any], key: str, side: str) -> str |
 def _kv(
     plan: Plan, ins: dict[str, Any], outs: dict[str, Any], input_names: list[str]
 ) -> list[KVNames] | None:
+    stacked = _template(plan, ins, "past_names", "inputs")
+    if stacked is not None:
+        present = _template(plan, outs, "present_names", "outputs")
+        if present is None:
+            raise DecoderIOError(f"{plan.origin}.inputs.past_names is given without outputs.present_names")
+        layers = template_layers(stacked, input_names)
+        if layers:
+            return [
+                KVNames(
+                    i,
+                    expand(stacked, i),
+                    expand(stacked, i),
+                    expand(present, i),
+                    expand(present, i),
+                    "stacked",
+                )
+                for i in layers
+            ]
+        plan.notes.append(f"{plan.origin}.inputs.past_names {stacked!r} matches no graph input")
     pk = _template(plan, ins, "past_key_names", "inputs")
     pv = _template(plan, ins, "past_value_names", "inputs")
     prk = _template(plan, outs, "present_key_names", "outputs")

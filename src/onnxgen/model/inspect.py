@@ -54,7 +54,20 @@ def _kv_json(io: DecoderIO, p: KVPair) -> dict[str, Any]:
         "dtype": p.dtype,
         "kv_heads": p.kv_heads,
         "head_dim": p.head_dim,
+        "layout": p.layout,
     }
+
+
+def _kv_cache_json(io: DecoderIO) -> dict[str, Any]:
+    """How the runtime keeps the KV caches: the mode, the layout and a static cache's inputs."""
+    out: dict[str, Any] = {"mode": io.kv_mode, "layout": io.kv_pairs[0].layout if io.kv_pairs else None}
+    if io.static_cache is not None:
+        out |= {
+            "write_indices": io.static_cache.write_indices,
+            "kv_lengths": io.static_cache.kv_lengths,
+            "length": io.static_cache.length,
+        }
+    return out
 
 
 def _state_json(s: StatePair) -> dict[str, Any]:
@@ -86,10 +99,11 @@ def describe(package: ModelPackage) -> dict[str, Any]:
         "kv_pairs": [_kv_json(io, p) for p in io.kv_pairs],
         "state_pairs": [_state_json(s) for s in io.state_pairs],
         "past_present_share_buffer": io.past_present_share_buffer,
+        "kv_cache": _kv_cache_json(io),
         "ops": op_counts(package.graph),
         "functions": sorted(f"{d}::{n}" for d, n in calls),
         "node_count": sum(1 for _ in all_nodes(package.graph)),
-        "context_length": settings.context_length,
+        "context_length": package.context_length,
         "eos_token_id": list(settings.eos_token_ids),
         "bos_token_id": settings.bos_token_id,
         "pad_token_id": settings.pad_token_id,
@@ -125,7 +139,8 @@ def _grouped(items: list[dict[str, Any]], key: tuple[str, ...]) -> list[tuple[tu
 def _pair_lines(d: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     kv = d["kv_pairs"]
-    lines.append(f"KV pairs:       {len(kv)} layer{'' if len(kv) == 1 else 's'} ({2 * len(kv)} past tensors)")
+    tensors = sum(1 if p["layout"] == "stacked" else 2 for p in kv)
+    lines.append(f"KV pairs:       {len(kv)} layer{'' if len(kv) == 1 else 's'} ({tensors} past tensors)")
     for (shape, dtype), layers in _grouped(kv, ("shape", "dtype")):
         example = next(p for p in kv if p["layer"] == layers[0])
         lines.append(
@@ -156,16 +171,25 @@ def format_text(d: dict[str, Any]) -> str:
     if d["hidden_states"]:
         lines.append(f"hidden states:  {', '.join(d['hidden_states'])}")
     lines.extend(_pair_lines(d))
-    lines.append(f"share buffer:   {'yes' if d['past_present_share_buffer'] else 'no'}")
+    lines.append(f"KV cache:       {_kv_cache_text(d['kv_cache'])}")
     if d.get("decode_plan"):  # added by `onnxgen inspect` (the choice lives in onnxgen.runtime.plans)
         lines.append(f"decode plan:    {d['decode_plan']} ({d.get('decode_plan_reason', '')})")
     if d.get("fast_ops"):  # added by `onnxgen inspect` (onnxgen.graph.hybrid_ops)
         lines.append(f"fast ops:       {d['fast_ops']}")
     if d.get("decode_fusions"):  # added by `onnxgen inspect` (onnxgen.graph.decode_fusions)
         lines.append(f"fusions (CPU):  {d['decode_fusions']}")
+    if d.get("mtp_head"):  # added by `onnxgen inspect` (onnxgen.model.mtp)
+        lines.append(f"MTP head:       {d['mtp_head']}")
     lines.append(f"context length: {d['context_length'] if d['context_length'] is not None else 'unknown'}")
     lines.append(
         f"eos / bos / pad: {d['eos_token_id'] or '-'} / {_opt(d['bos_token_id'])} / {_opt(d['pad_token_id'])}"
+    )
+    eos_from = d["settings_sources"].get("eos_token_id")
+    lines.append(
+        f"eos from:       {eos_from}"
+        if eos_from
+        else "eos from:       nowhere: no config or tokenizer token says where a sequence ends; generation "
+        "stops at max_new_tokens (SamplingParams(stop_token_ids=...) adds stop tokens)"
     )
     lines.append(f"ops ({d['node_count']} nodes, incl. functions and subgraphs):")
     for domain, ops in d["ops"].items():
@@ -176,6 +200,18 @@ def format_text(d: dict[str, Any]) -> str:
         lines.append(f"config files:   {', '.join(d['files'])}")
     lines.extend(f"note: {n}" for n in d["notes"])
     return "\n".join(lines)
+
+
+def _kv_cache_text(kv: dict[str, Any]) -> str:
+    mode, layout = kv["mode"], kv["layout"]
+    if layout is None:
+        return "none"
+    if mode == "static":
+        lengths = f", live lengths {kv['kv_lengths']}" if kv["kv_lengths"] else ""
+        return f"static, {kv['length']} positions written in place at {kv['write_indices']}{lengths}"
+    shape = "[2, batch, heads, seq, dim] stacked" if layout == "stacked" else "[batch, heads, seq, dim]"
+    how = "shared past/present buffer, written in place" if mode == "shared" else "grows each step"
+    return f"{shape}, {how}"
 
 
 def _opt(v: object) -> str:

@@ -38,12 +38,24 @@ class Port:
         return self.rank_known and all(isinstance(d, int) for d in self.shape)
 
 
+KV_LAYOUTS = ("BNSH", "stacked", "static")
+
+
 @dataclass(frozen=True)
 class KVPair:
     """Past/present key and value of one attention layer.
 
-    ``layout`` is ``"BNSH"``: ``[batch, kv_heads, seq, head_dim]`` (the only layout in use by the export
-    families onnxgen knows). ``kv_heads``/``head_dim`` are what it takes to build an empty past.
+    ``layout`` says how the cache is laid out and fed:
+
+    - ``"BNSH"``: a key and a value port, ``[batch, kv_heads, seq, head_dim]``; present is past plus the new
+      tokens (or, with ``DecoderIO.past_present_share_buffer``, the same max-length buffer).
+    - ``"stacked"``: one port per layer (GPT-2 style ``past_N`` -> ``present_N``), key and value stacked on
+      axis 0: ``[2, batch, kv_heads, seq, head_dim]``; ``past_key == past_value`` (and so for presents).
+    - ``"static"``: a key and a value buffer of fixed length (``shape``, e.g. ``[batch, max_seq, hidden]``),
+      written at ``DecoderIO.static_cache.write_indices`` along ``seq_axis`` and returned whole.
+
+    ``kv_heads``/``head_dim`` are what it takes to build an empty past (0 where a static buffer's shape
+    is all that is needed and no config states them).
     """
 
     layer: int
@@ -55,14 +67,41 @@ class KVPair:
     kv_heads: int
     head_dim: int
     layout: str = "BNSH"
+    shape: Shape = ()  # static layout: the buffer's shape, batch axis symbolic
+    seq_axis: int = 2
 
     @property
-    def inputs(self) -> tuple[str, str]:
-        return (self.past_key, self.past_value)
+    def inputs(self) -> tuple[str, ...]:
+        return (self.past_key,) if self.layout == "stacked" else (self.past_key, self.past_value)
 
     @property
-    def outputs(self) -> tuple[str, str]:
-        return (self.present_key, self.present_value)
+    def outputs(self) -> tuple[str, ...]:
+        return (self.present_key,) if self.layout == "stacked" else (self.present_key, self.present_value)
+
+    @property
+    def batch_axis(self) -> int:
+        return 1 if self.layout == "stacked" else 0
+
+    def buffer_shape(self, batch: int, length: int) -> tuple[int, ...]:
+        """The shape of one of this layer's cache tensors holding ``length`` positions of ``batch`` rows
+        (a static buffer's length is its own, whatever ``length`` says)."""
+        if self.layout == "stacked":
+            return (2, batch, self.kv_heads, length, self.head_dim)
+        if self.layout == "static":
+            return tuple(batch if i == 0 else int(d) for i, d in enumerate(self.shape))  # type: ignore[arg-type]
+        return (batch, self.kv_heads, length, self.head_dim)
+
+
+@dataclass(frozen=True)
+class StaticCache:
+    """The extra inputs of a static KV cache: where each row's new tokens are written
+    (``write_indices``, ``[batch]``: the row's length before the forward) and how many positions of each
+    row are live after it (``kv_lengths``, ``[batch]``, e.g. ``nonpad_kv_seqlen``), plus the buffers'
+    fixed length."""
+
+    write_indices: str
+    kv_lengths: str | None
+    length: int
 
 
 @dataclass(frozen=True)
@@ -98,6 +137,14 @@ class DecoderIO:
     hidden_states: tuple[str, ...] = ()
     # GroupQueryAttention exports can write present into the same max-length buffer as past.
     past_present_share_buffer: bool = False
+    # Static KV caches (fixed-length buffers written at given indices); their pairs have layout "static".
+    static_cache: StaticCache | None = None
+    # The attention reads each row's length from the count of ones in its mask (GroupQueryAttention):
+    # padded batches must be right-padded.
+    lengths_from_mask: bool = False
+    # The fewest positions a shared KV buffer may hold (GroupQueryAttention's local_window_size: a
+    # sliding-window layer refuses a smaller buffer).
+    min_kv_capacity: int = 0
     # Every other graph input, with how it is fed (unknown extra inputs are an error at derivation).
     extra_inputs: tuple[Port, ...] = ()
     notes: tuple[str, ...] = field(default=())
@@ -108,6 +155,19 @@ class DecoderIO:
     @property
     def is_hybrid(self) -> bool:
         return bool(self.state_pairs)
+
+    @property
+    def kv_in_place(self) -> bool:
+        """Whether every forward writes the KV caches into the buffers it reads (a shared past/present
+        buffer or a static cache): the decode state then only moves a length cursor."""
+        return self.past_present_share_buffer or self.static_cache is not None
+
+    @property
+    def kv_mode(self) -> str:
+        """``"static"``, ``"shared"`` or ``"growing"`` (present = past + new tokens)."""
+        if self.static_cache is not None:
+            return "static"
+        return "shared" if self.past_present_share_buffer else "growing"
 
     def port(self, name: str) -> Port:
         """The graph input or output called ``name`` (``KeyError`` when the graph has none)."""

@@ -8,6 +8,12 @@ from dataclasses import dataclass
 
 _PAST = re.compile(r"^(?:past_key_values|past_key_value|past_states?|past)[._](\d+)[._](.+)$")
 _PRESENT = re.compile(r"^(?:present_key_values|present_key_value|present_states?|present)[._](\d+)[._](.+)$")
+# GPT-2 style stacked caches: one port per layer, key and value stacked on axis 0.
+_STACKED_PAST = re.compile(r"^(?:past_key_values|past)[._](\d+)$")
+_STACKED_PRESENT = re.compile(r"^(?:present_key_values|present)[._](\d+)$")
+# Static caches (mobius --static-cache): key_cache.N -> updated_key_cache.N.
+_STATIC_PAST = re.compile(r"^(key|value)_cache[._](\d+)$")
+_STATIC_PRESENT = re.compile(r"^(?:updated|present)_(key|value)_cache[._](\d+)$")
 _KEY = {"key", "k", "keys"}
 _VALUE = {"value", "v", "values"}
 
@@ -21,6 +27,7 @@ class KVNames:
     past_value: str
     present_key: str
     present_value: str
+    layout: str = "BNSH"  # "stacked": past_key == past_value (one port), "static": fixed-length buffers
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,18 @@ def parse_present(name: str) -> tuple[int, str] | None:
     """``present.3.conv_state`` -> (3, "conv_state"); ``None`` when the name is not present-like."""
     m = _PRESENT.match(name)
     return (int(m.group(1)), m.group(2)) if m else None
+
+
+def parse_stacked(name: str, present: bool = False) -> int | None:
+    """``past_3`` (or ``present_3`` with ``present``) -> 3: a GPT-2 style stacked KV port's layer."""
+    m = (_STACKED_PRESENT if present else _STACKED_PAST).match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_static(name: str, present: bool = False) -> tuple[int, str] | None:
+    """``key_cache.3`` (``updated_key_cache.3`` with ``present``) -> (3, "key"): a static cache port."""
+    m = (_STATIC_PRESENT if present else _STATIC_PAST).match(name)
+    return (int(m.group(2)), m.group(1)) if m else None
 
 
 def parse_cache_name(name: str) -> tuple[int, str] | None:

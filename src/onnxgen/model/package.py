@@ -23,6 +23,9 @@ from onnxgen.model.io import DecoderIO
 from onnxgen.model.settings import ModelSettings, resolve_settings
 
 MODEL_FILE = "model.onnx"
+MANIFEST_FILE = "manifest.json"
+NXRT_INFO_FILE = "nxrt_info.json"
+AUXILIARY_MODELS = ("mtp.onnx",)  # beside a decoder, never the decoder (onnxgen.model.mtp)
 
 
 class ModelPackage:
@@ -54,7 +57,7 @@ class ModelPackage:
         Raises :class:`ModelPackageError` for a missing/unreadable/truncated model or a missing
         external-data file, :class:`ConfigError` for a malformed config file.
         """
-        path = Path(path).expanduser()
+        path = _variant_dir(Path(path).expanduser())
         notes: list[str] = []
         configs = _read_configs(path.parent if path.is_file() else path, notes)
         model_path = _find_model(path, configs.get("genai_config"))
@@ -125,7 +128,11 @@ class ModelPackage:
 
     @property
     def context_length(self) -> int | None:
-        return self.settings.context_length
+        """The configs' context length; a static KV cache's length where that is shorter (or unstated)."""
+        stated, static = self.settings.context_length, self.io.static_cache
+        if static is None:
+            return stated
+        return static.length if stated is None else min(stated, static.length)
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -152,21 +159,55 @@ def _read_configs(root: Path, notes: list[str]) -> dict[str, tuple[Path, dict[st
     return configs
 
 
+def _not_a_file(path: Path) -> ModelPackageError:
+    return ModelPackageError(
+        f"{path} is a directory, not an ONNX file; put the exported model file there instead of a folder"
+    )
+
+
+def _variant_dir(path: Path) -> Path:
+    """A model package of several variants (``manifest.json`` ``components.model.variants``, the layout
+    onnx-genai packages use): the directory of its CPU variant; any other path as given."""
+    manifest = path / MANIFEST_FILE
+    if not path.is_dir() or (path / MODEL_FILE).is_file() or not manifest.is_file():
+        return path
+    variants = ((read_config(manifest).get("components") or {}).get("model") or {}).get("variants") or {}
+    for variant in variants.values() if isinstance(variants, dict) else ():
+        if isinstance(variant, dict) and variant.get("ep", "CPUExecutionProvider") == "CPUExecutionProvider":
+            folder = path / str(variant.get("variant_directory", ""))
+            if folder.is_dir():
+                return folder
+    raise ModelPackageError(
+        f"{manifest} lists no CPU variant of component 'model' with a directory; pass a variant directory"
+    )
+
+
 def _find_model(path: Path, genai: tuple[Path, dict[str, Any]] | None) -> Path:
     if path.is_file():
         return path
     if (path / MODEL_FILE).is_file():
         return path / MODEL_FILE
+    if (path / MODEL_FILE).is_dir():
+        raise _not_a_file(path / MODEL_FILE)
+    nxrt = path / NXRT_INFO_FILE  # names the variant's model file (e.g. a textproto)
+    if nxrt.is_file() and isinstance(named := read_config(nxrt).get("model_file"), str):
+        if not (path / named).is_file():
+            raise ModelPackageError(f"{path / named} (named by {nxrt.name} model_file) does not exist")
+        return path / named
     decoder = ((genai[1].get("model") or {}).get("decoder") or {}) if genai else {}
     filename = decoder.get("filename") if isinstance(decoder, dict) else None
     if isinstance(filename, str) and filename:
         if (path / filename).is_file():
             return path / filename
+        if (path / filename).is_dir():
+            raise _not_a_file(path / filename)
         raise ModelPackageError(
             f"{path / filename} (named by genai_config.json model.decoder.filename) does not exist; "
             "copy the model file into the directory or fix the filename"
         )
-    others = sorted(p.name for p in path.glob("*.onnx"))
+    others = sorted(p.name for p in path.glob("*.onnx") if p.is_file() and p.name not in AUXILIARY_MODELS)
+    if path.suffix == ".onnx" and not others:  # a model.onnx path given that is a folder without a model
+        raise _not_a_file(path)
     if len(others) == 1:
         return path / others[0]
     hint = f" (found {', '.join(others)}: pass the one to use)" if others else ""

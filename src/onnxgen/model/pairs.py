@@ -10,6 +10,11 @@ Graph rules (used for whatever the declared metadata / genai_config do not state
    makes a state pair (kind ``conv``, ``recurrent`` or ``state`` by name). KV ports are never states.
 3. A past without its present, a present without its past, or two ports claiming one (layer, suffix)
    is an error naming them.
+4. GPT-2 style stacked caches: ``past_N`` -> ``present_N`` (also ``past_key_values_N``), rank 5
+   ``[2, batch, kv_heads, seq, head_dim]``: one KV pair of layout ``stacked`` (:func:`special_kv_by_name`).
+5. Static caches (mobius ``--static-cache``): ``key_cache.N`` / ``value_cache.N`` -> ``updated_key_cache.N``
+   / ``updated_value_cache.N``, fed with a ``write_indices`` input (and ``nonpad_kv_seqlen`` when the graph
+   has it): KV pairs of layout ``static``.
 
 Checks (every source): dtypes of the two sides must be equal; a concrete extent that differs between
 the sides is an error, a symbolic one is a wildcard. A state's non-batch extents must be static on at
@@ -23,7 +28,20 @@ from collections.abc import Iterable
 from onnxgen.errors import AmbiguousIOError, DecoderIOError
 from onnxgen.model.graph_ports import GraphSignature
 from onnxgen.model.io import Dim, Port, Shape, StatePair
-from onnxgen.model.naming import KVNames, StateNames, kv_role, parse_past, parse_present, state_kind
+from onnxgen.model.naming import (
+    KVNames,
+    StateNames,
+    kv_role,
+    parse_past,
+    parse_present,
+    parse_stacked,
+    parse_static,
+    state_kind,
+)
+from onnxgen.model.plan import StaticNames
+
+WRITE_INDICES = "write_indices"
+KV_LENGTHS = "nonpad_kv_seqlen"
 
 
 def _index(ports: Iterable[Port], parse: object, claimed: set[str]) -> dict[tuple[int, str], str]:
@@ -69,7 +87,10 @@ def pair_by_name(sig: GraphSignature, claimed: set[str]) -> tuple[list[KVNames],
     lonely = sorted(set(keys) ^ set(values))
     if lonely:
         names = [(keys.get(i) or values[i])[0] for i in lonely]
-        raise DecoderIOError(f"KV input(s) {', '.join(names)} have no key/value partner at the same layer")
+        raise DecoderIOError(
+            f"KV input(s) {', '.join(names)} have no key/value partner at the same layer: a key-only (or "
+            "value-only) cache, which onnxgen does not run (it feeds a key and a value cache per attention layer)"
+        )
     kv = [KVNames(i, keys[i][0], values[i][0], keys[i][1], values[i][1]) for i in sorted(keys)]
     return kv, sorted(states, key=lambda s: (s.layer if s.layer is not None else -1, s.kind, s.input))
 
@@ -120,3 +141,74 @@ def state_pair(names: StateNames, past: Port, present: Port) -> StatePair:
             )
         dims.append(static)
     return StatePair(names.input, names.output, tuple(dims), past.dtype, names.layer, names.kind)
+
+
+def _stacked(sig: GraphSignature, claimed: set[str]) -> list[KVNames]:
+    """Rule 4: ``past_N`` inputs of rank 5 with a leading 2 (or unknown) extent and their ``present_N``."""
+    found: list[KVNames] = []
+    presents = {parse_stacked(p.name, present=True): p.name for p in sig.outputs if p.name not in claimed}
+    for port in sig.inputs:
+        layer = parse_stacked(port.name) if port.name not in claimed else None
+        if layer is None or not port.rank_known or port.rank != 5:
+            continue
+        if isinstance(port.shape[0], int) and port.shape[0] != 2:
+            continue
+        present = presents.get(layer)
+        if present is None:
+            raise DecoderIOError(
+                f"stacked KV input '{port.name}' has no matching present output (present_{layer}); declare the "
+                "pair in genai_config.json model.decoder (past_names / present_names)"
+            )
+        found.append(KVNames(layer, port.name, port.name, present, present, layout="stacked"))
+    return sorted(found, key=lambda k: k.layer)
+
+
+def _static(sig: GraphSignature, claimed: set[str]) -> tuple[list[KVNames], StaticNames | None]:
+    """Rule 5: ``key_cache.N`` / ``value_cache.N`` buffers, their updated outputs and the write indices."""
+    pasts: dict[tuple[int, str], str] = {}
+    presents: dict[tuple[int, str], str] = {}
+    for port in sig.inputs:
+        if port.name not in claimed and (key := parse_static(port.name)) is not None:
+            pasts[key] = port.name
+    for port in sig.outputs:
+        if port.name not in claimed and (key := parse_static(port.name, present=True)) is not None:
+            presents[key] = port.name
+    if not pasts:
+        return [], None
+    missing = sorted(n for k, n in pasts.items() if k not in presents)
+    if missing:
+        raise DecoderIOError(
+            f"static cache input(s) {', '.join(missing)} have no updated_*_cache output; declare the caches in "
+            "inference_metadata.yaml model.io static_cache"
+        )
+    layers = sorted({layer for layer, _ in pasts})
+    lonely = [layer for layer in layers if (layer, "key") not in pasts or (layer, "value") not in pasts]
+    if lonely:
+        raise DecoderIOError(
+            f"static cache layer(s) {lonely} have a key buffer without a value buffer (or the reverse): a "
+            "key-only cache, which onnxgen does not run"
+        )
+    if sig.input(WRITE_INDICES) is None:
+        raise DecoderIOError(
+            f"the graph has static cache inputs ({pasts[(layers[0], 'key')]}, ...) but no '{WRITE_INDICES}' input; "
+            "declare the write-index input in inference_metadata.yaml model.io static_cache.write_indices_input"
+        )
+    kv = [
+        KVNames(
+            layer,
+            pasts[(layer, "key")],
+            pasts[(layer, "value")],
+            presents[(layer, "key")],
+            presents[(layer, "value")],
+            layout="static",
+        )
+        for layer in layers
+    ]
+    lengths = KV_LENGTHS if sig.input(KV_LENGTHS) is not None else None
+    return kv, StaticNames(WRITE_INDICES, lengths)
+
+
+def special_kv_by_name(sig: GraphSignature, claimed: set[str]) -> tuple[list[KVNames], StaticNames | None]:
+    """Rules 4 and 5: stacked and static KV pairs found by name among the ports not in ``claimed``."""
+    static, names = _static(sig, claimed)
+    return _stacked(sig, claimed) + static, names

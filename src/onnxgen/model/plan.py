@@ -21,6 +21,14 @@ UNSET = _Unset()
 Role = str | None | _Unset
 
 
+@dataclass(frozen=True)
+class StaticNames:
+    """The extra inputs of a static KV cache: write indices and (optional) live lengths per row."""
+
+    write_indices: str
+    kv_lengths: str | None = None
+
+
 @dataclass
 class Plan:
     source: IOSource
@@ -31,6 +39,7 @@ class Plan:
     logits: Role = UNSET
     kv: list[KVNames] | None = None
     states: list[StateNames] | None = None
+    static: StaticNames | None = None  # stated with static-layout KV pairs
     # Declared port shapes/dtypes that must match the graph exactly (declared source only).
     shapes: dict[str, Shape] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)

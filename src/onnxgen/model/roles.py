@@ -11,6 +11,8 @@ from onnxgen.model.naming import parse_present
 from onnxgen.model.plan import Plan
 
 _INT = {"int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64"}
+# The element types onnxgen writes the inputs it feeds in (tokens, mask, positions, lengths, indices).
+INDEX_DTYPES = ("int64", "int32")
 _FLOAT = {"float32", "float16", "bfloat16", "float64"}
 _HIDDEN = ("hidden_states", "last_hidden_state")
 _INPUT_ROLES = ("token_input", "attention_mask", "position_ids")
@@ -129,12 +131,15 @@ def derive_roles(plan: Plan, sig: GraphSignature, cache_ports: set[str], notes: 
     _check_port(
         sig.input(token), "token input", lambda p: p.dtype in _INT and p.rank == 2, "a rank-2 integer tensor"
     )
+    check_index_input(sig.input(token), "token input")
     if mask:
         _check_port(sig.input(mask), "attention mask", lambda p: p.rank == 2, "rank 2 [batch, past+seq]")
+        check_index_input(sig.input(mask), "attention mask")
     rank = 2
     if pos:
         port = sig.input(pos)
         _check_port(port, "position ids", _position_ok, "rank 2 [batch, seq] or rank 3 [3, batch, seq]")
+        check_index_input(port, "position ids")
         rank = port.rank if port and port.rank_known else 2
     _check_port(
         sig.output(logits),
@@ -143,6 +148,23 @@ def derive_roles(plan: Plan, sig: GraphSignature, cache_ports: set[str], notes: 
         "a float [batch, seq, vocab] tensor",
     )
     return Roles(token, logits, mask, pos, rank)
+
+
+def check_index_input(port: Port | None, role: str, ranks: tuple[int, ...] | None = None) -> None:
+    """An input onnxgen writes itself must be int64 or int32 (``ranks``: and of one of these ranks)."""
+    if port is None:
+        return
+    if port.dtype not in INDEX_DTYPES:
+        raise DecoderIOError(
+            f"graph input '{port.name}' ({role}) is {port.dtype}; onnxgen feeds it as int64 or int32, the "
+            "types exporters use: re-export the model with an int64 (or int32) "
+            f"{role} input"
+        )
+    if ranks is not None and port.rank_known and port.rank not in ranks:
+        raise DecoderIOError(
+            f"graph input '{port.name}' ({role}) has rank {port.rank} {_show(port.shape)}; onnxgen feeds it as "
+            f"a [batch] vector"
+        )
 
 
 def _position_ok(p: Port) -> bool:

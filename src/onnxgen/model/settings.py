@@ -6,7 +6,9 @@ recorded in ``notes``):
 - eos / bos / pad token ids: ``inference_metadata`` (``tokens.*``) > ``generation_config.json`` >
   ``genai_config.json`` (``model.*``) > ``config.json`` (top level, else ``text_config``) >
   ``tokenizer_config.json`` (``eos_token`` etc. looked up in ``added_tokens_decoder``, then in
-  ``tokenizer.json``).
+  ``tokenizer.json``). Where none of them states an eos id (mobius packages carry only
+  ``tokenizer.json``), the end-of-text tokens ``tokenizer.json`` has by their usual names
+  (:data:`EOS_TOKEN_NAMES`) are the eos ids, noted as coming from there.
 - context length: ``inference_metadata`` ``model.max_sequence_length`` > ``genai_config.json``
   ``model.context_length`` > ``config.json`` ``max_position_embeddings`` > ``tokenizer_config.json``
   ``model_max_length`` (values of 10^9 and more are HF's "no limit" sentinel and are ignored).
@@ -28,6 +30,19 @@ from onnxgen.errors import ConfigError
 from onnxgen.model.geometry import text_config
 
 _NO_LIMIT = 10**9
+# End-of-text and end-of-turn tokens by the names tokenizers give them (GPT-2/Qwen, ChatML, Llama 2 and
+# Mistral, Gemma, Llama 3, Phi-3).
+EOS_TOKEN_NAMES = (
+    "<|endoftext|>",
+    "<|im_end|>",
+    "</s>",
+    "<eos>",
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+)
+TOKENIZER_SPECIALS = "tokenizer.json special tokens"
 Value = int | tuple[int, ...]
 
 
@@ -88,6 +103,12 @@ class _TokenLookup:
                 if isinstance(i, int):
                     self._table.setdefault(content, i)
 
+    def known(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Those of ``names`` the tokenizer has, with their ids."""
+        if not self._loaded:
+            self._load_tokenizer_json()
+        return {name: self._table[name] for name in names if name in self._table}
+
     def __call__(self, token: Any) -> int | None:
         if isinstance(token, dict):
             token = token.get("content")
@@ -145,6 +166,11 @@ def _collect(configs: Mapping[str, tuple[str, Mapping[str, Any]]], tokenizer_pat
             if token_id is not None:
                 out.setdefault(key, []).append((tc[0], token_id))
         _add_length(out, tc[0], tc[1].get("model_max_length"), "model_max_length")
+    if "eos_token_id" not in out and tokenizer_path is not None:
+        found = _TokenLookup(tc[1] if tc is not None else {}, tokenizer_path).known(EOS_TOKEN_NAMES)
+        if found:
+            label = f"{TOKENIZER_SPECIALS} {', '.join(found)}"
+            out["eos_token_id"] = [(label, tuple(sorted(set(found.values()))))]
     return out
 
 

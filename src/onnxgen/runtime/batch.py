@@ -15,12 +15,18 @@ no longer depend on whether it had company at any step (:func:`invariant_min_row
 
 Per-row lengths drive the attention mask and position ids:
 
-- *shared* KV (GroupQueryAttention): row ``r`` keeps its tokens at ``[0, len_r)`` of its row of the
-  max-length buffer; the mask is right-padded (ones in ``[0, len_r + 1)``), which is how GQA reads each
-  row's past length.
-- *growing* KV (present = concat(past, new)): rows share one past length ``P``; row ``r`` keeps its
-  tokens at ``[P - len_r, P)`` (left-padded, mask zeros before them), so new tokens append contiguously
-  and retiring the longest row trims the common prefix.
+- *shared* KV (GroupQueryAttention, static caches): row ``r`` keeps its tokens at ``[0, len_r)`` of its
+  row of the max-length buffer; the mask is right-padded (ones in ``[0, len_r + 1)``), which is how GQA
+  reads each row's past length, and a static cache writes row ``r``'s token at ``len_r`` (its write
+  index) and reads ``len_r + 1`` positions of it.
+- *growing* KV (present = concat(past, new); stacked caches too): rows share one past length ``P``; row
+  ``r`` keeps its tokens at ``[P - len_r, P)`` (left-padded, mask zeros before them), so new tokens append
+  contiguously and retiring the longest row trims the common prefix. Where the attention reads each
+  row's length from its mask (GroupQueryAttention, ``io.lengths_from_mask``) rows are right-padded
+  instead: tokens at ``[0, len_r)``, and the op writes each row's new token at its own length.
+
+Caches are handled through :func:`rows_first`, a view of a cache with the batch axis first and the
+sequence axis second, whatever the graph's layout (``[2, batch, heads, seq, dim]`` for a stacked cache).
 """
 
 from __future__ import annotations
@@ -34,9 +40,15 @@ import onnxruntime as ort
 from onnxgen.errors import GenerationError
 from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
-from onnxgen.runtime.buffers import HostBuffer, dtype_of
+from onnxgen.model.io import KVPair
+from onnxgen.runtime.buffers import HostBuffer, dtype_of, index_dtype
 from onnxgen.runtime.session import DecoderSession, _Binder
 from onnxgen.runtime.state import DecodeState
+
+
+def rows_first(array: np.ndarray, pair: KVPair) -> np.ndarray:
+    """A view of one of ``pair``'s cache tensors as ``[batch, seq, ...]``."""
+    return np.moveaxis(array, (pair.batch_axis, pair.seq_axis), (0, 1))
 
 
 def invariant_min_rows(graph: onnx.ModelProto, session: DecoderSession | None = None) -> int:
@@ -88,13 +100,6 @@ class RowBuffer:
         return view.value
 
 
-def _input_dtype(session: DecoderSession, name: str | None, default: type) -> type:
-    if name is None:
-        return default
-    kind = next(i.type for i in session.session.get_inputs() if i.name == name)
-    return np.int32 if kind == "tensor(int32)" else np.int64
-
-
 class BatchState:
     """Up to ``max_batch`` sequences of up to ``capacity`` tokens each, decoded together."""
 
@@ -103,28 +108,32 @@ class BatchState:
             raise ValueError(
                 f"max_batch, min_rows must be >= 1 and capacity >= 2 (got {max_batch}, {min_rows}, {capacity})"
             )
+        if session.io.past_present_share_buffer:  # a sliding-window GroupQueryAttention needs its window
+            capacity = max(capacity, session.io.min_kv_capacity)
         self.min_rows = min(min_rows, max_batch)
         self.session = session
         self.io = io = session.io
         self.max_batch = max_batch
         self.capacity = capacity
-        self.shared_kv = io.past_present_share_buffer
+        self.shared_kv = io.kv_in_place
         self.n = 0
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # tokens in the KV/state of each row
         self.steps = 0
+        if io.static_cache is not None and capacity > io.static_cache.length:
+            raise ValueError(
+                f"capacity {capacity} exceeds the export's static KV cache of {io.static_cache.length} positions"
+            )
         self._kv_in = [name for pair in io.kv_pairs for name in pair.inputs]
         self._kv_out = [name for pair in io.kv_pairs for name in pair.outputs]
-        kv_dtypes = [dtype_of(pair.dtype) for pair in io.kv_pairs for _ in range(2)]
-        kv_geometry = [(pair.kv_heads, pair.head_dim) for pair in io.kv_pairs for _ in range(2)]
+        self._kv_pairs = [pair for pair in io.kv_pairs for _ in pair.inputs]  # the pair of each cache tensor
         self._kv_shared: list[RowBuffer] = []
-        if self.shared_kv:
+        if self.shared_kv:  # (batch axis first in every in-place layout)
             self._kv_shared = [
-                RowBuffer((max_batch, heads, capacity, dim), dt)
-                for (heads, dim), dt in zip(kv_geometry, kv_dtypes, strict=True)
+                RowBuffer(pair.buffer_shape(max_batch, capacity), dtype_of(pair.dtype))
+                for pair in self._kv_pairs
             ]
-        self._kv_dtypes = kv_dtypes
-        self._kv_geometry = kv_geometry
         self._past = 0  # growing mode: the common past length of every row
+        self._left = not io.lengths_from_mask  # growing mode: rows end at the common past (left-padded)
         self._kv_grown: list[HostBuffer | ort.OrtValue] = []
         self._state_in = [pair.input for pair in io.state_pairs]
         self._state_out = [pair.output for pair in io.state_pairs]
@@ -137,8 +146,13 @@ class BatchState:
             self._states.append(RowBuffer(shape, dtype_of(pair.dtype)))
             self._spares.append(RowBuffer(shape, dtype_of(pair.dtype)))
         self._binders: dict[tuple[ort.InferenceSession, int], _Binder] = {}
-        self._token_dtype = _input_dtype(session, io.token_input, np.int64)
-        self._mask_dtype = _input_dtype(session, io.attention_mask, np.int64)
+        self._token_dtype = index_dtype(io, io.token_input)
+        self._mask_dtype = index_dtype(io, io.attention_mask)
+        self._position_dtype = index_dtype(io, io.position_ids)
+        static = io.static_cache
+        self._static_dtypes = (
+            (index_dtype(io, static.write_indices), index_dtype(io, static.kv_lengths)) if static else None
+        )
         vocab = session.vocab_size
         self._logits = RowBuffer((max_batch, 1, vocab), np.dtype(np.float32)) if vocab > 0 else None
         logits_type = next(o.type for o in session.session.get_outputs() if o.name == io.logits)
@@ -170,8 +184,8 @@ class BatchState:
         row = self.n
         kv = prefilled.kv_arrays()
         if self.shared_kv:
-            for name, buf in zip(self._kv_in, self._kv_shared, strict=True):
-                buf.array[row, :, :length] = kv[name][0]
+            for name, buf, pair in zip(self._kv_in, self._kv_shared, self._kv_pairs, strict=True):
+                rows_first(buf.array, pair)[row, :length] = rows_first(kv[name], pair)[0]
         else:
             self._admit_grown([kv[name] for name in self._kv_in], length)
         states = prefilled.state_arrays()
@@ -194,11 +208,12 @@ class BatchState:
         rows = max(n + 1, self.min_rows)
         olds = self._grown_arrays() if n else [None] * len(kv)
         merged = []
-        for old, new in zip(olds, kv, strict=True):
-            out = np.zeros((rows, new.shape[1], past, new.shape[3]), dtype=new.dtype)
+        shift, start = (past - self._past, past - length) if self._left else (0, 0)
+        for old, new, pair in zip(olds, kv, self._kv_pairs, strict=True):
+            out = np.zeros(pair.buffer_shape(rows, past), dtype=new.dtype)
             if old is not None:
-                out[:n, :, past - self._past :] = old[:n]
-            out[n, :, past - length :] = new[0]
+                rows_first(out, pair)[:n, shift : shift + self._past] = rows_first(old, pair)[:n]
+            rows_first(out, pair)[n, start : start + length] = rows_first(new, pair)[0]
             merged.append(out)
         self._past = past
         self._set_grown(merged)
@@ -210,9 +225,10 @@ class BatchState:
         last = self.n - 1
         if self.shared_kv:
             length = int(self.lengths[last])
-            for buf in self._kv_shared:
+            for buf, pair in zip(self._kv_shared, self._kv_pairs, strict=True):
                 if row != last:
-                    buf.array[row, :, :length] = buf.array[last, :, :length]
+                    view = rows_first(buf.array, pair)
+                    view[row, :length] = view[last, :length]
         for buf in self._states:
             if row != last:
                 buf.array[row] = buf.array[last]
@@ -232,9 +248,10 @@ class BatchState:
             order[row] = last
         past = int(self.lengths[: self.n].max())
         trimmed = []
-        for a in self._grown_arrays():
-            out = np.zeros((self.bound_rows, a.shape[1], past, a.shape[3]), dtype=a.dtype)
-            out[: self.n] = a[order, :, self._past - past :]
+        for a, pair in zip(self._grown_arrays(), self._kv_pairs, strict=True):
+            out = np.zeros(pair.buffer_shape(self.bound_rows, past), dtype=a.dtype)
+            kept = slice(self._past - past, self._past) if self._left else slice(0, past)
+            rows_first(out, pair)[: self.n] = rows_first(a, pair)[order, kept]
             trimmed.append(out)
         self._past = past
         self._set_grown(trimmed)
@@ -282,19 +299,26 @@ class BatchState:
             arrays.append(np.array([1], dtype=np.int64))
             binding.bind_cpu_input(LOGITS_TO_KEEP, arrays[-1])
         if io.attention_mask is not None:
-            if self.shared_kv:  # right-padded: ones in [0, len + 1)
-                width = int(lengths.max()) + 1
+            if self.shared_kv or not self._left:  # right-padded: ones in [0, len + 1)
+                width = int(lengths.max()) + 1 if self.shared_kv else self._past + 1
                 mask = np.arange(width)[None, :] < (lengths + 1)[:, None]
             else:  # left-padded: ones in [past - len, past + 1)
                 mask = np.arange(self._past + 1)[None, :] >= (self._past - lengths)[:, None]
             arrays.append(np.ascontiguousarray(mask, dtype=self._mask_dtype))
             binding.bind_cpu_input(io.attention_mask, arrays[-1])
         if io.position_ids is not None:
-            pos = lengths.reshape(n, 1).astype(np.int64)
+            pos = lengths.reshape(n, 1).astype(self._position_dtype)
             if io.position_ids_rank == 3:
                 pos = np.broadcast_to(pos, (3, n, 1))
             arrays.append(np.ascontiguousarray(pos))
             binding.bind_cpu_input(io.position_ids, arrays[-1])
+        static, dtypes = io.static_cache, self._static_dtypes
+        if static is not None and dtypes is not None:  # each row writes at its own length
+            arrays.append(lengths.astype(dtypes[0]))
+            binding.bind_cpu_input(static.write_indices, arrays[-1])
+            if static.kv_lengths is not None:
+                arrays.append((lengths + 1).astype(dtypes[1]))
+                binding.bind_cpu_input(static.kv_lengths, arrays[-1])
         return arrays
 
     def _bind_caches(self, binder: _Binder, n: int) -> None:
@@ -324,14 +348,16 @@ class BatchState:
 
     # -- inspection (tests, debugging) --------------------------------------------------------------------
     def row_kv(self, row: int) -> dict[str, np.ndarray]:
-        """The live KV of ``row`` by past input name, ``[kv_heads, len, head_dim]`` (copies)."""
+        """The live KV of ``row`` by past input name, in the graph's layout without the batch axis (copies)."""
         length = int(self.lengths[row])
-        if self.shared_kv:
-            return {
-                n: b.array[row, :, :length].copy() for n, b in zip(self._kv_in, self._kv_shared, strict=True)
-            }
-        arrays = self._grown_arrays()
-        return {n: a[row, :, self._past - length :].copy() for n, a in zip(self._kv_in, arrays, strict=True)}
+        arrays = [b.array for b in self._kv_shared] if self.shared_kv else self._grown_arrays()
+        start = self._past - length if not self.shared_kv and self._left else 0
+        out = {}
+        for name, array, pair in zip(self._kv_in, arrays, self._kv_pairs, strict=True):
+            index: list[int | slice] = [slice(None)] * array.ndim
+            index[pair.batch_axis], index[pair.seq_axis] = row, slice(start, start + length)
+            out[name] = array[tuple(index)].copy()
+        return out
 
     def row_states(self, row: int) -> dict[str, np.ndarray]:
         """The recurrent states of ``row`` by input name (copies)."""

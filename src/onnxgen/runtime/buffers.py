@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from onnxgen.model.io import DecoderIO
 from onnxgen.runtime.hugepages import advise
 
 _NP_DTYPES = {
@@ -33,6 +34,14 @@ def dtype_of(name: str) -> np.dtype:
             "export the model with float32 or float16 caches"
         )
     return np.dtype(_NP_DTYPES[name])
+
+
+def index_dtype(io: DecoderIO, name: str | None) -> type:
+    """The numpy type to feed graph input ``name`` in: int32 where the graph declares int32, else int64
+    (also for ``None``, an input the graph does not have). Derivation refuses any other type."""
+    if name is None:
+        return np.int64
+    return np.int32 if io.port(name).dtype == "int32" else np.int64
 
 
 @dataclass

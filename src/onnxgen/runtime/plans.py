@@ -36,7 +36,6 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxgen.errors import UnsupportedModelError
-from onnxgen.graph.logits_to_keep import keep_last_logits
 from onnxgen.graph.scan_inline import find_inlinable_scans, inline_scans_in_proto
 
 if TYPE_CHECKING:
@@ -113,6 +112,22 @@ def _weight_bytes(model: onnx.ModelProto) -> int:
         else:
             total += len(t.raw_data) or int(np.prod(t.dims)) * 4
     return total
+
+
+_WARNED: set[tuple[str, str]] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_once(model: str | Path, kind: str, message: str, *args: object) -> None:
+    """Log ``message`` as a warning the first time this process says ``kind`` about ``model``: a decode
+    plan that is not available is worth one line per model, not one per load or per request (servers and
+    benchmarks load a model again and again)."""
+    key = (str(model), kind)
+    with _WARNED_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    log.warning(message, *args)
 
 
 def choose_decode_plan(requested: str, summary: ScanSummary) -> PlanChoice:
@@ -243,18 +258,19 @@ class DecodePlan:
                         self.sibling = build_sibling(main, self._inline_path)
                     except Exception as e:
                         self.failed = str(e)
-                        log.warning("the inline decode plan is unavailable, decoding on the Scan plan: %s", e)
+                        message = "the inline decode plan is unavailable, decoding on the Scan plan: %s"
+                        if self.choice.requested == "inline":  # asked for: said once per model
+                            warn_once(self._inline_path, "inline", message, e)
+                        else:  # auto's pick: the Scan plan it falls back on is what was asked for
+                            log.info(message, e)
         return self.sibling if self.sibling is not None else main.session
 
 
 def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSession:
-    """A session over the inlined graph at ``inline_path`` with ``main``'s options, providers and
-    logits-to-keep input; raises when it cannot be made or does not match ``main`` bit for bit on a step."""
-    inlined = onnx.load(str(inline_path), load_external_data=False)
-    if main.logits_to_keep:
-        inlined, done, reason = keep_last_logits(inlined, main.io.logits)
-        if not done:
-            raise UnsupportedModelError(f"the inlined graph takes no logits-to-keep input: {reason}")
+    """A session over the inlined graph at ``inline_path`` with ``main``'s options, providers and graph
+    rewrites (:meth:`DecoderSession.same_rewrites`: logits-to-keep, fast ops, decode fusions); raises when
+    it cannot be made or does not match ``main`` bit for bit on a step."""
+    inlined = main.same_rewrites(onnx.load(str(inline_path), load_external_data=False), inline_path.parent)
     opts = main.session.get_session_options()
     if not _has_config(opts, FOLDER_KEY):
         opts.add_session_config_entry(FOLDER_KEY, str(inline_path.parent))
@@ -265,7 +281,7 @@ def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSessi
         if value.shape != got[name].shape or not np.array_equal(value, got[name]):
             raise UnsupportedModelError(
                 f"the inlined graph's {name!r} differs from the Scan graph's on a first step; "
-                "run this model with decode_plan='scan'"
+                "run this model with decode_plan='scan' (--decode-plan scan)"
             )
     return sibling
 
@@ -320,13 +336,25 @@ def prepare_decode_plan(
     (one warning and the Scan plan when it cannot be made)."""
     summary = summarize_scans(package.graph)
     choice = choose_decode_plan(requested, summary)
+    if requested == "inline" and choice.plan == "main":
+        warn_once(
+            package.model_path,
+            "no-scan",
+            "decode_plan='inline' (--decode-plan inline) was asked for, but %s has %s; every step runs on "
+            "the export's own graph",
+            package.model_path,
+            choice.reason,
+        )
     if choice.plan == "inline" and any(p != "CPUExecutionProvider" for p in providers or ()):
         choice = PlanChoice(
             requested, "scan", "the inline plan shares prepacked CPU weights; CPU provider only"
         )
         if requested == "inline":
-            log.warning(
-                "decode_plan='inline' is not available with providers %s; decoding on the Scan plan",
+            warn_once(
+                package.model_path,
+                "providers",
+                "decode_plan='inline' (--decode-plan inline) is not available with providers %s; decoding "
+                "on the Scan plan",
                 providers,
             )
     if choice.plan != "inline":
@@ -336,7 +364,12 @@ def prepare_decode_plan(
         path = folder / "model.onnx"
         graph = onnx.load(str(path), load_external_data=False)
     except Exception as e:
-        log.warning("the inline decode plan is unavailable, decoding on the Scan plan: %s", e)
+        warn_once(
+            package.model_path,
+            "inline",
+            "the inline decode plan is unavailable, decoding on the Scan plan: %s",
+            e,
+        )
         scan = PlanChoice(requested, "scan", f"inline plan unavailable: {e}")
         return PreparedPlan(DecodePlan(scan), summary, package.model_path, package.graph)
     return PreparedPlan(DecodePlan(choice, folder / INLINE_FILE), summary, path, graph)

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -23,12 +23,13 @@ import onnxruntime as ort
 from onnxgen.env import FUSE, check_switches, env_switch
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
+from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime import hugepages
-from onnxgen.runtime.buffers import HostBuffer
+from onnxgen.runtime.buffers import HostBuffer, index_dtype
 from onnxgen.runtime.plans import FOLDER_KEY
 from onnxgen.runtime.state import DecodeState, StepIO
 from onnxgen.runtime.verify_plan import VerifyPlan, plan_graph
@@ -229,6 +230,7 @@ class DecoderSession:
         verify_now: bool = False,
         fast_ops: bool | None = None,
         fuse: bool | None = None,
+        hidden_state: bool = False,
     ) -> None:
         check_switches()  # a typo in ONNXGEN_FUSE / _FAST_OPS / _HUGE_PAGES fails here, not silently
         self.io = io
@@ -240,6 +242,23 @@ class DecoderSession:
         opts = options or make_session_options(self.threads)
         model_path = Path(model_path)
         source: str | bytes = str(model_path)
+        if model_path.suffix == ".textproto":  # onnxruntime reads binary protobuf only
+            graph = graph if graph is not None else onnx.load(str(model_path))
+            source = graph.SerializeToString()
+        # ``hidden_state``: also output the final hidden state (what an MTP head drafts from); first, so
+        # that the later passes keep it and it holds every position (onnxgen.graph.hidden_state)
+        self.hidden_state: str | None = None
+        if hidden_state:
+            if graph is None:
+                graph = onnx.load(str(model_path), load_external_data=False)
+            exposed = expose_hidden_state(graph, io.logits)
+            if exposed.output is None:
+                raise UnsupportedModelError(
+                    f"{model_path} does not show its final hidden state, which an MTP head needs: {exposed.report}"
+                )
+            graph, self.hidden_state = exposed.model, exposed.output
+            if exposed.modified:
+                source = graph.SerializeToString()
         self.logits_to_keep = False
         if last_logits:
             if graph is None:
@@ -265,7 +284,8 @@ class DecoderSession:
         # fewer kernel launches per decode step with bit-identical outputs (onnxgen.graph.decode_fusions):
         # merged sibling MatMulNBits, one query/key RMSNorm; CPU provider, where it was measured
         self.fusions = Fusions()
-        if on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False):
+        self._fuse = on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False)
+        if self._fuse:
             if graph is None:
                 graph = onnx.load(str(model_path), load_external_data=False)
             graph, self.fusions = fuse_for_decode(graph, model_path.parent)
@@ -329,16 +349,34 @@ class DecoderSession:
         self.vocab_size = self._vocab_size()
         self._vocab_limit = self.vocab_size if self.vocab_size > 0 else sys.maxsize  # ids checked below it
         self._logits_dtype = self._output_dtype(io.logits)
-        self._shared_kv = io.past_present_share_buffer
-        self._token_dtype = np.int64 if self._input_type(io.token_input) == "tensor(int64)" else np.int32
-        self._mask_dtype = (
-            np.int64
-            if io.attention_mask is None or self._input_type(io.attention_mask) == "tensor(int64)"
-            else np.int32
+        self._shared_kv = io.kv_in_place
+        # every input onnxgen writes takes the element type the graph declares (int64 or int32, checked
+        # when the I/O was derived)
+        self._token_dtype = index_dtype(io, io.token_input)
+        self._mask_dtype = index_dtype(io, io.attention_mask)
+        self._position_dtype = index_dtype(io, io.position_ids)
+        static = io.static_cache
+        self._static_dtypes = (
+            (index_dtype(io, static.write_indices), index_dtype(io, static.kv_lengths)) if static else None
         )
         self._ones_buf = np.ones(0, dtype=self._mask_dtype)
         self._ones_values: dict[tuple[int, int], ort.OrtValue] = {}
         self._run_options = ort.RunOptions()  # what the wrapper's run_with_iobinding passes by default
+
+    def same_rewrites(self, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
+        """``graph`` (a sibling of this session's model, e.g. its Scans inlined) with the rewrites this
+        session made to its own: logits-to-keep, fast ops, decode fusions, in that order. A sibling that
+        runs some forwards of a decode state must round as this session does (plans are checked bit for
+        bit), so it takes the same passes or none."""
+        if self.logits_to_keep:
+            graph, done, reason = keep_last_logits(graph, self.io.logits)
+            if not done:
+                raise UnsupportedModelError(f"the graph takes no logits-to-keep input: {reason}")
+        if not self.fast_ops.off:  # the pass ran on this session's graph
+            graph, _ = apply_fast_ops(graph, True)
+        if self._fuse:
+            graph, _ = fuse_for_decode(graph, base_dir)
+        return graph
 
     def _load(self, source: str | bytes) -> ort.InferenceSession:
         try:
@@ -372,9 +410,6 @@ class DecoderSession:
             self._pending = None
             self._verify_plan = plan
 
-    def _input_type(self, name: str) -> str:
-        return next(i.type for i in self.session.get_inputs() if i.name == name)
-
     def _output_dtype(self, name: str) -> np.dtype:
         t = next(o.type for o in self.session.get_outputs() if o.name == name)
         return np.dtype(np.float16) if t == "tensor(float16)" else np.dtype(np.float32)
@@ -398,6 +433,7 @@ class DecoderSession:
         fetch: Sequence[str] = (),
         fetched: dict[str, ort.OrtValue] | None = None,
         copy: bool = True,
+        feeds: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, N, vocab] for the last
         N = ``num_logits`` positions (all T when None).
@@ -409,6 +445,8 @@ class DecoderSession:
         before the next forward. With ``copy=False`` the
         logits may instead be a view of a buffer that the forward after next on this state overwrites,
         for a caller that consumes them at once (the decode loop saves a logits copy per token).
+        ``feeds`` gives graph inputs beyond the decoder's roles by name (an MTP head's hidden-state input),
+        each ``[batch, T, ...]``.
         """
         batch, t = ids.shape
         keep = t if num_logits is None else min(num_logits, t)
@@ -424,6 +462,11 @@ class DecoderSession:
         binder = self._binder(state, session, 2 * (t + 1) if persistent else 2 if fetch else 0)
         binder.touched += 1
         self._bind_step_inputs(binder, state.length, ids, keep)
+        for name, value in (feeds or {}).items():
+            if t <= SMALL_STEP:  # a persistent buffer of the binder, like the token input's
+                binder.step_input(name, value.shape, value.dtype.type)[...] = value
+            else:
+                binder.input(name, HostBuffer.wrap(value).value)
         step = state.prepare(t)
         # steady decoding: the same buffers as two steps ago (the very same lists in the steady cycle)
         if step.inputs is not binder.state_inputs and step.inputs != binder.state_inputs:
@@ -542,6 +585,8 @@ class DecoderSession:
         """The lane of a single-token forward that just ran through ``binder`` on the steady cycle's
         ``step``; None where onnxruntime's binding objects are not the ones this version knows."""
         single = binder.single.get(1)
+        if self.io.static_cache is not None:  # its write indices are written per step by forward()
+            return None
         run = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
         raw = getattr(binder.binding, "_iobinding", None)
         if single is None or run is None or raw is None or not hasattr(single.token_value, "_ortvalue"):
@@ -614,7 +659,9 @@ class DecoderSession:
         tokens = binder.step_input(io.token_input, (batch, 1), self._token_dtype)
         positions = None
         if io.position_ids is not None:
-            positions = binder.step_input(io.position_ids, self._position_shape(batch, 1), np.int64)
+            positions = binder.step_input(
+                io.position_ids, self._position_shape(batch, 1), self._position_dtype
+            )
         keep = binder.step_input(LOGITS_TO_KEEP, (1,), np.int64) if self.logits_to_keep else None
         token_value = binder.bound_input(io.token_input)
         assert token_value is not None
@@ -635,6 +682,8 @@ class DecoderSession:
                 single.positions.fill(past)
             if io.attention_mask is not None:
                 binder.input(io.attention_mask, self._ones(batch, past + 1))
+            if io.static_cache is not None:
+                self._bind_static(binder.step_input, batch, past, 1)
             return
 
         def put(name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -652,6 +701,18 @@ class DecoderSession:
             binder.input(io.attention_mask, self._ones(batch, past + t))
         if io.position_ids is not None:
             # every row alike; a single position is a scalar fill (no range array in the decode loop)
-            put(io.position_ids, self._position_shape(batch, t), np.int64)[...] = (
+            put(io.position_ids, self._position_shape(batch, t), self._position_dtype)[...] = (
                 past if t == 1 else np.arange(past, past + t)
             )
+        if io.static_cache is not None:
+            self._bind_static(put, batch, past, t)
+
+    def _bind_static(
+        self, buffer: Callable[[str, tuple[int, ...], type], np.ndarray], batch: int, past: int, t: int
+    ) -> None:
+        """A static cache's write indices (every row writes at ``past``) and live lengths (``past + t``)."""
+        static, dtypes = self.io.static_cache, self._static_dtypes
+        assert static is not None and dtypes is not None
+        buffer(static.write_indices, (batch,), dtypes[0])[...] = past
+        if static.kv_lengths is not None:
+            buffer(static.kv_lengths, (batch,), dtypes[1])[...] = past + t

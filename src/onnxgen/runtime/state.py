@@ -1,12 +1,14 @@
 """DecodeState: the KV caches, recurrent states and length cursor of one decoding run.
 
-KV caches come in two modes, chosen from the DecoderIO:
+KV caches come in two modes, chosen from the DecoderIO (``io.kv_in_place``):
 
-- *shared*: GroupQueryAttention exports read past and write present in one preallocated
-  ``[batch, kv_heads, capacity, head_dim]`` buffer (onnxruntime-genai's past_present_share_buffer); the
+- *shared*: the graph reads past and writes present in one preallocated buffer: GroupQueryAttention's
+  ``[batch, kv_heads, capacity, head_dim]`` (onnxruntime-genai's past_present_share_buffer), or a static
+  cache's fixed-length buffer (written with TensorScatter at the write indices the session feeds). The
   state only moves its length cursor, and rewinding is free.
 - *growing*: present = concat(past, new); the present OrtValue a forward returns becomes the next past
-  as it is (no copy). Rewinding slices.
+  as it is (no copy). Rewinding slices. Stacked caches (GPT-2's ``[2, batch, heads, seq, head_dim]``, one
+  port per layer) always grow: their attention op writes a new present.
 
 Recurrent states are fixed-shape, zero at start, and double-buffered: a forward reads the current
 buffer and writes a spare one, then they swap. Because the current buffer is never written, a
@@ -79,6 +81,11 @@ class _StateSlot:
         return self.free.pop() if self.free else HostBuffer.zeros(self.shape, self.dtype)
 
 
+def live(array: np.ndarray, axis: int, length: int) -> np.ndarray:
+    """The first ``length`` positions of ``array`` along its sequence ``axis`` (a view)."""
+    return array[(slice(None),) * axis + (slice(0, length),)]
+
+
 class DecodeState:
     """KV buffers, recurrent-state buffers and the number of tokens already in them."""
 
@@ -87,6 +94,10 @@ class DecodeState:
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 (got {capacity})")
+        if io.static_cache is not None:  # the buffers' own length; prepare() refuses to run past it
+            capacity = min(capacity, io.static_cache.length)
+        elif shared_kv:  # a sliding-window GroupQueryAttention refuses a buffer shorter than its window
+            capacity = max(capacity, io.min_kv_capacity)
         self.io = io
         self.batch = batch
         self.capacity = capacity
@@ -115,14 +126,14 @@ class DecodeState:
         self._kv_empty: list[ort.OrtValue] = []
         for pair in io.kv_pairs:
             dt = dtype_of(pair.dtype)
-            for _ in (pair.past_key, pair.past_value):
+            for _ in pair.inputs:
                 if shared_kv:
-                    shape = (batch, pair.kv_heads, capacity, pair.head_dim)
-                    self._kv_shared.append(HostBuffer.zeros(shape, dt))
+                    self._kv_shared.append(HostBuffer.zeros(pair.buffer_shape(batch, capacity), dt))
                 else:
-                    empty = np.zeros((batch, pair.kv_heads, 0, pair.head_dim), dtype=dt)
+                    empty = np.zeros(pair.buffer_shape(batch, 0), dtype=dt)
                     self._kv_empty.append(ort.OrtValue.ortvalue_from_numpy(empty))
         self._kv = list(self._kv_empty)
+        self._kv_axes = [p.seq_axis for p in io.kv_pairs for _ in p.inputs]  # sequence axis of each past
         self._kv_names_in = [n for p in io.kv_pairs for n in p.inputs]
         self._kv_names_out = [n for p in io.kv_pairs for n in p.outputs]
         # what every forward binds for KV: the shared buffers in place, or outputs onnxruntime allocates
@@ -154,9 +165,15 @@ class DecodeState:
                 return cycled
         self._end_cycle()
         if self.length + new_tokens > self.capacity:
+            held = (
+                f"the export's static KV cache holds {self.capacity} positions; shorten the prompt or generate "
+                "fewer tokens (or export with a longer static cache)"
+                if self.io.static_cache is not None and self.capacity == self.io.static_cache.length
+                else "raise the state's capacity (prompt + max_new_tokens) or shorten the prompt"
+            )
             raise GenerationError(
                 f"sequence would reach {self.length + new_tokens} tokens but the decode state holds "
-                f"{self.capacity}; raise the state's capacity (prompt + max_new_tokens) or shorten the prompt"
+                f"{self.capacity}; {held}"
             )
         if self.shared_kv:
             self._epoch += 1  # marked before the run: a failed forward may have written too
@@ -330,8 +347,8 @@ class DecodeState:
         self.length = length
         if not self.shared_kv:
             self._kv = [
-                ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, :length]))
-                for v in self._kv
+                ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(live(v.numpy(), axis, length)))
+                for v, axis in zip(self._kv, self._kv_axes, strict=True)
             ]
 
     def spare_states(self) -> list[HostBuffer]:
@@ -357,14 +374,11 @@ class DecodeState:
 
     # -- inspection (tests, debugging) ----------------------------------------------------------------
     def kv_arrays(self) -> dict[str, np.ndarray]:
-        """The live part of every past KV tensor, by input name (copies)."""
-        if self.shared_kv:
-            return {
-                n: b.array[:, :, : self.length].copy()
-                for n, b in zip(self._kv_names_in, self._kv_shared, strict=True)
-            }
+        """The live part of every past KV tensor, by input name (copies, in the graph's layout)."""
+        values = [b.array for b in self._kv_shared] if self.shared_kv else [v.numpy() for v in self._kv]
         return {
-            n: v.numpy()[:, :, : self.length].copy() for n, v in zip(self._kv_names_in, self._kv, strict=True)
+            n: live(a, axis, self.length).copy()
+            for n, a, axis in zip(self._kv_names_in, values, self._kv_axes, strict=True)
         }
 
     def state_arrays(self) -> dict[str, np.ndarray]:

@@ -2,7 +2,7 @@
 
 After a speculative verify forward over T tokens (the pending token and T-1 drafts) accepts only some
 drafts, the model must hold exactly the first ``kept`` tokens. KV caches are rewound by length; recurrent
-states cannot be (REFERENCE.md section 4). The universal answer, strategy (a), restores the states saved
+states cannot be (docs/speculative-commit.md). The universal answer, strategy (a), restores the states saved
 before the verify and replays the kept tokens: a second forward. A verify plan avoids that forward:
 
 - :class:`CapturePlan`, strategy (c), every export family: the graph also returns the per-token inputs of

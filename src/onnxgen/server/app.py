@@ -1,77 +1,48 @@
 """The OpenAI-compatible HTTP app: /health, /v1/models, /v1/completions, /v1/chat/completions, /metrics.
 
 Every error is an OpenAI-style ``{"error": {...}}`` body: 400 for invalid requests (including a prompt
-longer than the context), 404 for an unknown model or route, 413 for an oversized body, 503 when the
-wait queue is full, 500 when the engine fails. The process and other requests go on.
+longer than the context), 401 without the API key, 403 for a cross-origin page, 404 for an unknown model
+or route, 408 for a body that does not arrive, 413 for an oversized body, 415 for a body that is not
+declared JSON, 503 when the wait queue is full, 500 when the engine fails. The process and other
+requests go on.
+
+The event loop only moves bytes: each request's body is parsed, validated, tokenized and compiled
+(stop strings, constraints) on a small worker pool (:class:`~onnxgen.server.prepare.RequestPreparer`),
+and the model runs on the scheduler's thread, so /health and running streams keep answering while a
+huge request is prepared.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from onnxgen.errors import OnnxgenError
 from onnxgen.llm import LLM
+from onnxgen.server.access import RequestLog, request_record
+from onnxgen.server.body import read_body
 from onnxgen.server.metrics import ServerMetrics
-from onnxgen.server.prepare import COMPLETION_DEFAULT_MAX_TOKENS, chat_prompt, completion_prompts, make_jobs
-from onnxgen.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseShape, error_body, usage
+from onnxgen.server.prepare import Prepared, RequestPreparer
+from onnxgen.server.protocol import ApiError, ChatCompletionRequest, ResponseShape, error_body, usage
 from onnxgen.server.scheduler import QueueFull, Scheduler, SchedulerConfig
+from onnxgen.server.security import Guard, SecurityConfig
 from onnxgen.server.streaming import RequestStream, collect, sse_events
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-        self.param: str | None = extra.get("param")
-        self.code: str | None = extra.get("code")
-
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": "1"} if self.status == 503 else None
-        body = error_body(self.message, self.kind, self.param, self.code)
-        return JSONResponse(body, status_code=self.status, headers=headers)
-
-
-def _validation_message(e: ValidationError) -> tuple[str, str | None]:
-    errors = e.errors(include_url=False)
-    parts = []
-    for err in errors[:3]:
-        loc = ".".join(str(x) for x in err["loc"])
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
-    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    param = ".".join(str(x) for x in errors[0]["loc"]) if errors and errors[0]["loc"] else None
-    return "invalid request: " + "; ".join(parts) + more, param
-
-
-async def _read_json(request: Request) -> Any:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes; send a smaller prompt")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise ApiError(
-                413, f"the request body is larger than {MAX_BODY_BYTES} bytes; send a smaller prompt"
-            )
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e}); send a JSON object") from e
+PREPARE_WORKERS = 2  # threads preparing requests (tokenizers and llguidance release the GIL)
+BODIES_AT_ONCE = 8  # requests whose body is read or prepared at once; the others wait, unread
 
 
 class Server:
-    """The routes' shared state: the model, its scheduler and metrics."""
+    """The routes' shared state: the model, its scheduler, the preparation pool and metrics."""
 
     def __init__(self, llm: LLM, config: SchedulerConfig, model_name: str) -> None:
         if llm.tokenizer is None:
@@ -81,83 +52,67 @@ class Server:
         self.llm, self.tokenizer, self.config, self.model_name = llm, llm.tokenizer, config, model_name
         self.metrics = ServerMetrics()
         self.scheduler = Scheduler(llm, config, self.metrics)
-
-    def _parse(self, body: Any, chat: bool) -> ChatCompletionRequest | CompletionRequest:
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        try:
-            req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
-        except ValidationError as e:
-            message, param = _validation_message(e)
-            raise ApiError(400, message, param=param) from e
-        refused = req.refuse_unsupported()
-        if refused is not None:
-            raise ApiError(400, refused[1], param=refused[0])
-        if req.model is not None and req.model != self.model_name:
-            raise ApiError(
-                404,
-                f"model {req.model!r} is not served here; use {self.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
-        if req.n > self.config.max_batch:
-            raise ApiError(
-                400,
-                f"n={req.n} exceeds this server's batch of {self.config.max_batch} rows; lower n",
-                param="n",
-            )
-        return req
+        self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name)
+        self.pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="onnxgen-prepare")
+        self._bodies: asyncio.Semaphore | None = None  # made on the event loop
 
     async def handle(self, request: Request, chat: bool) -> Response:
-        endpoint = "chat" if chat else "completions"
         try:
-            response = await self._handle(request, chat)
+            return await self._handle(request, chat)
         except ApiError as e:
-            response = e.response()
-        self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        return response
+            return e.response()
+
+    async def _prepare(self, request: Request, chat: bool) -> Prepared:
+        if self._bodies is None:
+            self._bodies = asyncio.Semaphore(BODIES_AT_ONCE)
+        async with self._bodies:
+            body = await read_body(request)
+            return await asyncio.get_running_loop().run_in_executor(self.pool, self.preparer, body, chat)
 
     async def _handle(self, request: Request, chat: bool) -> Response:
-        req = self._parse(await _read_json(request), chat)
+        prepared = await self._prepare(request, chat)
+        record = request_record(request)
+        record.prompt, record.prompt_tokens = prepared.prompt_text, prepared.prompt_tokens
+        req = prepared.request
+        stream = RequestStream(prepared.choices, prepared.prompt_tokens, self.scheduler.wake)
         try:
-            if isinstance(req, ChatCompletionRequest):
-                prompts, max_tokens = [chat_prompt(self.llm, req)], req.max_new
-            else:
-                prompts = completion_prompts(self.llm, self.tokenizer, req)
-                max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-            if len(prompts) > self.config.max_queue:
-                raise ApiError(
-                    400,
-                    f"{len(prompts)} prompts exceed this server's queue of {self.config.max_queue}; split them",
-                )
-            stream = RequestStream(req.n * len(prompts), sum(map(len, prompts)), self.scheduler.wake)
-            jobs = make_jobs(
-                self.llm, self.tokenizer, req, prompts, max_tokens, self.config.max_model_len, stream.handle
-            )
-            self.scheduler.submit(jobs)
+            self.scheduler.submit(prepared.jobs(stream.handle))
         except QueueFull as e:
             raise ApiError(503, str(e), "server_overloaded", code="queue_full") from e
-        except (OnnxgenError, ValueError) as e:
-            raise ApiError(400, str(e)) from e
-        shape = ResponseShape(chat, self.model_name)
+        shape = ResponseShape(isinstance(req, ChatCompletionRequest), self.model_name)
         if req.stream:
-            events = sse_events(stream, shape, req.include_usage, req.return_token_ids)
+            events = sse_events(stream, shape, req.include_usage, req.return_token_ids, record)
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
         done = await collect(stream, request)
+        record.completion_tokens = sum(map(len, done.token_ids))
         if done.disconnected:
             return Response(status_code=499)
         if done.error is not None:
+            if done.client_error:
+                raise ApiError(400, done.error)
             raise ApiError(500, done.error, "server_error")
-        use = usage(stream.prompt_tokens, sum(map(len, done.token_ids)))
+        use = usage(stream.prompt_tokens, record.completion_tokens)
         ids = done.token_ids if req.return_token_ids else None
         return JSONResponse(shape.response(["".join(t) for t in done.texts], done.reasons, use, ids))
 
 
-def create_app(llm: LLM, config: SchedulerConfig | None = None, model_name: str | None = None) -> FastAPI:
-    """The FastAPI app serving ``llm``; its scheduler thread runs for the app's lifespan."""
+def create_app(
+    llm: LLM,
+    config: SchedulerConfig | None = None,
+    model_name: str | None = None,
+    security: SecurityConfig | None = None,
+    *,
+    log_prompts: bool = False,
+) -> FastAPI:
+    """The FastAPI app serving ``llm``; its scheduler thread runs for the app's lifespan.
+
+    ``security`` says who may call it (default: loopback only, no key, no cross-origin pages, no docs);
+    ``log_prompts`` puts each request's prompt into its log line.
+    """
     config = config or SchedulerConfig()
+    security = security or SecurityConfig()
     server = Server(llm, config, model_name or llm.package.root.name)
 
     @asynccontextmanager
@@ -165,10 +120,29 @@ def create_app(llm: LLM, config: SchedulerConfig | None = None, model_name: str 
         server.scheduler.start()
         yield
         server.scheduler.stop()
+        server.pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="onnxgen", lifespan=lifespan, docs_url=None, redoc_url=None)
+    docs = security.docs
+    app = FastAPI(
+        title="onnxgen",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     app.state.server = server
     _routes(app, server)
+    # added innermost first: RequestLog sees every request, CORS answers preflights before the guard
+    app.add_middleware(Guard, config=security)
+    if security.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(security.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+            max_age=600,
+        )
+    app.add_middleware(RequestLog, metrics=server.metrics, log_prompts=log_prompts)
     return app
 
 

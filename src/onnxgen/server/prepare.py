@@ -1,14 +1,33 @@
-"""From a validated request to scheduler jobs: prompt token ids, per-choice SamplingParams, length checks."""
+"""From a request body to what the scheduler runs: validation, prompt ids, per-choice sequences.
+
+:class:`RequestPreparer` does all of a request's CPU work before decoding (JSON parsing, validation,
+chat-template rendering, tokenizing, stop strings, constraint compilation): the app runs it on a worker
+pool, so a huge or hostile request never stalls the event loop. Every client mistake is an
+:class:`ApiError` with a 4xx status, raised here before any decoding starts.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from onnxgen.errors import GenerationError
+from pydantic import ValidationError
+
+from onnxgen.errors import GenerationError, OnnxgenError
 from onnxgen.generation.constraints import constraint_from_response_format
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.stopping import StopStrings
 from onnxgen.llm import LLM
-from onnxgen.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from onnxgen.server.body import parse_body
+from onnxgen.server.protocol import (
+    MAX_MESSAGES,
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+)
+from onnxgen.server.scheduler import SchedulerConfig
 from onnxgen.server.sequence import Handle, Job, SequenceRun
 from onnxgen.tokenizer import Tokenizer
 
@@ -30,22 +49,6 @@ def check_prompt(ids: Sequence[int], vocab: int, max_model_len: int, which: str 
             f"{which} has {len(ids)} tokens but this server's context holds {max_model_len} tokens per "
             "sequence (prompt plus at least one new token); shorten the prompt"
         )
-
-
-def completion_prompts(llm: LLM, tokenizer: Tokenizer, req: CompletionRequest) -> list[list[int]]:
-    out = []
-    for prompt in req.prompts():
-        if isinstance(prompt, str):
-            if not prompt:
-                raise GenerationError("the prompt is an empty string; give some text or token ids")
-            out.append(tokenizer.encode(prompt))
-        else:
-            out.append(list(prompt))
-    return out
-
-
-def chat_prompt(llm: LLM, req: ChatCompletionRequest) -> list[int]:
-    return llm.chat_prompt([m.as_template_message() for m in req.messages])
 
 
 def sampling_params(
@@ -71,26 +74,147 @@ def sampling_params(
     )
 
 
-def make_jobs(
-    llm: LLM,
-    tokenizer: Tokenizer,
-    fields: SamplingFields,
-    prompts: list[list[int]],
-    max_tokens: int | None,
-    max_model_len: int,
-    handle: Handle,
-) -> list[Job]:
-    """One job per prompt, ``n`` choices each; choice ``i`` of prompt ``p`` is index ``p * n + i`` and, with
-    a ``seed``, samples with seed ``seed + index``."""
-    jobs = []
-    for p, prompt in enumerate(prompts):
-        which = "the prompt" if len(prompts) == 1 else f"prompt {p}"
-        check_prompt(prompt, llm.session.vocab_size, max_model_len, which)
-        runs = []
-        for i in range(fields.n):
-            index = p * fields.n + i
-            params = sampling_params(fields, max_tokens, max_model_len - len(prompt), index)
-            constraint = llm.generator.constraints.compile(params)  # a bad schema raises here: a 400
-            runs.append(SequenceRun(index, prompt, params, llm.eos_token_ids, tokenizer, constraint))
-        jobs.append(Job(handle, prompt, runs))
-    return jobs
+def _validation_message(e: ValidationError) -> tuple[str, str | None]:
+    errors = e.errors(include_url=False)
+    parts = []
+    for err in errors[:3]:
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    param = ".".join(str(x) for x in errors[0]["loc"]) if errors and errors[0]["loc"] else None
+    return "invalid request: " + "; ".join(parts) + more, param
+
+
+@dataclass
+class Prepared:
+    """A request ready to queue: its prompts' ids and one :class:`SequenceRun` per prompt and choice."""
+
+    request: ChatCompletionRequest | CompletionRequest
+    prompts: list[list[int]]
+    runs: list[list[SequenceRun]]
+    prompt_text: Any  # for the request log: the rendered chat, or the completion prompt as given
+
+    @property
+    def choices(self) -> int:
+        return sum(map(len, self.runs))
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
+
+    def jobs(self, handle: Handle) -> list[Job]:
+        return [Job(handle, prompt, runs) for prompt, runs in zip(self.prompts, self.runs, strict=True)]
+
+
+class RequestPreparer:
+    """Turns a completions or chat body into a :class:`Prepared` request (thread-safe: one per server)."""
+
+    def __init__(self, llm: LLM, tokenizer: Tokenizer, config: SchedulerConfig, model_name: str) -> None:
+        self.llm, self.tokenizer, self.config, self.model_name = llm, tokenizer, config, model_name
+
+    def __call__(self, body: bytes, chat: bool) -> Prepared:
+        req = self._parse(parse_body(body), chat)
+        try:
+            if isinstance(req, ChatCompletionRequest):
+                text = self.tokenizer.apply_chat_template([m.as_template_message() for m in req.messages])
+                prompts = [self._encode(text, "the chat prompt", add_special_tokens=False)]
+                max_tokens, shown = req.max_new, text
+            else:
+                prompts = self._completion_prompts(req)
+                max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+                shown = req.prompt
+            runs = self._runs(req, prompts, max_tokens)
+        except RecursionError as e:  # a schema nested deeper than the JSON encoder or llguidance go
+            raise ApiError(400, "response_format nests too deeply to compile; flatten the schema") from e
+        except (OnnxgenError, ValueError) as e:
+            raise ApiError(400, str(e)) from e
+        return Prepared(req, prompts, runs, shown)
+
+    def _parse(self, body: dict[str, Any], chat: bool) -> ChatCompletionRequest | CompletionRequest:
+        self._count_lists(body, chat)
+        try:
+            req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
+        except ValidationError as e:
+            message, param = _validation_message(e)
+            raise ApiError(400, message, param=param) from e
+        refused = req.refuse_unsupported()
+        if refused is not None:
+            raise ApiError(400, refused[1], param=refused[0])
+        if req.model is not None and req.model != self.model_name:
+            raise ApiError(
+                404,
+                f"model {req.model!r} is not served here; use {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        if req.n > self.config.max_batch:
+            raise ApiError(
+                400,
+                f"n={req.n} exceeds this server's batch of {self.config.max_batch} rows; lower n",
+                param="n",
+            )
+        return req
+
+    def _count_lists(self, body: dict[str, Any], chat: bool) -> None:
+        """Refuse more messages or prompts than could ever be served before validating them one by one
+        (validation of a few hundred thousand tiny objects would hold the interpreter for seconds)."""
+        messages, prompt = body.get("messages"), body.get("prompt")
+        if chat and isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+            raise ApiError(
+                400,
+                f"{len(messages)} messages exceed this server's {MAX_MESSAGES} per request",
+                param="messages",
+            )
+        batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+        if not chat and batch and len(prompt) > self.config.max_queue:
+            raise ApiError(
+                400,
+                f"{len(prompt)} prompts exceed this server's queue of {self.config.max_queue}; split them",
+                param="prompt",
+            )
+
+    def _encode(self, text: str, which: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; a text whose byte length alone proves it longer than the context is
+        refused without tokenizing it."""
+        floor, room = self.tokenizer.min_tokens(text), self.config.max_model_len
+        if floor >= room:
+            raise GenerationError(
+                f"{which} is {len(text.encode('utf-8', 'surrogatepass'))} bytes, at least {floor} tokens, but "
+                f"this server's context holds {room} tokens per sequence; shorten the prompt"
+            )
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+        prompts = req.prompts()
+        out = []
+        for p, prompt in enumerate(prompts):
+            which = "the prompt" if len(prompts) == 1 else f"prompt {p}"
+            if isinstance(prompt, str):
+                if not prompt:
+                    raise GenerationError(f"{which} is an empty string; give some text or token ids")
+                out.append(self._encode(prompt, which))
+            else:
+                out.append(list(prompt))
+        return out
+
+    def _runs(
+        self, fields: SamplingFields, prompts: list[list[int]], max_tokens: int | None
+    ) -> list[list[SequenceRun]]:
+        """``n`` choices per prompt; choice ``i`` of prompt ``p`` is index ``p * n + i`` and, with a
+        ``seed``, samples with seed ``seed + index``. Stop strings are compiled once for all of them."""
+        llm, max_len = self.llm, self.config.max_model_len
+        stops = StopStrings(fields.stop) if fields.stop else None
+        out = []
+        for p, prompt in enumerate(prompts):
+            which = "the prompt" if len(prompts) == 1 else f"prompt {p}"
+            check_prompt(prompt, llm.session.vocab_size, max_len, which)
+            runs = []
+            for i in range(fields.n):
+                index = p * fields.n + i
+                params = sampling_params(fields, max_tokens, max_len - len(prompt), index)
+                constraint = llm.generator.constraints.compile(params)  # a bad schema raises here: a 400
+                runs.append(
+                    SequenceRun(index, prompt, params, llm.eos_token_ids, self.tokenizer, constraint, stops)
+                )
+            out.append(runs)
+        return out

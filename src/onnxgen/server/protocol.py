@@ -14,8 +14,11 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from starlette.responses import JSONResponse
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 512  # characters of one stop string
+MAX_MESSAGES = 4096  # chat messages of one request (counted before they are validated one by one)
 
 
 class StreamOptions(BaseModel):
@@ -67,6 +70,12 @@ class SamplingFields(BaseModel):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported (got {len(stops)})")
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
+        longest = max(map(len, stops), default=0)
+        if longest > MAX_STOP_LENGTH:
+            raise ValueError(
+                f"a stop string may be at most {MAX_STOP_LENGTH} characters long (got one of {longest}); "
+                "stop on a shorter string"
+            )
         return stops
 
     @model_validator(mode="after")
@@ -161,6 +170,22 @@ class ChatCompletionRequest(SamplingFields):
 
 
 # -- responses ----------------------------------------------------------------------------------------
+class ApiError(Exception):
+    """An HTTP error answered with an OpenAI-style body (``status`` 4xx for the client's mistakes)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+        self.param: str | None = extra.get("param")
+        self.code: str | None = extra.get("code")
+        self.headers: dict[str, str] | None = extra.get("headers")
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": "1"} if self.status == 503 else self.headers
+        body = error_body(self.message, self.kind, self.param, self.code)
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
 def error_body(
     message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:

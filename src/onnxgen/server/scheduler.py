@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxgen.errors import OnnxgenError
+from onnxgen.generation.constraints import ConstraintError
+from onnxgen.generation.sampling import check_model_logits
 from onnxgen.llm import LLM
 from onnxgen.runtime.batch import BatchState
 from onnxgen.server.metrics import ServerMetrics
@@ -42,7 +44,8 @@ class SchedulerConfig:
         max_batch: batch rows, i.e. choices decoded together.
         max_queue: prompts that may wait for a row before new requests are refused.
         max_model_len: tokens per row (prompt + generated).
-        prefill_chunk: prompt tokens per prefill forward (also the budget between two decode steps).
+        prefill_chunk: prompt tokens per prefill forward (also the budget between two decode steps); at
+            least 2, so that no prefill forward but a one-token prompt's runs the single-token path.
         min_rows: every decode step runs at least this many rows (idle ones pad it), so that kernels
             that compute one row differently from several (int4 MatMulNBits with int8 activations)
             give a sequence the same tokens whether it decodes alone or beside others.
@@ -56,9 +59,9 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (2 if name == "max_model_len" else 1):
-                raise ValueError(f"{name} must be a positive integer (got {value!r})")
+            value, least = getattr(self, name), 2 if name in ("max_model_len", "prefill_chunk") else 1
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least} (got {value!r})")
 
 
 class Scheduler:
@@ -159,6 +162,8 @@ class Scheduler:
             ids = np.asarray([job.prompt[job.offset : job.offset + take]], dtype=np.int64)
             try:
                 logits = self.llm.session.forward(self._prefill_state, ids, 1)[0, -1]
+                if job.offset + take == len(job.prompt):
+                    check_model_logits(logits, self.llm.generator.export)
             except OnnxgenError as e:
                 self._prefill = None
                 self._fail(job, job.runs, str(e))
@@ -172,11 +177,15 @@ class Scheduler:
 
     def _chunk(self, job: Job) -> int:
         """The next prefill chunk of ``job``: cut at fixed offsets (multiples of ``prefill_chunk``) whatever
-        else the iteration prefills, and never a lone last token (a one-row forward may round differently)."""
+        else the iteration prefills, and never a lone last token (a one-token forward takes the
+        single-token path, which rounds differently): where one would be left, the last cut moves back
+        by one, or with chunks of 2 the last chunk takes 3."""
         chunk, left = self.config.prefill_chunk, len(job.prompt) - job.offset
         if left <= chunk:
             return left
-        return chunk - 1 if left == chunk + 1 and chunk > 2 else chunk
+        if left == chunk + 1:
+            return chunk - 1 if chunk > 2 else left
+        return chunk
 
     def _start(self, job: Job, logits: np.ndarray) -> None:
         """Sample each choice's first token and give every unfinished choice a batch row."""
@@ -198,7 +207,7 @@ class Scheduler:
             return run.add(run.select(logits))
         except OnnxgenError as e:  # e.g. every token masked by the request's own filters
             run.finish_reason = "error"
-            return Delta(run.index, -1, "", "error", str(e))
+            return Delta(run.index, -1, "", "error", str(e), isinstance(e, ConstraintError))
 
     def _decode_step(self) -> None:
         n = self.batch.n

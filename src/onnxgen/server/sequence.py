@@ -17,7 +17,7 @@ from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import TokenChoice, build_chain
 from onnxgen.generation.sampling import Sampler
-from onnxgen.generation.stopping import StopChecker, StopStringMatcher
+from onnxgen.generation.stopping import StopChecker, StopStringMatcher, StopStrings
 from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -25,7 +25,8 @@ from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
 class Delta:
     """What one step added to one choice: a token, the text it completes, and the finish reason at the end.
 
-    ``error`` is set (and ``finish_reason`` is ``"error"``) when the request failed in the engine.
+    ``error`` is set (and ``finish_reason`` is ``"error"``) when the request failed in the engine;
+    ``client_error`` when the request itself caused it (its constraint hit a parser limit mid-output).
     """
 
     index: int
@@ -33,6 +34,7 @@ class Delta:
     text: str
     finish_reason: str | None = None
     error: str | None = None
+    client_error: bool = False
 
 
 class Handle:
@@ -54,7 +56,9 @@ class SequenceRun:
         eos_ids: Sequence[int],
         tokenizer: Tokenizer,
         constraint: Constraint | None = None,
+        stops: StopStrings | None = None,
     ) -> None:
+        """``stops``: ``params.stop`` compiled once for every choice of the request (else compiled here)."""
         self.index = index
         self.params = params
         self.prompt_len = len(prompt)
@@ -67,7 +71,7 @@ class SequenceRun:
         self.choose = TokenChoice(self.chain, self.sampler)
         self.checker = StopChecker(params, eos_ids)
         self.detok = IncrementalDetokenizer(tokenizer, prompt)
-        self.stops = StopStringMatcher(params.stop) if params.stop else None
+        self.stops = StopStringMatcher(stops or params.stop) if params.stop else None
         self.finish_reason: str | None = None
         self.last_token_at = 0.0
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from onnxgen.server.access import RequestRecord
 from onnxgen.server.protocol import ResponseShape, error_body, usage
 from onnxgen.server.sequence import Delta, Handle
 
@@ -47,6 +48,7 @@ class Collected:
     reasons: list[str | None]
     token_ids: list[list[int]]
     error: str | None = None
+    client_error: bool = False  # the request caused ``error`` (a 400, not a 500)
     disconnected: bool = False
 
 
@@ -73,7 +75,7 @@ async def collect(stream: RequestStream, request: Request) -> Collected:
                 return out
             for delta in item:
                 if delta.error is not None:  # finally cancels the request's other choices
-                    out.error = delta.error
+                    out.error, out.client_error = delta.error, delta.client_error
                     return out
                 out.texts[delta.index].append(delta.text)
                 out.token_ids[delta.index].append(delta.token_id)
@@ -92,11 +94,16 @@ def _sse(body: dict[str, Any]) -> str:
 
 
 async def sse_events(
-    stream: RequestStream, shape: ResponseShape, include_usage: bool, token_ids: bool = False
+    stream: RequestStream,
+    shape: ResponseShape,
+    include_usage: bool,
+    token_ids: bool = False,
+    record: RequestRecord | None = None,
 ) -> AsyncIterator[str]:
     """OpenAI chunks as tokens arrive; ``usage`` rides on the last choice chunk (and, with
     ``stream_options.include_usage``, also on a final chunk with no choices, as OpenAI sends it).
-    With ``token_ids`` every token gets a chunk carrying its id, even one whose text is held back."""
+    With ``token_ids`` every token gets a chunk carrying its id, even one whose text is held back.
+    ``record`` gets the count of tokens streamed, for the request log."""
     remaining = stream.choices
     tokens = 0
     try:
@@ -107,9 +114,12 @@ async def sse_events(
             item = await stream.queue.get()
             for delta in item:  # type: ignore[union-attr]
                 if delta.error is not None:  # the request ends here; finally cancels its other choices
-                    yield _sse(error_body(delta.error, "server_error"))
+                    kind = "invalid_request_error" if delta.client_error else "server_error"
+                    yield _sse(error_body(delta.error, kind))
                     return
                 tokens += 1
+                if record is not None:
+                    record.completion_tokens = tokens
                 if delta.finish_reason is not None:
                     remaining -= 1
                 elif not delta.text and not token_ids:

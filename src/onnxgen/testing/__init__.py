@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onnxgen.testing.families import STYLES, build_graph
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxgen.testing.families import INDEX_DTYPES, KV_FORMS, STYLES, Variant, build_graph
 from onnxgen.testing.graph import save_model
 from onnxgen.testing.loop import run_teacher_forced
 from onnxgen.testing.packaging import CONFIGS, write_package
@@ -30,6 +34,16 @@ from onnxgen.testing.tokenizer import (
 )
 
 FAMILIES = ("genai-dense", "standard-dense", "hybrid-genai", "hybrid-mobius", "hybrid-scan")
+# Built on request only (not one of the families every test runs over): hybrid-genai with its
+# LinearAttention rewritten into Scans, whose fused conv and norm the fast-ops pass rewrites.
+EXTRA_FAMILIES = ("hybrid-genai-scan",)
+# (family, kv, index_dtype) of every variant build_model makes beside the families' own form.
+VARIANTS: tuple[tuple[str, str, str], ...] = tuple(
+    (family, kv, dtype)
+    for family in FAMILIES
+    for kv, dtype in (("stacked", "int64"), ("static", "int64"), ("split", "int32"))
+    if not (kv == "static" and STYLES[family].attention == "gqa")
+)
 PRECISIONS = ("fp32", "int4")
 
 # Every file build_model may write (stale ones are removed first so a rebuild never mixes families).
@@ -45,9 +59,10 @@ _PACKAGE_FILES = (
 )
 
 
-def _check_args(family: str, spec: TinySpec, precision: str, config: str) -> None:
-    if family not in FAMILIES:
-        raise ValueError(f"family={family!r} is not an export family; choose one of {', '.join(FAMILIES)}")
+def _check_args(family: str, spec: TinySpec, precision: str, config: str, variant: Variant) -> None:
+    if family not in FAMILIES + EXTRA_FAMILIES:
+        choices = ", ".join(FAMILIES + EXTRA_FAMILIES)
+        raise ValueError(f"family={family!r} is not an export family; choose one of {choices}")
     style = STYLES[family]
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not supported; choose one of {', '.join(PRECISIONS)}")
@@ -55,6 +70,15 @@ def _check_args(family: str, spec: TinySpec, precision: str, config: str) -> Non
         raise ValueError(
             f"precision='int4' needs com.microsoft MatMulNBits, but family {family!r} is plain ONNX; "
             "use precision='fp32' or a genai/mobius family"
+        )
+    if variant.kv not in KV_FORMS:
+        raise ValueError(f"kv={variant.kv!r} is not a KV layout; choose one of {', '.join(KV_FORMS)}")
+    if variant.index_dtype not in INDEX_DTYPES:
+        raise ValueError(f"index_dtype={variant.index_dtype!r} is not one of {', '.join(INDEX_DTYPES)}")
+    if variant.kv == "static" and style.attention == "gqa":
+        raise ValueError(
+            f"family {family!r} uses GroupQueryAttention, whose fixed-length cache is the shared past/present "
+            "buffer it already has; kv='static' is for the plain and Attention-24 families"
         )
     if config not in CONFIGS:
         raise ValueError(f"config={config!r} is not supported; choose one of {', '.join(CONFIGS)} (or None)")
@@ -83,39 +107,65 @@ def build_model(
     *,
     precision: str = "fp32",
     config: str | None = None,
+    kv: str = "split",
+    index_dtype: str = "int64",
+    weights: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Build the tiny decoder of ``family`` into ``out_dir`` and return that model directory.
 
     ``spec`` defaults to ``TinySpec()`` (dense) or ``TinySpec.hybrid()`` (hybrid families). ``precision``
     is ``"fp32"`` or ``"int4"`` (MatMulNBits projections; genai and mobius families). ``config`` is
     ``"genai"``, ``"metadata"`` or ``"none"``; None picks the family's own (genai for the genai families,
-    metadata for mobius/scan, none for standard-dense). Same arguments give byte-identical files.
+    metadata for mobius/scan, none for standard-dense). ``kv`` (``"split"``, ``"stacked"``, ``"static"``)
+    and ``index_dtype`` (``"int64"``, ``"int32"``) pick a variant (:mod:`onnxgen.testing.families`).
+    ``weights`` replaces ``make_weights(spec)`` (same names and shapes). Same arguments give
+    byte-identical files.
     """
     style = STYLES.get(family)
     if spec is None:
         spec = TinySpec.hybrid() if style is not None and style.hybrid else TinySpec()
     config = config if config is not None else (style.default_config if style is not None else "none")
-    _check_args(family, spec, precision, config)
+    variant = Variant(kv, index_dtype)  # type: ignore[arg-type]
+    _check_args(family, spec, precision, config, variant)
     assert style is not None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in _PACKAGE_FILES:
         (out / name).unlink(missing_ok=True)
-    model, ports = build_graph(family, spec, make_weights(spec), precision)  # type: ignore[arg-type]
+    chosen = weights if weights is not None else make_weights(spec)
+    model, ports = build_graph(family, spec, chosen, precision, variant)  # type: ignore[arg-type]
     save_model(model, out)
     write_package(out, spec, style, ports, config)
+    return out
+
+
+def poison_weights(model_dir: str | Path) -> Path:
+    """Overwrite every floating-point weight of the model in ``model_dir`` with NaN: a broken export, for
+    tests of what the engine does with non-finite outputs. Returns ``model_dir``."""
+    out = Path(model_dir)
+    model = onnx.load(str(out / "model.onnx"))
+    for tensor in model.graph.initializer:
+        weights = numpy_helper.to_array(tensor)
+        if np.issubdtype(weights.dtype, np.floating):
+            tensor.CopyFrom(numpy_helper.from_array(np.full_like(weights, np.nan), tensor.name))
+    (out / "model.onnx.data").unlink(missing_ok=True)
+    save_model(model, out)
     return out
 
 
 __all__ = [
     "CHAT_TEMPLATE",
     "CONFIGS",
+    "EXTRA_FAMILIES",
     "FAMILIES",
+    "KV_FORMS",
     "PRECISIONS",
     "SPECIAL_TOKENS",
+    "VARIANTS",
     "TinySpec",
     "build_model",
     "make_weights",
+    "poison_weights",
     "reference_logits",
     "run_teacher_forced",
     "special_token_ids",

@@ -191,3 +191,91 @@ def attention_onnx24(d: Decoder, x: str, layer: int, kv: KVPorts, position_ids: 
         kv_num_heads=s.num_kv_heads,
     )
     return project(d, out, f"layers.{layer}.attn.o")
+
+
+def unstack_kv(d: Decoder, stacked: KVPorts) -> KVPorts:
+    """A GPT-2 style stacked cache ``past_N`` [2, B, kvh, S, hd] as a key and a value past for any attention
+    form: returns ports whose pasts are ``past_N[0]`` / ``past_N[1]`` and whose presents are fresh names
+    that :func:`restack_kv` joins into ``present_N``."""
+    b = d.b
+    key = b.op1("Gather", [stacked.past_key, d.const(np.int64(0))], axis=0)
+    value = b.op1("Gather", [stacked.past_key, d.const(np.int64(1))], axis=0)
+    return KVPorts(stacked.layer, key, value, b.fresh("present_key"), b.fresh("present_value"))
+
+
+def restack_kv(d: Decoder, ports: KVPorts, present: str) -> None:
+    """``present`` = [present key, present value] stacked on a new axis 0."""
+    axis = d.const([0])
+    key, value = (d.b.op1("Unsqueeze", [name, axis]) for name in (ports.present_key, ports.present_value))
+    d.b.op1("Concat", [key, value], axis=0, out=present)
+
+
+@dataclass(frozen=True)
+class StaticInputs:
+    """The graph inputs of a static cache: where each row writes (``write_indices`` [B]) and how many of its
+    positions are live after the forward (``lengths`` [B], ``nonpad_kv_seqlen``), both int64 in the body."""
+
+    write_indices: str
+    lengths: str
+
+
+def static_bias(d: Decoder, input_ids: str, inputs: StaticInputs) -> str:
+    """Additive mask [B, 1, S, max_position] of a static cache: key j is seen by query i of row b when
+    ``j <= write_indices[b] + i`` and ``j < lengths[b]``."""
+    b = d.b
+    seq = b.op1("Squeeze", [b.op1("Shape", [input_ids], start=1, end=2)])
+    one = d.const(np.int64(1))
+    steps = b.op1("Range", [d.const(np.int64(0)), seq, one])  # [S]
+    rows = b.op1("Unsqueeze", [inputs.write_indices, d.const([1])])  # [B, 1]
+    q_pos = b.op1("Unsqueeze", [b.op1("Add", [rows, steps]), d.const([2])])  # [B, S, 1]
+    k_pos = d.const(np.arange(d.spec.max_position, dtype=np.int64))  # [T]
+    causal = b.op1("LessOrEqual", [k_pos, q_pos])  # [B, S, T]
+    live = b.op1("Less", [k_pos, b.op1("Unsqueeze", [inputs.lengths, d.const([1, 2])])])  # [B, 1, T]
+    allowed = b.op1("Unsqueeze", [b.op1("And", [causal, live]), d.const([1])])
+    return b.op1("Where", [allowed, d.const(np.float32(0.0)), d.const(np.float32(MASKED))])
+
+
+def _flat(d: Decoder, t: str) -> str:
+    """[B, heads, S, hd] -> [B, S, heads*hd]."""
+    return d.b.op1("Reshape", [d.b.op1("Transpose", [t], perm=[0, 2, 1, 3]), d.const([0, 0, -1])])
+
+
+def attention_static(
+    d: Decoder,
+    x: str,
+    layer: int,
+    kv: KVPorts,
+    position_ids: str,
+    inputs: StaticInputs,
+    bias: str | None,
+) -> str:
+    """Attention over a static cache ``[B, max_position, kv_heads*head_dim]`` (mobius ``--static-cache``): the
+    new keys and values are written at ``write_indices`` with ``TensorScatter`` (axis 1), then read back
+    whole. With ``bias`` (from :func:`static_bias`) in plain ops, else with opset-24 ``Attention`` and its
+    ``nonpad_kv_seqlen`` input."""
+    s, b = d.spec, d.b
+    q, k, v = _qkv(d, x, layer)
+    cos, sin = _tables(d)
+    if bias is None:
+        q = b.op1("RotaryEmbedding", [q, cos, sin, position_ids], num_heads=s.num_heads)
+        k = b.op1("RotaryEmbedding", [k, cos, sin, position_ids], num_heads=s.num_kv_heads)
+    else:
+        cos4, sin4 = (_positions_table(d, t, position_ids) for t in (cos, sin))
+        q = _rotate(d, _heads(d, q, s.num_heads), cos4, sin4)
+        k = _flat(d, _rotate(d, _heads(d, k, s.num_kv_heads), cos4, sin4))
+    keys = b.op1("TensorScatter", [kv.past_key, k, inputs.write_indices], axis=1, out=kv.present_key)
+    values = b.op1("TensorScatter", [kv.past_value, v, inputs.write_indices], axis=1, out=kv.present_value)
+    if bias is None:
+        out = b.op1(
+            "Attention",
+            [q, keys, values, "", "", "", inputs.lengths],
+            is_causal=1,
+            q_num_heads=s.num_heads,
+            kv_num_heads=s.num_kv_heads,
+        )
+        return project(d, out, f"layers.{layer}.attn.o")
+    kt = b.op1("Transpose", [_repeat_kv(d, _heads(d, keys, s.num_kv_heads))], perm=[0, 1, 3, 2])
+    scores = b.op1("Mul", [b.op1("MatMul", [q, kt]), d.const(np.float32(s.head_dim**-0.5))])
+    probs = b.op1("Softmax", [b.op1("Add", [scores, bias])], axis=-1)
+    ctx = b.op1("MatMul", [probs, _repeat_kv(d, _heads(d, values, s.num_kv_heads))])
+    return project(d, _flat(d, ctx), f"layers.{layer}.attn.o")

@@ -2,8 +2,12 @@
 
 Everything is built locally (no hub access): a config object in code, ``from_config`` under a fixed
 torch seed, ``save_pretrained`` in float32, plus a small byte-level BPE tokenizer trained on embedded
-text. Families: Qwen3 and Llama (dense), Qwen3.5 (hybrid: Gated DeltaNet layers with one full-attention
-layer in every four, saved through ``Qwen3_5ForConditionalGeneration`` as the builder expects).
+text. Families: Qwen3, Llama, Qwen2, Gemma2 (sliding-window and global layers, logit soft-capping), Phi-3
+(dense), Qwen3.5 (hybrid: Gated DeltaNet layers with one full-attention layer in every four, saved through
+``Qwen3_5ForConditionalGeneration`` as the builder expects; ``qwen3_5_text`` is the text model alone, as
+mobius builds it), LFM2 (short-convolution layers beside attention) and Qwen3-Next (Gated DeltaNet and
+mixture-of-experts). Exports: :func:`export_with_genai_builder` (onnxruntime-genai's model builder) and
+:func:`export_with_mobius` (mobius-onnx).
 
 torch, transformers and onnxruntime-genai are imported lazily, so this module imports without them.
 """
@@ -22,17 +26,19 @@ from onnxgen.testing._hf_tokenizer import save_tokenizer
 
 Size = Literal["tiny", "bench"]
 Precision = Literal["fp32", "int4"]
-Family = Literal["qwen3", "llama", "qwen3_5"]
+Family = Literal["qwen3", "llama", "qwen3_5", "qwen3_5_text", "qwen2", "gemma2", "phi3", "lfm2", "qwen3_next"]
 
 __all__ = [
     "SIZES",
     "GenaiBuilderError",
     "HFSize",
+    "MobiusError",
     "build_hf_checkpoint",
     "build_llama_checkpoint",
     "build_qwen3_5_checkpoint",
     "build_qwen3_checkpoint",
     "export_with_genai_builder",
+    "export_with_mobius",
 ]
 
 
@@ -166,11 +172,16 @@ def build_llama_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", se
     return _save(LlamaForCausalLM, config, Path(out_dir), s, seed)
 
 
-def build_qwen3_5_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_qwen3_5_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, mtp: bool = False
+) -> Path:
     """Save a random hybrid ``Qwen3_5ForConditionalGeneration`` (text model + a minimal vision tower).
 
     Layers ``i % 4 == 3`` are full attention (gated q, q/k norm, partial interleaved mRoPE), the others
     Gated DeltaNet (conv kernel 4). The builder reads ``architectures[0]`` and collapses ``text_config``.
+    ``mtp``: add a random multi-token-prediction head (``mtp.*`` tensors in the safetensors file,
+    ``mtp_num_hidden_layers: 1``), which transformers ignores and exporters read directly
+    (:func:`onnxgen.testing.mtp.add_mtp_to_checkpoint`).
     """
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -201,13 +212,120 @@ def build_qwen3_5_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", 
     }
     config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
     config.architectures = ["Qwen3_5ForConditionalGeneration"]
-    return _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed)
+    out = _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed)
+    if mtp:
+        from onnxgen.export.mtp_weights import geometry_from_config
+        from onnxgen.testing.mtp import add_mtp_to_checkpoint
+
+        add_mtp_to_checkpoint(out, geometry_from_config(json.loads((out / "config.json").read_text())), seed)
+    return out
+
+
+def _qwen3_5_text_config(s: HFSize) -> dict[str, Any]:
+    return {
+        "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(s.layers)],
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": s.lin_key_dim,
+        "linear_value_head_dim": s.lin_value_dim,
+        "linear_num_key_heads": s.lin_key_heads,
+        "linear_num_value_heads": s.lin_value_heads,
+    }
+
+
+def build_qwen3_5_text_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random hybrid ``Qwen3_5ForCausalLM`` (the text model alone, as mobius builds it)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    s = _size(size)
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10_000_000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": list(s.mrope_section),
+        "mrope_interleaved": True,
+    }
+    config = Qwen3_5TextConfig(**_common(s), **_qwen3_5_text_config(s), rope_parameters=rope)
+    config.architectures = ["Qwen3_5ForCausalLM"]
+    return _save(Qwen3_5ForCausalLM, config, Path(out_dir), s, seed)
+
+
+def build_qwen2_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random ``Qwen2ForCausalLM`` (q/k/v biases)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    s = _size(size)
+    config = Qwen2Config(**{k: v for k, v in _common(s).items() if k != "head_dim"})
+    config.architectures = ["Qwen2ForCausalLM"]
+    return _save(Qwen2ForCausalLM, config, Path(out_dir), s, seed)
+
+
+def build_gemma2_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random ``Gemma2ForCausalLM``: sliding-window layers (window 64) alternating with global ones,
+    attention and final logit soft-capping."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    s = _size(size)
+    config = Gemma2Config(
+        **_common(s), sliding_window=64, query_pre_attn_scalar=s.head_dim, bos_token_id=BOS_ID
+    )
+    config.architectures = ["Gemma2ForCausalLM"]
+    return _save(Gemma2ForCausalLM, config, Path(out_dir), s, seed)
+
+
+def build_phi3_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random ``Phi3ForCausalLM`` (fused qkv and gate/up projections, no long-context RoPE)."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    s = _size(size)
+    common = {k: v for k, v in _common(s).items() if k != "head_dim"}
+    config = Phi3Config(**common, original_max_position_embeddings=s.max_position, bos_token_id=BOS_ID)
+    config.architectures = ["Phi3ForCausalLM"]
+    return _save(Phi3ForCausalLM, config, Path(out_dir), s, seed)
+
+
+def build_lfm2_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random hybrid ``Lfm2ForCausalLM``: short-convolution layers (cache of 3) and attention layers
+    alternating."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    s = _size(size)
+    types = ["full_attention" if i % 2 else "conv" for i in range(s.layers)]
+    common = {k: v for k, v in _common(s).items() if k != "head_dim"}
+    config = Lfm2Config(**common, layer_types=types, conv_L_cache=3, bos_token_id=BOS_ID)
+    config.architectures = ["Lfm2ForCausalLM"]
+    return _save(Lfm2ForCausalLM, config, Path(out_dir), s, seed)
+
+
+def build_qwen3_next_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+    """Save a random ``Qwen3NextForCausalLM``: Gated DeltaNet and one full-attention layer in four, every
+    MLP a mixture of 4 experts (2 per token) beside a shared expert. head_dim 64, so the partial rotary
+    (a quarter) gives GroupQueryAttention a cos cache of 8."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    s = _size(size)
+    config = Qwen3NextConfig(
+        **{**_common(s), "head_dim": 64},
+        **_qwen3_5_text_config(s),
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        decoder_sparse_step=1,
+    )
+    config.architectures = ["Qwen3NextForCausalLM"]
+    return _save(Qwen3NextForCausalLM, config, Path(out_dir), s, seed)
 
 
 _BUILDERS = {
     "qwen3": build_qwen3_checkpoint,
     "llama": build_llama_checkpoint,
     "qwen3_5": build_qwen3_5_checkpoint,
+    "qwen3_5_text": build_qwen3_5_text_checkpoint,
+    "qwen2": build_qwen2_checkpoint,
+    "gemma2": build_gemma2_checkpoint,
+    "phi3": build_phi3_checkpoint,
+    "lfm2": build_lfm2_checkpoint,
+    "qwen3_next": build_qwen3_next_checkpoint,
 }
 
 
@@ -279,3 +397,39 @@ def _fix_tokenizer_class(path: Path) -> None:
     if fixed:
         cfg["tokenizer_class"] = fixed
         path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+class MobiusError(OnnxgenError):
+    """mobius-onnx failed or is not installed."""
+
+
+def export_with_mobius(
+    hf_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    ep: str | None = None,
+    static_cache: bool = False,
+    timeout_s: float = 1800.0,
+) -> Path:
+    """Export ``hf_dir`` with ``mobius build --config HF_DIR OUT --runtime onnx-genai`` (``--ep EP``,
+    ``--static-cache``); return ``out_dir``. The package has ``model.onnx``, ``inference_metadata.yaml``
+    (its ``model.io``) and the checkpoint's ``tokenizer.json``."""
+    hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
+    cmd = [sys.executable, "-m", "mobius", "build", "--config", str(hf_dir), str(out_dir)]
+    cmd += [
+        "--runtime",
+        "onnx-genai",
+        *(["--ep", ep] if ep else []),
+        *(["--static-cache"] if static_cache else []),
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise MobiusError(f"mobius timed out after {timeout_s:.0f}s exporting {hf_dir}") from e
+    if proc.returncode or not (out_dir / "model.onnx").is_file():
+        tail = "\n".join((proc.stdout + "\n" + proc.stderr).strip().splitlines()[-25:])
+        raise MobiusError(
+            f"mobius failed on {hf_dir} (exit code {proc.returncode})\ncommand: {' '.join(cmd)}\n"
+            f"--- mobius output (tail) ---\n{tail}"
+        )
+    return out_dir

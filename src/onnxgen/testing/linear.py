@@ -200,16 +200,31 @@ def linear_layer_scan(
     rec_in: str,
     conv_out: str,
     rec_out: str,
+    fused_ops: bool = False,
 ) -> str:
-    """Gated DeltaNet mixer from standard ONNX ops with a ``Scan`` over the sequence axis."""
+    """Gated DeltaNet mixer from standard ONNX ops with a ``Scan`` over the sequence axis. With
+    ``fused_ops`` the convolution and the gated norm are the builder's ``CausalConvWithState`` and
+    ``GatedRMSNorm`` (a builder export whose ``LinearAttention`` was rewritten into a Scan)."""
     g = _Geom.of(spec)
     wn = _weights(b, w, layer, ("qkv", "z", "a", "b", "conv", "dt_bias", "norm", "out"))
     mixed_t = _op(b, "Transpose", [_op(b, "MatMul", [x, wn["qkv"]])], perm=[0, 2, 1])  # [B, C, T]
-    full = _op(b, "Concat", [conv_in, mixed_t], axis=2)  # [B, C, K-1+T]
-    conv = _op(b, "Conv", [full, wn["conv"]], group=spec.conv_dim, kernel_shape=[g.k])  # [B, C, T]
-    ends = b.const([np.iinfo(np.int64).max])
-    _ops(b, "Slice", [full, b.const([-(g.k - 1)]), ends, b.const([2])], [conv_out])
-    act = _op(b, "Transpose", [_silu(b, conv)], perm=[0, 2, 1])  # [B, T, C]
+    if fused_ops:
+        conv_in_ = [mixed_t, wn["conv"], "", conv_in]
+        silu = _ops(
+            b,
+            "CausalConvWithState",
+            conv_in_,
+            [b.fresh("causal_conv"), conv_out],
+            domain=MS,
+            activation="silu",
+        )[0]
+    else:
+        full = _op(b, "Concat", [conv_in, mixed_t], axis=2)  # [B, C, K-1+T]
+        conv = _op(b, "Conv", [full, wn["conv"]], group=spec.conv_dim, kernel_shape=[g.k])  # [B, C, T]
+        ends = b.const([np.iinfo(np.int64).max])
+        _ops(b, "Slice", [full, b.const([-(g.k - 1)]), ends, b.const([2])], [conv_out])
+        silu = _silu(b, conv)
+    act = _op(b, "Transpose", [silu], perm=[0, 2, 1])  # [B, T, C]
     q4, k4, v4 = _qkv_heads(b, act, g, float(g.dk**-0.5))
 
     decay_scale = b.const(-np.exp(w[f"layers.{layer}.lin.A_log"]).astype(np.float32))
@@ -227,6 +242,13 @@ def linear_layer_scan(
         scan_input_axes=[1] * 5,
         scan_output_axes=[1],
     )[1]  # [B, T, Hv, dv]
+    if fused_ops:
+        z = _op(b, "MatMul", [x, wn["z"]])
+        normed = _op(
+            b, "GatedRMSNorm", [_packed(b, o), wn["norm"], z], domain=MS, epsilon=float(spec.rms_eps),
+            activation="silu",
+        )  # fmt: skip
+        return _op(b, "MatMul", [normed, wn["out"]])
 
     ms = _op(b, "ReduceMean", [_op(b, "Mul", [o, o]), b.const([-1])], keepdims=1)
     inv = _op(b, "Reciprocal", [_op(b, "Sqrt", [_op(b, "Add", [ms, b.const(np.float32(spec.rms_eps))])])])

@@ -38,7 +38,11 @@ def _io_templates(ports: Ports) -> tuple[dict[str, str], dict[str, str]]:
     outputs = {"logits": "logits"}
     if ports.position_ids is not None:
         inputs["position_ids"] = ports.position_ids
-    if ports.kv:
+    if ports.variant.kv == "static":  # the static form has no attention mask
+        del inputs["attention_mask"]
+    if ports.kv and ports.variant.kv == "stacked":
+        inputs["past_names"], outputs["present_names"] = "past_%d", "present_%d"
+    elif ports.kv and ports.variant.kv == "split":  # (genai_config cannot state static caches)
         inputs |= {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
         outputs |= {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
     if any(st.input == f"past.{st.layer}.conv" for st in ports.states):
@@ -84,7 +88,7 @@ def genai_config(spec: TinySpec, style: Style, ports: Ports) -> dict[str, Any]:
             "no_repeat_ngram_size": 0,
             "num_beams": 1,
             "num_return_sequences": 1,
-            "past_present_share_buffer": style.attention == "gqa",
+            "past_present_share_buffer": style.attention == "gqa" and ports.variant.kv == "split",
             "repetition_penalty": 1.0,
             "temperature": 1.0,
             "top_k": 50,
@@ -149,6 +153,18 @@ def inference_metadata(ports: Ports) -> dict[str, Any]:
     }
     if ports.position_ids is None:
         del io["position_ids_input"]
+    if ports.variant.kv == "static":
+        del io["attention_mask_input"], io["kv_inputs"], io["kv_outputs"]
+        io["static_cache"] = {
+            "write_indices_input": "write_indices",
+            "kv_sequence_length_input": "nonpad_kv_seqlen",
+            "key_cache_inputs": [p.past_key for p in ports.kv],
+            "value_cache_inputs": [p.past_value for p in ports.kv],
+            "key_cache_outputs": [p.present_key for p in ports.kv],
+            "value_cache_outputs": [p.present_value for p in ports.kv],
+        }
+    elif ports.variant.kv == "stacked":  # model.io has no stacked form: the graph rules pair past_N/present_N
+        del io["kv_inputs"], io["kv_outputs"]
     return {"model": {"io": io}}
 
 

@@ -27,6 +27,19 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
+def causal_gqa(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal softmax attention of q ``[T, heads, hd]`` over k, v ``[T, kv_heads, hd]`` (kv heads shared by
+    consecutive query heads), scaled by ``hd ** -0.5``; the context ``[T, heads * hd]``."""
+    t, heads, hd = q.shape
+    rep = heads // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    scores = np.einsum("shd,thd->hst", q, k) * hd**-0.5
+    scores = np.where(np.tril(np.ones((t, t), dtype=bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.einsum("hst,thd->shd", probs, v).reshape(t, heads * hd)
+
+
 def attention_ref(x: np.ndarray, w: dict[str, np.ndarray], spec: TinySpec, layer: int) -> np.ndarray:
     """Causal GQA self-attention with RoPE over positions 0..T-1; ``x`` [T, hidden] normed."""
     p = f"layers.{layer}.attn."
@@ -36,14 +49,7 @@ def attention_ref(x: np.ndarray, w: dict[str, np.ndarray], spec: TinySpec, layer
     v = (x @ w[p + "v"]).reshape(t, spec.num_kv_heads, hd)
     cos, sin = (a[:t].astype(np.float64) for a in rope_tables(hd, spec.rope_theta, spec.max_position))
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    rep = spec.num_heads // spec.num_kv_heads
-    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    scores = np.einsum("shd,thd->hst", q, k) * hd**-0.5
-    scores = np.where(np.tril(np.ones((t, t), dtype=bool)), scores, -np.inf)
-    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    ctx = np.einsum("hst,thd->shd", probs, v).reshape(t, spec.num_heads * hd)
-    return ctx @ w[p + "o"]
+    return causal_gqa(q, k, v) @ w[p + "o"]
 
 
 def _linear_ref(x: np.ndarray, w32: dict[str, np.ndarray], spec: TinySpec, layer: int) -> np.ndarray:

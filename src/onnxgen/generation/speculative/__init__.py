@@ -52,6 +52,25 @@ class DraftModel:
         _check_k(self.num_draft_tokens)
 
 
-Speculative = PromptLookup | DraftModel
+@dataclass(frozen=True)
+class MTP:
+    """Draft with the model's own multi-token-prediction head (``mtp.onnx`` beside the model, e.g. written by
+    ``onnxgen export-mtp``): the head reads the target's final hidden state and drafts ``num_draft_tokens``
+    tokens by chaining itself.
 
-__all__ = ["DraftModel", "PromptLookup", "Speculative"]
+    ``auto``: measure the verify cost, the head's cost and the acceptance during the request, and go back
+    to plain decoding for the rest of it once they predict no gain (:mod:`.budget`); False: always draft.
+    ``adaptive`` as for :class:`PromptLookup`.
+    """
+
+    num_draft_tokens: int = 2
+    auto: bool = True
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _check_k(self.num_draft_tokens)
+
+
+Speculative = PromptLookup | DraftModel | MTP
+
+__all__ = ["MTP", "DraftModel", "PromptLookup", "Speculative"]

@@ -1,4 +1,4 @@
-"""Acceptance rules for speculative decoding (REFERENCE.md section 4).
+"""Acceptance rules for speculative decoding (docs/speculative-commit.md).
 
 Both take the target's processed logits for the k+1 verify positions (row i predicts the token after
 draft position i; row 0 follows the pending token) and return the accepted draft count j and the token

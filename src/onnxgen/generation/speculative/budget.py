@@ -21,6 +21,9 @@ forward (the count of one token is always kept): the cap then reads that count's
 Without that, a verify size timed once while slow (the first forward of a size, a busy machine) would
 keep the cap below it for the rest of the request, since only chosen sizes are timed again.
 
+:meth:`gain` is that maximum's ratio to plain decoding's one token per step: below 1, speculating is
+predicted to be slower than not (what :class:`~onnxgen.generation.speculative.MTP`'s ``auto`` decides by).
+
 It never goes below one draft: verifies that accept nothing are what the loop's back-off (plain steps
 between attempts) is for, and one draft keeps the acceptance estimate current. It abstains (answers the
 loop's own k) until it has timed a plain step and a verify and seen ``MIN_VERIFIES`` verifies.
@@ -45,10 +48,13 @@ class DraftBudget:
         self._after_full = 0  # whether the last verify accepted every draft
         self._verifies = 0
         self._draft_cost = 0.0  # moving average of the proposer's seconds per draft token
+        self._proposals = 0
 
     def observe_proposal(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            self._draft_cost = DECAY * self._draft_cost + (1.0 - DECAY) * seconds / tokens
+        if tokens > 0:  # the first proposal sets the average (blending it with 0 would undercount drafts)
+            seen = self._draft_cost if self._proposals else seconds / tokens
+            self._draft_cost = DECAY * seen + (1.0 - DECAY) * seconds / tokens
+            self._proposals += 1
 
     def observe_forward(self, tokens: int, seconds: float) -> None:
         old = self._cost.get(tokens)
@@ -77,21 +83,36 @@ class DraftBudget:
 
     def cap(self, k: int) -> int:
         """The number of drafts (1 to ``k``) that gives the most tokens per unit of time."""
+        best = self._best(k)
+        return k if best is None else best[0]
+
+    def gain(self, k: int) -> float | None:
+        """The predicted speedup over plain decoding of verifies of the best draft count up to ``k``:
+        tokens per unit of time relative to plain steps' one token per step (None until measured).
+
+        Acceptance is taken over every verify, not only those after a partial accept as for :meth:`cap`:
+        this answers whether speculating pays at all, not how far to draft from here."""
+        best = self._best(k, overall=True)
+        return None if best is None else best[1]
+
+    def _best(self, k: int, overall: bool = False) -> tuple[int, float] | None:
         one = self._cost.get(1)
-        tried = self._tried[self._after_full]
+        state = self._after_full
+        accepted = sum(self._accepted) if overall else self._accepted[state]
+        tried = sum(self._tried) if overall else self._tried[state]
         if k < 1 or one is None or self._verifies < MIN_VERIFIES or tried <= 0:
-            return k
-        rate = min(self._accepted[self._after_full] / tried, 0.999)
+            return None
+        rate = min(accepted / tried, 0.999)
         fresh = self._fresh()
         best, best_value = 1, 0.0
         for n in range(1, k + 1):
             cost = _estimate(fresh, n + 1)
             if cost is None or cost <= 0:
-                return k
+                return None
             value = (1.0 - rate ** (n + 1)) / (1.0 - rate) / ((cost + n * self._draft_cost) / one)
             if value > best_value:
                 best, best_value = n, value
-        return best
+        return best, best_value
 
 
 def _estimate(costs: dict[int, float], tokens: int) -> float | None:

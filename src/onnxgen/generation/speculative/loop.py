@@ -1,6 +1,6 @@
 """The speculative token loop: propose k drafts, verify them in one target forward, commit.
 
-Commit after accepting j of k drafts (REFERENCE.md section 4): the verify forward ran the pending
+Commit after accepting j of k drafts (docs/speculative-commit.md): the verify forward ran the pending
 token and all k drafts, so the model must be brought back to "pending + j drafts" fed.
 - Full accept (j = k): nothing to do, the state is exact.
 - KV-only models: rewind the KV cursor (shared buffers) or slice the caches (growing).
@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from onnxruntime import OrtValue
 
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.generator import TokenLoop
+from onnxgen.generation.logprobs import token_logprob
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import SequenceView, apply_chain
 from onnxgen.generation.speculative.accept import accept_greedy_lazily, accept_sampled
 from onnxgen.generation.speculative.budget import DraftBudget
 from onnxgen.runtime.session import DecoderSession
@@ -33,6 +33,9 @@ from onnxgen.runtime.state import DecodeState
 # Adaptive draft length: at most this many times the starting k (the cost model in DraftBudget caps each
 # verify below that); doubled after a full accept, one less after a rejection.
 MAX_DRAFT_FACTOR = 3
+# Auto: decide after this many verifies; stop speculating when the predicted speedup is below this.
+AUTO_MIN_VERIFIES = 4
+AUTO_MIN_GAIN = 1.0
 
 
 def next_draft_length(k: int, full_accept: bool, max_k: int) -> int:
@@ -46,6 +49,8 @@ def next_draft_length(k: int, full_accept: bool, max_k: int) -> int:
 
 
 class Proposer(Protocol):
+    """See :mod:`.proposers`. ``target_outputs`` and ``observe_target`` may be left out (none read)."""
+
     def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], list[np.ndarray] | None]: ...
     def observe(self, context_len: int, accepted: int) -> None: ...
     def reset(self, prompt_len: int) -> None: ...
@@ -56,6 +61,14 @@ class SpeculativeLoop(TokenLoop):
 
     A constrained request keeps speculating: its :class:`Constraint`, in the chain, masks each verify
     position with that position's prefix, so drafts the constraint rejects are never accepted.
+
+    A proposer that reads target outputs (``target_outputs``: an MTP head reads the final hidden state)
+    gets them from every target forward: the prefill, plain steps and verifies fetch them, and the rows of
+    the committed positions are handed over (``observe_target``) before the commit.
+
+    ``auto``: speculation stops for the rest of the request once the cost model (:mod:`.budget`, fed with
+    this request's timings) predicts it slower than plain decoding, after ``AUTO_MIN_VERIFIES`` verifies;
+    the rest of the request is :class:`TokenLoop`'s plain decoding (no drafts, no target outputs fetched).
     """
 
     def __init__(
@@ -69,10 +82,18 @@ class SpeculativeLoop(TokenLoop):
         num_draft_tokens: int,
         adaptive: bool = True,
         constraint: Constraint | None = None,
+        export: str = "the model",
+        auto: bool = False,
     ) -> None:
-        super().__init__(session, state, prompt, params, eos_ids, constraint)
+        super().__init__(session, state, prompt, params, eos_ids, constraint, export)
         self.proposer = proposer
         proposer.reset(self.prompt_len)  # penalties and min_new_tokens need the prompt/generated split
+        self.wanted: tuple[str, ...] = tuple(getattr(proposer, "target_outputs", ()))
+        self._verify_fetch: tuple[str, ...] | None = None  # the plan's outputs and ``wanted`` (one object)
+        self.auto = auto
+        self.speculating = True
+        self.gain: float | None = None  # the cost model's last predicted speedup (auto)
+        self.off_after: int | None = None  # verifies run when auto turned speculation off
         self.k = num_draft_tokens
         self.max_k = MAX_DRAFT_FACTOR * num_draft_tokens if adaptive else num_draft_tokens
         self.adaptive = adaptive
@@ -80,19 +101,59 @@ class SpeculativeLoop(TokenLoop):
         self.accepted = 0
         self.replays = 0
         self.hybrid = bool(session.io.state_pairs)
-        self.budget = DraftBudget() if adaptive else None
+        self.budget = DraftBudget() if adaptive or auto else None
+        self.verifies = 0
         # Back-off: after verifies that accepted nothing, run 1, 2, 4, ... (at most 16) plain steps
         # before drafting again, so a prompt whose drafts keep failing decodes at nearly plain speed.
         self._misses = 0
         self._skip = 0
 
-    def stats(self) -> dict[str, int]:
-        return {
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "proposed_draft_tokens": self.proposed,
             "accepted_draft_tokens": self.accepted,
             "target_forward_passes": self.forward_passes,
             "state_replays": self.replays,
         }
+        if self.auto:
+            out["speculation"] = "on" if self.speculating else f"off after {self.off_after} verifies"
+            out["predicted_speedup"] = self.gain
+        return out
+
+    def _forward_fetching(self, tokens: int, num_logits: int) -> np.ndarray:
+        """A target forward over the next ``tokens`` ids that hands the proposer's outputs over; the logits
+        of its last ``num_logits`` rows (a view, consumed at once)."""
+        start = self.state.length
+        fetched: dict[str, OrtValue] = {}
+        ids = self.ids[None, start : start + tokens]
+        logits = self.session.forward(
+            self.state, ids, num_logits, fetch=self.wanted, fetched=fetched, copy=False
+        )
+        self.proposer.observe_target(start, fetched, tokens)  # type: ignore[attr-defined]
+        return logits[0]
+
+    def _prefill(self) -> np.ndarray:
+        if not self.wanted:
+            return super()._prefill()
+        start = time.perf_counter()
+        logits = self._forward_fetching(self.n, 1)[-1]
+        self.prefill_s = time.perf_counter() - start
+        self.forward_passes += 1
+        return logits
+
+    def _plain_step(self) -> np.ndarray:
+        if self.wanted:
+            return self._forward_fetching(1, 1)[-1]
+        return self.session.step(self.state, int(self.ids[self.n - 1]))
+
+    def _decide(self) -> None:
+        """Auto: stop speculating when the measured costs and acceptance predict no gain."""
+        if not self.auto or self.budget is None or self.verifies < AUTO_MIN_VERIFIES:
+            return
+        self.gain = self.budget.gain(self.max_k)
+        if self.gain is not None and self.gain < AUTO_MIN_GAIN:
+            self.speculating = False
+            self.off_after = self.verifies
 
     def _emit(self, token: int) -> str | None:
         self.ids[self.n] = token
@@ -100,7 +161,7 @@ class SpeculativeLoop(TokenLoop):
         return self._check(token)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
-        token = self._select(self._prefill())
+        token = self._pick(self._prefill())
         reason = self._emit(token)
         yield token, reason
         while reason is None:
@@ -109,19 +170,22 @@ class SpeculativeLoop(TokenLoop):
             if self._skip > 0:
                 self._skip -= 1
                 k = 0
-            if self.budget is not None:
+            if self.auto and self.verifies and self.budget is not None and self.budget.cost(1) is None:
+                k = 0  # auto needs a plain step's time to compare verifies with
+            if self.adaptive and self.budget is not None and k > 0:
                 k = self.budget.cap(k)
             started = time.perf_counter()
             drafts, q = self.proposer.propose(self.ids[: self.n], k) if k > 0 else ([], None)
-            if self.budget is not None:
+            if self.budget is not None and self.verifies:
+                # (not before the first verify: a draft model or MTP head also runs the prompt then)
                 self.budget.observe_proposal(len(drafts), time.perf_counter() - started)
             if not drafts:  # nothing to verify: a plain step
                 started = time.perf_counter()
-                logits = self.session.step(self.state, int(self.ids[self.n - 1]))
+                logits = self._plain_step()
                 if self.budget is not None:
                     self.budget.observe_forward(1, time.perf_counter() - started)
                 self.forward_passes += 1
-                emitted = [self._select(logits)]
+                emitted = [self._pick(logits)]
             else:
                 started = time.perf_counter()
                 emitted = self._verify(drafts, q)
@@ -132,6 +196,11 @@ class SpeculativeLoop(TokenLoop):
                 yield token, reason
                 if reason is not None:
                     return
+            if not self.speculating:  # auto turned drafting off: the rest is plain decoding
+                logits = self.session.step(self.state, int(self.ids[self.n - 1]))
+                self.forward_passes += 1
+                yield from self._decode(logits)
+                return
 
     def _verify(self, drafts: list[int], q: list[np.ndarray] | None) -> list[int]:
         k = len(drafts)
@@ -142,6 +211,11 @@ class SpeculativeLoop(TokenLoop):
         plan = self.session.verify_plan if snap is not None else None
         fetched: dict[str, OrtValue] = {}
         fetch = plan.outputs if plan is not None else ()
+        if self.wanted:
+            want = (*fetch, *self.wanted)
+            if self._verify_fetch != want:
+                self._verify_fetch = want
+            fetch = self._verify_fetch
         ids = self.ids[None, n - 1 : n + k]
         # a view of the verify binder's logits buffer: consumed here, before any other forward of this size
         logits = self.session.forward(self.state, ids, k + 1, fetch=fetch, fetched=fetched, copy=False)[0]
@@ -153,6 +227,10 @@ class SpeculativeLoop(TokenLoop):
         else:
             rows = [self._process(logits[i], n + i) for i in range(k + 1)]
             j, token = accept_sampled(rows, drafts, q, self.sampler)
+        if self.scores is not None:  # before any other forward: ``logits`` is a view of the verify buffer
+            self._score_verified([*drafts[:j], token], logits, n)
+        if self.wanted:  # before the commit, whose replay may reuse the fetched buffers
+            self.proposer.observe_target(start, fetched, j + 1)  # type: ignore[attr-defined]
         if j < k:
             if snap is None:
                 self.state.rewind(start + j + 1)
@@ -165,8 +243,10 @@ class SpeculativeLoop(TokenLoop):
             self.state.release(snap)
         self.proposed += k
         self.accepted += j
+        self.verifies += 1
         if self.budget is not None:
             self.budget.observe_verify(k, j)
+            self._decide()
         self.proposer.observe(n, j)
         if self.adaptive:
             self.k = next_draft_length(self.k, j == k, self.max_k)
@@ -177,7 +257,9 @@ class SpeculativeLoop(TokenLoop):
             self._misses = 0
         return [*drafts[:j], token]
 
-    def _process(self, row: np.ndarray, prefix_len: int) -> np.ndarray:
-        if not self.chain:
-            return row
-        return apply_chain(self.chain, SequenceView(self.ids[:prefix_len], self.prompt_len), row)
+    def _score_verified(self, emitted: list[int], logits: np.ndarray, n: int) -> None:
+        """Record the log-probability of each token a verify emitted (row i scores the i-th)."""
+        assert self.scores is not None
+        for i, token in enumerate(emitted):
+            row = logits[i] if self.params.logprobs_mode == "raw" else self._process(logits[i], n + i)
+            self.scores.append(token_logprob(row, token, self.params.top_logprobs))

@@ -5,13 +5,17 @@ whole token history (prompt + generated, ending with the pending token the targe
 and ``observe(context_len, accepted)`` after the target verified the draft, so a stateful proposer can
 commit its own state to exactly the accepted prefix. ``reset(prompt_len)`` starts a request: the
 first ``prompt_len`` ids are the prompt, the rest generated (what penalties and min_new_tokens count).
+A proposer that reads the target's outputs beyond the logits names them in ``target_outputs`` and gets
+them after every target forward through ``observe_target`` (the MTP head: :mod:`.mtp`); these two do
+nothing here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+import onnxruntime as ort
 
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, apply_chain, build_chain
@@ -27,6 +31,8 @@ class NgramProposer:
     extended as the history grows, so a lookup costs O(max_ngram) dictionary probes, not a scan of
     the history (the history only grows within a request; a shorter or rewritten one is re-indexed).
     """
+
+    target_outputs: tuple[str, ...] = ()
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram
@@ -58,9 +64,37 @@ class NgramProposer:
     def observe(self, context_len: int, accepted: int) -> None:
         """Nothing to commit: the index follows the history."""
 
+    def observe_target(self, start: int, fetched: Mapping[str, ort.OrtValue], rows: int) -> None:
+        """Reads nothing of the target's."""
+
     def reset(self, prompt_len: int) -> None:
         self._last_end.clear()
         self._history = []
+
+
+class DraftChoice:
+    """How a model that drafts (a draft model, an MTP head) turns its logits into a draft token: the request's
+    processor chain (penalties, temperature, top-k/p; no constraint) with the history so far, then the
+    argmax when greedy, else a draw from the processed distribution, whose row is the draft's q in the
+    acceptance rule (appended to ``rows``)."""
+
+    def __init__(self, params: SamplingParams, eos_ids: Sequence[int]) -> None:
+        self.chain = build_chain(params, eos_ids)
+        self.sampler = None if params.is_greedy else Sampler(None if params.seed is None else params.seed + 1)
+        self.prompt_len = 0
+
+    @property
+    def sampling(self) -> bool:
+        return self.sampler is not None
+
+    def __call__(self, logits: np.ndarray, history: list[int], rows: list[np.ndarray]) -> int:
+        if self.chain:
+            logits = apply_chain(self.chain, SequenceView(np.asarray(history), self.prompt_len), logits)
+        if self.sampler is None:
+            return int(np.argmax(logits))
+        p = probs(logits)
+        rows.append(p)
+        return self.sampler.sample_probs(p)
 
 
 class DraftModelProposer:
@@ -70,24 +104,24 @@ class DraftModelProposer:
     prefix is a restore (no replay); a mismatch older than the snapshots falls back to re-feeding.
     """
 
+    target_outputs: tuple[str, ...] = ()
+
     def __init__(
         self, session: DecoderSession, params: SamplingParams, eos_ids: Sequence[int], capacity: int
     ) -> None:
         self.session = session
         self.params = params
-        self.chain = build_chain(params, eos_ids)
-        self.sampler = None if params.is_greedy else Sampler(None if params.seed is None else params.seed + 1)
+        self.choose = DraftChoice(params, eos_ids)
         self.state: DecodeState = session.new_state(capacity)
         self.fed: list[int] = []
         self.snaps: dict[int, Snapshot] = {}
-        self.prompt_len = 0
 
     def reset(self, prompt_len: int) -> None:
         """Start a new request whose first ``prompt_len`` ids are the prompt (the rest are generated)."""
         self._drop_snaps()
         self.state.reset()
         self.fed = []
-        self.prompt_len = prompt_len
+        self.choose.prompt_len = prompt_len
 
     def _drop_snaps(self, keep: int | None = None) -> None:
         for n, snap in list(self.snaps.items()):
@@ -126,14 +160,7 @@ class DraftModelProposer:
         rows: list[np.ndarray] = []
         history = list(ids)
         for i in range(k):
-            if self.chain:
-                logits = apply_chain(self.chain, SequenceView(np.asarray(history), self.prompt_len), logits)
-            if self.sampler is None:
-                token = int(np.argmax(logits))
-            else:
-                p = probs(logits)
-                rows.append(p)
-                token = self.sampler.sample_probs(p)
+            token = self.choose(logits, history, rows)
             drafts.append(token)
             history.append(token)
             if i + 1 < k:
@@ -141,7 +168,10 @@ class DraftModelProposer:
                 logits = self.session.forward(self.state, np.array([[token]], dtype=np.int64), 1)[0, -1]
                 self.fed.append(token)
         self.snaps[len(self.fed)] = self.state.snapshot()
-        return drafts, (rows if self.sampler is not None else None)
+        return drafts, (rows if self.choose.sampling else None)
 
     def observe(self, context_len: int, accepted: int) -> None:
         """Nothing eager: the next :meth:`propose` restores the snapshot of the accepted prefix."""
+
+    def observe_target(self, start: int, fetched: Mapping[str, ort.OrtValue], rows: int) -> None:
+        """Reads nothing of the target's."""

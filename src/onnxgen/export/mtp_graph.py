@@ -1,0 +1,265 @@
+"""The MTP head as an ONNX graph (onnx-ir), in onnxruntime-genai's ``mtp.onnx`` I/O naming.
+
+Inputs: ``input_ids`` ``[batch, seq]`` (entry i's token: the one after position i), ``hidden_states``
+``[batch, seq, hidden]`` (the target's final hidden state at position i, or the head's own output when
+drafting ahead), ``attention_mask`` ``[batch, total]``, ``position_ids`` ``[batch, seq]``,
+``past_key_values.0.key/value`` ``[batch, kv_heads, past, head_dim]``. Outputs: ``logits``,
+``hidden_states_out`` (the head's normed output: the lm_head's input and the next chained step's hidden
+state), ``present.0.key/value``.
+
+Math (:func:`onnxgen.testing.mtp.mtp_reference` is its NumPy twin): ``x = fc(concat(rms(embed(ids)),
+rms(hidden)))``; ``x += o_proj(attn(rms(x)) * sigmoid(gate))`` with the query's output gate interleaved per
+head in ``q_proj``, per-head RMS norms on query and key, rotary over each head's first ``rotary_dim``
+dims; ``x += down(silu(gate(rms(x))) * up(rms(x)))``; ``y = rms(x)``; ``logits = lm_head(y)``. Every norm
+multiplies by ``1 + weight`` (the checkpoints' zero-centred norms; the ``1 +`` is folded into the stored
+weight). Attention is ``com.microsoft::GroupQueryAttention`` (rotary applied before it), so past and present
+share one buffer and rewinding the head's cache is a length change. The embedding and lm_head nodes are
+copies of the decoder's (:class:`Borrowed`), reading the decoder's own initializers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxgen.export.mtp_weights import LAYER, MTPGeometry
+
+MS = "com.microsoft"
+OPSET = 23  # RMSNormalization
+BLOCK_SIZE = 32
+
+# ports (onnxruntime-genai's mtp.onnx names)
+TOKENS, HIDDEN_IN, MASK, POSITIONS = "input_ids", "hidden_states", "attention_mask", "position_ids"
+PAST_KEY, PAST_VALUE = "past_key_values.0.key", "past_key_values.0.value"
+LOGITS, HIDDEN_OUT = "logits", "hidden_states_out"
+PRESENT_KEY, PRESENT_VALUE = "present.0.key", "present.0.value"
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """A decoder node the head runs as it is (the embedding lookup, the lm_head): its op and attributes,
+    and its inputs: ``None`` for the one the head feeds, else an initializer tensor (shared or copied)."""
+
+    op_type: str
+    domain: str
+    attributes: Sequence[ir.Attr]
+    inputs: Sequence[ir.TensorProtocol | None]
+
+    def apply(self, b: _Builder, data: ir.Value) -> ir.Value:
+        args = [data if t is None else b.initializer(t) for t in self.inputs]
+        return b.node(
+            ir.Node(self.domain, self.op_type, args, attributes=list(self.attributes), num_outputs=1)
+        )[0]
+
+
+Quantize = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # [K, N] -> packed [N, blocks, 16], scales
+
+
+class _Builder:
+    """Nodes and initializers of the head, with the projections in fp32 or int4."""
+
+    def __init__(self, quantize: Quantize | None, accuracy_level: int) -> None:
+        self.nodes: list[ir.Node] = []
+        self.quantize = quantize
+        self.accuracy_level = accuracy_level
+        self.initializers: dict[int, ir.Value] = {}
+
+    def node(self, node: ir.Node) -> Sequence[ir.Value]:
+        self.nodes.append(node)
+        return node.outputs
+
+    def ops(
+        self, op_type: str, inputs: Sequence[ir.Value], n: int, domain: str = "", **attrs: object
+    ) -> Sequence[ir.Value]:
+        attributes = ir.convenience.convert_attributes(attrs)  # type: ignore[arg-type]
+        return self.node(ir.Node(domain, op_type, inputs, attributes=attributes, num_outputs=n))
+
+    def op(self, op_type: str, inputs: Sequence[ir.Value], domain: str = "", **attrs: object) -> ir.Value:
+        return self.ops(op_type, inputs, 1, domain, **attrs)[0]
+
+    def initializer(self, tensor: ir.TensorProtocol) -> ir.Value:
+        """The initializer holding ``tensor`` (one per tensor object)."""
+        key = id(tensor)
+        if key not in self.initializers:
+            self.initializers[key] = ir.Value(
+                name=tensor.name, shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor
+            )
+        return self.initializers[key]
+
+    def const(self, name: str, array: np.ndarray) -> ir.Value:
+        return self.initializer(ir.tensor(np.ascontiguousarray(array), name=name))
+
+    def project(self, x: ir.Value, name: str, weight: np.ndarray) -> ir.Value:
+        """``x @ weight.T`` for a torch ``[out, in]`` weight: MatMul, or MatMulNBits when quantizing."""
+        w = np.ascontiguousarray(weight.T, dtype=np.float32)  # [K, N]
+        if self.quantize is None:
+            return self.op("MatMul", [x, self.const(name, w)])
+        packed, scales = self.quantize(w)
+        k, n = w.shape
+        return self.op(
+            "MatMulNBits",
+            [x, self.const(name + "_Q4", packed), self.const(name + "_scales", scales.reshape(-1))],
+            domain=MS,
+            K=k,
+            N=n,
+            bits=4,
+            block_size=BLOCK_SIZE,
+            accuracy_level=self.accuracy_level,
+        )
+
+    def rms(self, x: ir.Value, name: str, weight: np.ndarray, eps: float) -> ir.Value:
+        scale = self.const(name, (1.0 + weight).astype(np.float32))
+        return self.op("RMSNormalization", [x, scale], axis=-1, epsilon=float(eps))
+
+
+def _ints(b: _Builder, name: str, values: Sequence[int]) -> ir.Value:
+    return b.const(name, np.asarray(values, dtype=np.int64))
+
+
+def _rotary(b: _Builder, g: MTPGeometry, positions: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """cos and sin ``[batch, seq, 1, rotary_dim]`` of the rotary embedding at ``positions``."""
+    inv = g.rope_theta ** (-np.arange(0, g.rotary_dim, 2, dtype=np.float64) / g.rotary_dim)
+    pos = b.op(
+        "Unsqueeze", [b.op("Cast", [positions], to=ir.DataType.FLOAT), _ints(b, "rope.axis_last", [-1])]
+    )
+    freqs = b.op("Mul", [pos, b.const("rope.inv_freq", inv.astype(np.float32))])
+    axis2 = _ints(b, "rope.axis_head", [2])
+    cos = b.op("Unsqueeze", [b.op("Concat", [b.op("Cos", [freqs])] * 2, axis=-1), axis2])
+    sin = b.op("Unsqueeze", [b.op("Concat", [b.op("Sin", [freqs])] * 2, axis=-1), axis2])
+    return cos, sin
+
+
+def _rotate(b: _Builder, g: MTPGeometry, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+    """Rotary on the first ``rotary_dim`` of each head of ``x`` ``[batch, seq, heads, head_dim]``."""
+    rd, half = g.rotary_dim, g.rotary_dim // 2
+    rest = None
+    if rd < g.head_dim:
+        x, rest = b.ops("Split", [x, _ints(b, "rope.split", [rd, g.head_dim - rd])], 2, axis=-1)
+    x1, x2 = b.ops("Split", [x, _ints(b, "rope.halves", [half, half])], 2, axis=-1)
+    turned = b.op("Concat", [b.op("Neg", [x2]), x1], axis=-1)
+    rotated = b.op("Add", [b.op("Mul", [x, cos]), b.op("Mul", [turned, sin])])
+    return rotated if rest is None else b.op("Concat", [rotated, rest], axis=-1)
+
+
+def _attention(
+    b: _Builder,
+    g: MTPGeometry,
+    w: Mapping[str, np.ndarray],
+    x: ir.Value,
+    rotary: tuple[ir.Value, ir.Value],
+    lengths: tuple[ir.Value, ir.Value],
+    past: tuple[ir.Value, ir.Value],
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """Gated attention of the head's layer; returns (output, present key, present value)."""
+    p, hd = LAYER + "self_attn.", g.head_dim
+    qg = b.op(
+        "Reshape",
+        [
+            b.project(x, p + "q_proj", w[p + "q_proj.weight"]),
+            _ints(b, "attn.qg_shape", [0, 0, g.heads, 2 * hd]),
+        ],
+    )
+    q, gate = b.ops("Split", [qg, _ints(b, "attn.qg_split", [hd, hd])], 2, axis=-1)
+    heads_shape = _ints(b, "attn.k_shape", [0, 0, g.kv_heads, hd])
+    k = b.op("Reshape", [b.project(x, p + "k_proj", w[p + "k_proj.weight"]), heads_shape])
+    q = _rotate(b, g, b.rms(q, p + "q_norm.weight", w[p + "q_norm.weight"], g.rms_eps), *rotary)
+    k = _rotate(b, g, b.rms(k, p + "k_norm.weight", w[p + "k_norm.weight"], g.rms_eps), *rotary)
+    flat = _ints(b, "attn.flat", [0, 0, -1])
+    q, k, gate = (b.op("Reshape", [t, flat]) for t in (q, k, gate))
+    v = b.project(x, p + "v_proj", w[p + "v_proj.weight"])
+    out, present_key, present_value = b.ops(
+        "GroupQueryAttention",
+        [q, k, v, past[0], past[1], lengths[0], lengths[1]],
+        3,
+        domain=MS,
+        num_heads=g.heads,
+        kv_num_heads=g.kv_heads,
+        scale=float(hd**-0.5),
+    )
+    gated = b.op("Mul", [out, b.op("Sigmoid", [gate])])
+    return b.project(gated, p + "o_proj", w[p + "o_proj.weight"]), present_key, present_value
+
+
+def _lengths(b: _Builder, mask: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """GroupQueryAttention's ``seqlens_k`` (live tokens - 1, per row) and ``total_sequence_length``."""
+    one = _ints(b, "mask.one", [1])
+    live = b.op("Sub", [b.op("ReduceSum", [mask, one], keepdims=0), one])
+    total = b.op("Gather", [b.op("Shape", [mask]), b.const("mask.axis", np.array(1, dtype=np.int64))], axis=0)
+    return b.op("Cast", [live], to=ir.DataType.INT32), b.op("Cast", [total], to=ir.DataType.INT32)
+
+
+def _port(name: str, dtype: ir.DataType, dims: Sequence[int | str]) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(list(dims)))
+
+
+def build_mtp_graph(
+    g: MTPGeometry,
+    weights: Mapping[str, np.ndarray],
+    embedding: Borrowed,
+    lm_head: Borrowed,
+    quantize: Quantize | None = None,
+    accuracy_level: int = 4,
+) -> ir.Model:
+    """The head's model; ``quantize`` (None: fp32) turns its own projections into int4 MatMulNBits."""
+    f32 = ir.DataType.FLOAT
+    kv_dims = ["batch_size", g.kv_heads, "past_sequence_length", g.head_dim]
+    inputs = [
+        _port(TOKENS, ir.DataType.INT64, ["batch_size", "sequence_length"]),
+        _port(HIDDEN_IN, f32, ["batch_size", "sequence_length", g.hidden]),
+        _port(MASK, ir.DataType.INT64, ["batch_size", "total_sequence_length"]),
+        _port(POSITIONS, ir.DataType.INT64, ["batch_size", "sequence_length"]),
+        _port(PAST_KEY, f32, kv_dims),
+        _port(PAST_VALUE, f32, kv_dims),
+    ]
+    ids, hidden, mask, positions, past_key, past_value = inputs
+    b = _Builder(quantize, accuracy_level)
+    w = weights
+    e = b.rms(
+        embedding.apply(b, ids),
+        "mtp.pre_fc_norm_embedding.weight",
+        w["mtp.pre_fc_norm_embedding.weight"],
+        g.rms_eps,
+    )
+    h = b.rms(hidden, "mtp.pre_fc_norm_hidden.weight", w["mtp.pre_fc_norm_hidden.weight"], g.rms_eps)
+    x = b.project(b.op("Concat", [e, h], axis=-1), "mtp.fc", w["mtp.fc.weight"])  # embedding first
+    a = b.rms(x, LAYER + "input_layernorm.weight", w[LAYER + "input_layernorm.weight"], g.rms_eps)
+    attn, present_key, present_value = _attention(
+        b, g, w, a, _rotary(b, g, positions), _lengths(b, mask), (past_key, past_value)
+    )
+    x = b.op("Add", [x, attn])
+    m = b.rms(
+        x, LAYER + "post_attention_layernorm.weight", w[LAYER + "post_attention_layernorm.weight"], g.rms_eps
+    )
+    gate = b.project(m, LAYER + "mlp.gate_proj", w[LAYER + "mlp.gate_proj.weight"])
+    act = b.op(
+        "Mul",
+        [
+            b.op("Mul", [gate, b.op("Sigmoid", [gate])]),
+            b.project(m, LAYER + "mlp.up_proj", w[LAYER + "mlp.up_proj.weight"]),
+        ],
+    )
+    x = b.op("Add", [x, b.project(act, LAYER + "mlp.down_proj", w[LAYER + "mlp.down_proj.weight"])])
+    y = b.rms(x, "mtp.norm.weight", w["mtp.norm.weight"], g.rms_eps)
+    logits = lm_head.apply(b, y)
+    for value, name, dims in (
+        (y, HIDDEN_OUT, ["batch_size", "sequence_length", g.hidden]),
+        (logits, LOGITS, ["batch_size", "sequence_length", g.vocab]),
+        (present_key, PRESENT_KEY, ["batch_size", g.kv_heads, "total_sequence_length", g.head_dim]),
+        (present_value, PRESENT_VALUE, ["batch_size", g.kv_heads, "total_sequence_length", g.head_dim]),
+    ):
+        value.name, value.type, value.shape = name, ir.TensorType(f32), ir.Shape(dims)
+    graph = ir.Graph(
+        inputs,
+        [logits, y, present_key, present_value],
+        nodes=b.nodes,
+        initializers=list(b.initializers.values()),
+        opset_imports={"": OPSET, MS: 1},
+        name="mtp_head",
+    )
+    return ir.Model(graph, ir_version=10, producer_name="onnxgen export-mtp")
+
+
+__all__ = ["HIDDEN_IN", "HIDDEN_OUT", "LOGITS", "Borrowed", "build_mtp_graph"]

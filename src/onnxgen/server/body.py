@@ -1,0 +1,100 @@
+"""A request body from the socket to JSON: its content type, size and read time, nesting, and text.
+
+:func:`read_body` runs on the event loop (it only awaits the socket); :func:`parse_body` runs on the
+preparation pool with the rest of the request's CPU work. Every failure is an :class:`ApiError` (4xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+from starlette.requests import Request
+
+from onnxgen.server.protocol import ApiError
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+BODY_TIMEOUT_S = 30.0  # for the whole body to arrive
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how a lone surrogate can reach a JSON string
+
+
+def _json_media_type(value: str) -> bool:
+    return value.split(";", 1)[0].strip().lower() == "application/json"
+
+
+async def read_body(request: Request) -> bytes:
+    """The POST body, refused unless it is declared JSON (415: a browser sends a text/plain POST to any
+    site without asking, so anything else would let web pages drive the server), within
+    :data:`MAX_BODY_BYTES` (413) and complete within :data:`BODY_TIMEOUT_S` (408)."""
+    content_type = request.headers.get("content-type", "")
+    if not _json_media_type(content_type):
+        raise ApiError(
+            415,
+            f"the request body must be sent as Content-Type: application/json (got {content_type or 'none'!r})",
+        )
+    too_large = ApiError(
+        413, f"the request body is larger than {MAX_BODY_BYTES} bytes; send a smaller prompt"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    body = bytearray()
+
+    async def receive() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > MAX_BODY_BYTES:
+                raise too_large
+
+    try:
+        await asyncio.wait_for(receive(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError as e:  # not the builtin TimeoutError before Python 3.11
+        raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from e
+    return bytes(body)
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object: 400 for invalid JSON, nesting deeper than the parser takes, or text
+    that is not Unicode (a lone surrogate escape such as ``\\ud800``, which no tokenizer can take)."""
+    try:
+        value = json.loads(body)
+    except RecursionError as e:
+        raise ApiError(
+            400, "the request body nests JSON arrays/objects too deeply to parse; flatten it"
+        ) from e
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e}); send a JSON object") from e
+    if not isinstance(value, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(body):
+        _refuse_surrogates(value)
+    return value
+
+
+def _refuse_surrogates(value: Any) -> None:
+    """Raise a 400 naming the first string (or key) that holds a lone UTF-16 surrogate."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                _check_text(f"{where}.{key}" if where else str(key), key)
+                stack.append((f"{where}.{key}" if where else str(key), inner))
+        elif isinstance(item, list):
+            stack.extend((f"{where}.{i}", inner) for i, inner in enumerate(item))
+        elif isinstance(item, str):
+            _check_text(where, item)
+
+
+def _check_text(where: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(
+            400,
+            f"{where} holds a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character {e.start}: "
+            "that is not a Unicode character; send valid text (a surrogate escape must be one of a pair)",
+            param=where,
+        ) from e

@@ -1,0 +1,183 @@
+"""The app in process: who may call it (API key, Host, Origin/CORS, docs), /metrics counting 5xx answers,
+and errors found in the middle of decoding."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from onnxgen import LLM, load
+from onnxgen.server.app import create_app
+from onnxgen.server.scheduler import SchedulerConfig
+from onnxgen.server.security import SecurityConfig
+from onnxgen.testing import build_model, poison_weights
+
+KEY = "s3cret-key"
+BODY = {"prompt": "hi", "max_tokens": 2}
+CONFIG = SchedulerConfig(max_batch=2, max_queue=2, max_model_len=128)
+
+
+@pytest.fixture(scope="module")
+def llm(server_models: dict[str, Path]) -> LLM:
+    return load(server_models["genai-dense"], threads=1)
+
+
+@contextmanager
+def client(llm: LLM, security: SecurityConfig, host: str = "127.0.0.1:8000") -> Iterator[TestClient]:
+    app = create_app(llm, CONFIG, security=security)
+    with TestClient(app, base_url=f"http://{host}", raise_server_exceptions=False) as c:
+        yield c
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_an_api_key_guards_every_endpoint_but_health(llm: LLM) -> None:
+    with client(llm, SecurityConfig(api_key=KEY)) as c:
+        assert c.get("/health").status_code == 200
+        for method, path in [
+            ("GET", "/v1/models"),
+            ("GET", "/metrics"),
+            ("POST", "/v1/completions"),
+            ("GET", "/x"),
+        ]:
+            for headers in [{}, bearer("wrong"), bearer(KEY[:-1]), bearer(KEY + "x"), {"authorization": KEY}]:
+                r = c.request(method, path, json=BODY, headers=headers)
+                assert r.status_code == 401, (method, path, headers)
+                assert r.headers["www-authenticate"] == "Bearer"
+                assert r.json()["error"]["code"] == "invalid_api_key"
+        assert c.get("/v1/models", headers=bearer(KEY)).status_code == 200
+        assert c.post("/v1/completions", json=BODY, headers=bearer(KEY)).status_code == 200
+        assert (
+            c.post("/v1/completions", json=BODY, headers={"authorization": f"bearer  {KEY} "}).status_code
+            == 200
+        )
+
+
+def test_the_host_header_must_name_the_bound_address_loopback_or_an_allowed_host(llm: LLM) -> None:
+    with client(llm, SecurityConfig(allowed_hosts=("api.example",))) as c:
+        for host, status in [
+            ("evil.example", 400),
+            ("evil.example:8000", 400),
+            ("127.0.0.1.evil.example", 400),
+            ("127.0.0.1:8000", 200),
+            ("localhost:8000", 200),
+            ("[::1]:8000", 200),
+            ("API.example:443", 200),
+        ]:
+            r = c.get("/v1/models", headers={"host": host})
+            assert r.status_code == status, host
+        assert (
+            "--allowed-hosts" in c.get("/health", headers={"host": "evil.example"}).json()["error"]["message"]
+        )
+    with client(llm, SecurityConfig(host="0.0.0.0")) as c:  # reachable by any name: no check unless asked
+        assert c.get("/v1/models", headers={"host": "anything.example"}).status_code == 200
+    with client(llm, SecurityConfig(host="0.0.0.0", allowed_hosts=("api.example",))) as c:
+        assert c.get("/v1/models", headers={"host": "anything.example"}).status_code == 400
+
+
+def test_cross_origin_browser_requests_are_refused_unless_their_origin_is_allowed(llm: LLM) -> None:
+    preflight = {"origin": "https://app.example", "access-control-request-method": "POST"}
+    with client(llm, SecurityConfig()) as c:
+        r = c.post("/v1/completions", json=BODY, headers={"origin": "https://app.example"})
+        assert r.status_code == 403 and "--cors-origins" in r.json()["error"]["message"]
+        assert c.options("/v1/completions", headers=preflight).status_code == 403
+        # the server's own pages (same origin) may call it
+        assert (
+            c.post("/v1/completions", json=BODY, headers={"origin": "http://127.0.0.1:8000"}).status_code
+            == 200
+        )
+    with client(llm, SecurityConfig(api_key=KEY, cors_origins=("https://app.example",))) as c:
+        asked = {**preflight, "access-control-request-headers": "authorization,content-type"}
+        r = c.options("/v1/completions", headers=asked)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        r = c.post("/v1/completions", json=BODY, headers={"origin": "https://app.example", **bearer(KEY)})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        other = {"origin": "https://evil.example", "access-control-request-method": "POST"}
+        assert c.options("/v1/completions", headers=other).status_code == 400  # CORS refuses the preflight
+        r = c.post("/v1/completions", json=BODY, headers={"origin": "https://evil.example", **bearer(KEY)})
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+
+
+def test_a_post_body_not_declared_json_is_refused_with_415(llm: LLM) -> None:
+    with client(llm, SecurityConfig()) as c:
+        for content_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None]:
+            headers = {"content-type": content_type} if content_type else {}
+            r = c.post("/v1/completions", content=b'{"prompt": "hi"}', headers=headers)
+            assert r.status_code == 415, content_type
+        assert (
+            c.post(
+                "/v1/completions",
+                content=b'{"prompt": "hi", "max_tokens": 1}',
+                headers={"content-type": "Application/JSON; charset=utf-8"},
+            ).status_code
+            == 200
+        )
+
+
+def test_docs_and_the_openapi_schema_are_served_only_when_asked(llm: LLM) -> None:
+    with client(llm, SecurityConfig()) as c:
+        assert c.get("/docs").status_code == 404 and c.get("/openapi.json").status_code == 404
+    with client(llm, SecurityConfig(docs=True)) as c:
+        assert (
+            c.get("/docs").status_code == 200 and c.get("/openapi.json").json()["info"]["title"] == "onnxgen"
+        )
+
+
+def _count(c: TestClient, endpoint: str, status: str) -> float:
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith(f'onnxgen_requests_total{{endpoint="{endpoint}",status="{status}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_metrics_count_5xx_answers_and_requests_refused_before_any_route(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with client(llm, SecurityConfig()) as c:
+        server = c.app.state.server  # type: ignore[attr-defined]
+
+        def broken(body: bytes, chat: bool) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(server, "preparer", broken)
+        r = c.post("/v1/completions", json=BODY)
+        assert r.status_code == 500 and "a bug" in r.json()["error"]["message"]
+        c.post("/v1/completions", json=BODY, headers={"host": "evil.example"})
+        c.post("/v1/completions", content=b"{}")
+        assert _count(c, "completions", "500") == 1
+        assert _count(c, "completions", "400") == 1 and _count(c, "completions", "415") == 1
+
+
+def test_a_model_computing_nan_fails_each_request_with_a_500_naming_the_export(tmp_path: Path) -> None:
+    model = poison_weights(build_model(tmp_path / "nan", "genai-dense"))
+    with client(load(model, threads=1), SecurityConfig()) as c:
+        r = c.post("/v1/completions", json=BODY)
+        assert r.status_code == 500 and str(model / "model.onnx") in r.json()["error"]["message"]
+        assert _count(c, "completions", "500") == 1
+        assert c.get("/health").status_code == 200
+
+
+def test_a_schema_that_hits_a_parser_limit_in_the_middle_of_the_output_is_a_client_error(llm: LLM) -> None:
+    optional = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(500)}}
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 1}, "b": optional}}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 40,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {**schema, "required": ["a", "b"]}},
+        },
+    }
+    with client(llm, SecurityConfig()) as c:
+        r = c.post("/v1/chat/completions", json=body)  # the probe passes: the limit is after a free choice
+        assert r.status_code == 400 and "too many alternatives" in r.json()["error"]["message"]
+        streamed = c.post("/v1/chat/completions", json={**body, "stream": True}).text
+        assert '"type":"invalid_request_error"' in streamed and "too many alternatives" in streamed
+        assert _count(c, "chat", "500") == 0
