@@ -381,62 +381,113 @@ def test_the_checkpoint_carries_the_head_that_onnxruntime_genai_exports_as_the_r
     np.testing.assert_allclose(chained, want_chained.numpy(), atol=1e-4)
 
 
-def test_installing_copies_the_export_with_the_heads_tensors_and_refuses_one_without(tmp_path: Path) -> None:
-    from tools.demo_model.export import BUNDLED_FILES, MTP_FILE, install_default
+def test_installing_copies_the_export_with_its_head_and_refuses_one_without(tmp_path: Path) -> None:
+    from tools.demo_model.export import BUNDLED_FILES, HEAD_FILES, install_default
 
     export, target = tmp_path / "fp32", tmp_path / "default_model"
     export.mkdir()
     for name in BUNDLED_FILES:
         (export / name).write_text(name)
+    tokenizer = {"model": {"type": "BPE", "vocab": {"a": 0, "é": 1}}, "added_tokens": []}
+    (export / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2))
     target.mkdir()
     (target / "stale.onnx").write_text("old")
     install_default(export, target)
     assert sorted(p.name for p in target.iterdir()) == sorted([*BUNDLED_FILES, "NOTICE.txt"])
-    assert (target / MTP_FILE).read_text() == MTP_FILE
-    (export / MTP_FILE).unlink()
-    with pytest.raises(FileNotFoundError, match=MTP_FILE):
-        install_default(export, target)
-    assert (target / MTP_FILE).is_file()  # a refused install leaves the bundled model as it was
+    assert (target / "mtp.onnx").read_text() == "mtp.onnx"
+    # the tokenizer is the same JSON, written without indentation
+    written = (target / "tokenizer.json").read_text()
+    assert json.loads(written) == tokenizer and "\n" not in written
+    for name in HEAD_FILES:
+        (export / name).unlink()
+        with pytest.raises(FileNotFoundError, match=name):
+            install_default(export, target)
+        (export / name).write_text(name)
+    assert (target / "mtp.onnx").is_file()  # a refused install leaves the bundled model as it was
 
 
-# Not a standard library file: ordinary Python the bundled model has not seen.
-CODE = '''import json
-from pathlib import Path
-
-
-def load_settings(path):
-    """Read a JSON settings file; return an empty dict when it does not exist."""
-    file = Path(path)
-    if not file.exists():
-        return {}
-    with file.open() as handle:
-        return json.load(handle)
-
-
-def save_settings(path, settings):
-    """Write the settings as indented JSON."""
-    with Path(path).open("w") as handle:
-        json.dump(settings, handle, indent=2, sort_keys=True)
-'''
-
-
-def test_the_bundled_mtp_head_drafts_the_bundled_models_own_token_after_next() -> None:
-    """Teacher-forced on unseen code: the head (mtp.safetensors through the reference forward) reading the
-    export's hidden state at t and token t+1 mostly predicts the export's own greedy token at t+2; fed
-    the hidden state of the position before, it mostly does not."""
+def test_head_only_training_moves_the_head_and_leaves_the_model_it_started_from_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``head_only``: the warm-started model is what the run returns, bit for bit, and the head trains; the
+    same run without ``head_only`` (the negative control) moves the model."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("safetensors")
-    from onnxgen.tokenizer import Tokenizer
-    from tools.demo_model.measure import bundled_head, prefill_hidden_fn
+    pytest.importorskip("transformers")
+    from tools.demo_model import warmstart
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.model import DemoModel
+    from tools.demo_model.trainer import train
 
-    ids = np.array([Tokenizer.from_dir(default_model_dir()).encode(CODE)], dtype=np.int64)
-    logits, hidden = prefill_hidden_fn(default_model_dir())(ids)
-    greedy = logits[0].argmax(-1)  # the export's token t + 1 at each t
-    head = bundled_head(default_model_dir())
-    states, tokens = torch.from_numpy(hidden), torch.from_numpy(ids)
-    drafts = head(states[:, :-1], tokens[:, 1:], 0, None)[0][0].argmax(-1).numpy()
-    stale = head(states[:, :-2], tokens[:, 2:], 1, None)[0][0].argmax(-1).numpy()  # h(t-1), token t+1
-    agreement = float((drafts == greedy[1:]).mean())
-    stale_agreement = float((stale == greedy[2:]).mean())
-    assert agreement > 0.4, agreement
-    assert stale_agreement < agreement / 2, (stale_agreement, agreement)
+    earlier = DemoModel(DemoConfig(**TINY, seed=7)).lm.state_dict()  # not seed 0's initialization
+
+    def load_earlier(model: Any, config: Any, export_dir: Path, train_ids: np.ndarray) -> dict[str, float]:
+        model.lm.load_state_dict(earlier)
+        return {"export_logit_diff": 0.0, "pruned_channels": 0}
+
+    monkeypatch.setattr(warmstart, "init_from_export", load_earlier)
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    base = {**TINY, "steps": 3, "copy_phase_steps": 0, "warmup": 1, "eval_every": 100, "eval_windows": 1}
+    base["init_from"] = str(tmp_path / "earlier")
+    quiet = lambda _: None  # noqa: E731
+
+    head_only = train(DemoConfig(**base, head_only=True), stream, stream[:200], tmp_path / "head", quiet)
+    for name, tensor in head_only.lm.state_dict().items():
+        assert torch.equal(tensor, earlier[name]), name
+    fresh_head = DemoModel(DemoConfig(**TINY)).mtp.state_dict()
+    assert any(not torch.equal(t, fresh_head[n]) for n, t in head_only.mtp.state_dict().items())
+
+    joint = train(DemoConfig(**base), stream, stream[:200], tmp_path / "joint", quiet)
+    assert any(not torch.equal(t, earlier[n]) for n, t in joint.lm.state_dict().items())
+
+    with pytest.raises(ValueError, match="init_from"):
+        train(DemoConfig(**TINY, head_only=True), stream, stream[:200], tmp_path / "none", quiet)
+
+
+def test_mlp_pruning_keeps_the_channels_that_carry_the_most_output() -> None:
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.warmstart import prune_mlp
+
+    gen = torch.Generator().manual_seed(0)
+    hidden, width = 8, 6
+    gate, up = torch.randn(width, hidden, generator=gen), torch.randn(width, hidden, generator=gen)
+    down = torch.randn(hidden, width, generator=gen)
+    down[:, [1, 4]] *= 1e-3  # channels 1 and 4 barely reach the output
+    p = "model.layers.0.mlp."
+    state = {p + "gate_proj.weight": gate, p + "up_proj.weight": up, p + "down_proj.weight": down}
+    x = torch.randn(32, hidden, generator=gen)
+    pruned = prune_mlp(state, 4, lambda layer: x)
+    keep = [0, 2, 3, 5]
+    assert torch.equal(pruned[p + "gate_proj.weight"], gate[keep])
+    assert torch.equal(pruned[p + "up_proj.weight"], up[keep])
+    assert torch.equal(pruned[p + "down_proj.weight"], down[:, keep])
+
+
+@pytest.mark.external
+def test_a_model_read_back_from_its_builder_export_is_the_model_that_was_exported(tmp_path: Path) -> None:
+    """The warm start's reading of an fp32 export (transposed Linear weights, fused q/k/v, ``1 + w``
+    norms, ``-exp(A_log)``) gives back the trained model's tensors; a narrower config prunes the MLP."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime_genai")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.export import export, save_hf_checkpoint
+    from tools.demo_model.model import DemoModel
+    from tools.demo_model.warmstart import init_from_export, state_dict_from_export
+
+    config, model = _tiny_model()
+    tok = tmp_path / "tokenizer"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(default_model_dir() / name, tok / name)
+    out = export(save_hf_checkpoint(model, config, tok, tmp_path / "hf"), tmp_path / "fp32", "fp32")
+    state = state_dict_from_export(out)
+    want = {k: v for k, v in model.lm.state_dict().items() if k != "lm_head.weight"}
+    assert state.keys() == want.keys()
+    for name, tensor in want.items():
+        torch.testing.assert_close(state[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+    stream = np.random.default_rng(0).integers(3, 4096, size=20_000).astype(np.uint16)
+    narrow = DemoConfig(**{**TINY, "intermediate": 64})
+    student = DemoModel(narrow)
+    info = init_from_export(student, narrow, out, stream)
+    assert info["pruned_channels"] == 32 and info["export_logit_diff"] < 1e-2  # logits of size ~100
+    assert student.lm.model.layers[0].mlp.gate_proj.weight.shape == (64, TINY["hidden"])

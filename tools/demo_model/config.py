@@ -40,6 +40,12 @@ class DemoConfig:
     # multi-token prediction: weight of the MTP head's loss (0: no head)
     mtp_weight: float = 0.3
     # training
+    # a builder fp32 export of an earlier demo model to start from (tools.demo_model.warmstart; "" trains
+    # from a random initialization); its MLP is pruned to ``intermediate`` channels where it is wider
+    init_from: str = ""
+    # train the MTP head alone on the ``init_from`` model, which stays as it is (its export is reused byte
+    # for byte): a head for an existing model at a fraction of a joint step's cost
+    head_only: bool = False
     seed: int = 0
     steps: int = 6800
     # then a copy phase at a constant rate: copy-heavy rows sharpen copying of real text (the 4.7M model

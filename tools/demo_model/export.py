@@ -21,7 +21,12 @@ PACKAGE_MODEL_DIR = REPO_ROOT / "src" / "onnxgen" / "data" / "default_model"
 # memory-bound real models, so speculative decoding shows its effect (the int4 export's kernels are
 # compute-bound per row here: a 5-token verify costs 2.2-2.7 steps). 19.6 MB instead of int4's 3.7 MB.
 BUNDLED_EXPORT = "fp32"
-MTP_FILE = "mtp.safetensors"  # the head's tensors in the bundled folder
+MTP_FILE = "mtp.safetensors"  # the head's tensors in the checkpoint naming, beside each export
+# The head as onnxgen runs it (`onnxgen export-mtp`): mtp.onnx reads the decoder's embedding and lm_head
+# in model.onnx.data in place; its own projections are int4 so that the fp32 decoder and the head fit the
+# bundled folder's 20 MB (an fp32 head would add 2.3 MB).
+HEAD_FILES = ("mtp.onnx", "mtp.onnx.data")
+HEAD_PRECISION = "int4"
 # what an installed default model holds (the builder's files plus our generation_config.json)
 MODEL_FILES = (
     "model.onnx",
@@ -32,7 +37,7 @@ MODEL_FILES = (
     "tokenizer_config.json",
     "chat_template.jinja",
 )
-BUNDLED_FILES = (*MODEL_FILES, "config.json", MTP_FILE)
+BUNDLED_FILES = (*MODEL_FILES, "config.json", *HEAD_FILES)
 
 
 def save_hf_checkpoint(model: Any, config: DemoConfig, tokenizer_dir: Path, out_dir: Path) -> Path:
@@ -69,10 +74,7 @@ def export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
     """Run the onnxruntime-genai model builder (CPU) on the decoder, then add ``generation_config.json``
     and, when the checkpoint has an MTP head, its tensors (``mtp.safetensors``) and ``config.json``: the
     export directory is then what :func:`install_default` bundles."""
-    from safetensors.torch import save_file
-
     from onnxgen.testing.hf import export_with_genai_builder
-    from tools.demo_model.mtp import read_mtp_tensors
 
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -84,16 +86,43 @@ def export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
     shutil.rmtree(cache, ignore_errors=True)
     generation = {"bos_token_id": IM_START_ID, "eos_token_id": list(STOP_IDS), "pad_token_id": EOS_ID}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    head = read_mtp_tensors(hf_dir)
-    if head:
-        save_file(head, str(out_dir / MTP_FILE), metadata={"format": "pt"})
-        shutil.copy2(hf_dir / "config.json", out_dir / "config.json")
+    add_head(hf_dir, out_dir)
     return out_dir
+
+
+def reuse_export(init_dir: Path, hf_dir: Path, out_dir: Path) -> Path:
+    """The export of a model trained with ``head_only``: the decoder files of the export it started from,
+    unchanged, with the newly trained head beside them (:func:`add_head`)."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    for name in MODEL_FILES:
+        shutil.copy2(init_dir / name, out_dir / name)
+    add_head(hf_dir, out_dir)
+    return out_dir
+
+
+def add_head(hf_dir: Path, out_dir: Path) -> None:
+    """When the checkpoint has an MTP head: its tensors (``mtp.safetensors``) and ``config.json`` beside the
+    decoder export, and the head as onnxgen runs it (``mtp.onnx``, ``onnxgen export-mtp``; int4 projections
+    beside an fp32 decoder, see ``HEAD_PRECISION``), checked against the decoder it reads."""
+    from safetensors.torch import save_file
+
+    from onnxgen.export.mtp import check_head, export_mtp
+    from tools.demo_model.mtp import read_mtp_tensors
+
+    head = read_mtp_tensors(hf_dir)
+    if not head:
+        return
+    save_file(head, str(out_dir / MTP_FILE), metadata={"format": "pt"})
+    shutil.copy2(hf_dir / "config.json", out_dir / "config.json")
+    export_mtp(hf_dir, out_dir, HEAD_PRECISION)
+    check_head(out_dir)
 
 
 def install_default(export_dir: Path, target: Path = PACKAGE_MODEL_DIR) -> list[Path]:
     """Replace the files of ``target`` (the bundled default model) with those of ``export_dir``: the
-    decoder export, and the MTP head's tensors with the checkpoint's ``config.json``."""
+    decoder export, the MTP head (``mtp.onnx``) and the checkpoint's ``config.json``."""
     missing = [name for name in BUNDLED_FILES if not (export_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(
@@ -104,6 +133,10 @@ def install_default(export_dir: Path, target: Path = PACKAGE_MODEL_DIR) -> list[
         if old.is_file():
             old.unlink()
     copied = [Path(shutil.copy2(export_dir / name, target / name)) for name in BUNDLED_FILES]
+    tokenizer = target / "tokenizer.json"  # the same JSON without indentation: 40% of the size
+    tokenizer.write_text(
+        json.dumps(json.loads(tokenizer.read_text()), ensure_ascii=False, separators=(",", ":"))
+    )
     (target / "NOTICE.txt").write_text(NOTICE)
     return [*copied, target / "NOTICE.txt"]
 

@@ -31,13 +31,19 @@ class DemoModel(nn.Module):
         if self.lm.lm_head.weight is not self.lm.model.embed_tokens.weight:
             raise RuntimeError("expected tied input/output embeddings (tie_word_embeddings=True)")
         self.mtp = MTPHead(text_config).float() if config.mtp_weight > 0 else None
+        self.head_only = config.head_only
+        if self.head_only:
+            if self.mtp is None:
+                raise ValueError("head_only trains the MTP head alone: it needs mtp_weight > 0")
+            self.lm.requires_grad_(False)
 
     def forward(self, windows: Any) -> tuple[Any, Any]:
         """Per-token losses (nats) of ``windows [batch, seq + 1]``: the model's over ``windows[:, 1:]``
         ``[batch, seq]``, and the head's over ``windows[:, 2:]`` ``[batch, seq - 1]`` (None without one)."""
         ids = windows[:, :-1]
-        hidden = self.lm.model(input_ids=ids).last_hidden_state
-        main = _cross_entropy(self.lm.lm_head(hidden), windows[:, 1:])
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.head_only):
+            hidden = self.lm.model(input_ids=ids).last_hidden_state
+            main = _cross_entropy(self.lm.lm_head(hidden), windows[:, 1:])
         if self.mtp is None:
             return main, None
         logits = head_logits(self.lm, self.mtp, hidden[:, :-1], windows[:, 1:-1])

@@ -38,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help=f"seed (default {DemoConfig.seed})")
     p.add_argument("--threads", type=int, help=f"torch threads (default {DemoConfig.threads})")
     p.add_argument(
+        "--init-from",
+        help="start from this fp32 export of an earlier demo model (e.g. a copy of the bundled folder)",
+    )
+    p.add_argument(
         "--copy-phase-steps",
         type=int,
         help=f"steps of the copy phase after --steps (default {DemoConfig.copy_phase_steps})",
@@ -58,16 +62,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
-    keys = ("steps", "seed", "threads", "copy_phase_steps")
+    keys = ("steps", "seed", "threads", "copy_phase_steps", "init_from")
     given: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.dense:
         given["dense"] = True
+    if "init_from" in given:
+        given["init_from"] = str(Path(given["init_from"]).resolve())
     fields = {f.name: f.type for f in dataclasses.fields(DemoConfig)}
     for item in args.set:
         name, sep, value = item.partition("=")
         if not sep or name not in fields:
             raise SystemExit(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}")
-        kind = {"bool": lambda v: v.lower() in ("1", "true", "yes"), "int": int, "float": float}[fields[name]]
+        kind = {"bool": lambda v: v.lower() in ("1", "true", "yes"), "int": int, "float": float, "str": str}[
+            fields[name]
+        ]
         try:
             given[name] = kind(value)
         except ValueError:
@@ -84,6 +92,7 @@ def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) 
         directory_size,
         export,
         install_default,
+        reuse_export,
         save_hf_checkpoint,
     )
     from tools.demo_model.gdn import fast_gated_delta_rule  # noqa: F401
@@ -97,7 +106,10 @@ def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) 
     train_s = time.time() - t_train
     val_loss = evaluate(model.lm, streams.val, config.seq_len, None)
     hf_dir = save_hf_checkpoint(model, config, streams.tokenizer_dir, out / "hf")
-    sizes = {p: directory_size(export(hf_dir, out / p, p)) for p in ("fp32", "int4")}
+    if config.head_only:  # the decoder is the one training started from
+        sizes = {"fp32": directory_size(reuse_export(Path(config.init_from), hf_dir, out / "fp32"))}
+    else:
+        sizes = {p: directory_size(export(hf_dir, out / p, p)) for p in ("fp32", "int4")}
     if install:
         installed = install_default(out / BUNDLED_EXPORT)
         log(f"installed {len(installed)} files into {installed[0].parent}")

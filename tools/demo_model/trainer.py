@@ -41,8 +41,9 @@ def new_model(config: DemoConfig) -> Any:  # -> DemoModel
 def _optimizer(model: Any, config: DemoConfig) -> Any:
     import torch
 
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]  # norms, A_log, dt_bias
+    trained = [p for p in model.parameters() if p.requires_grad]  # the head alone when head_only
+    decay = [p for p in trained if p.ndim >= 2]
+    rest = [p for p in trained if p.ndim < 2]  # norms, A_log, dt_bias
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
@@ -110,7 +111,19 @@ def train(
 
     torch.set_num_threads(config.threads)
     work.mkdir(parents=True, exist_ok=True)
+    if config.head_only and not config.init_from:
+        raise ValueError("head_only trains a head for an existing model: give init_from (--init-from)")
     model = new_model(config)
+    if config.init_from and not (work / CHECKPOINT).is_file():
+        from tools.demo_model.warmstart import init_from_export
+
+        info = init_from_export(model, config, Path(config.init_from), train_ids)
+        if config.head_only and info["pruned_channels"]:
+            raise ValueError(
+                f"head_only keeps the model of {config.init_from} as it is: set intermediate to its MLP "
+                f"width ({config.intermediate + info['pruned_channels']})"
+            )
+        log(f"train: starting from {config.init_from} ({info})")
     opt = _optimizer(model, config)
     start = _resume(model, opt, config, work / CHECKPOINT, log)
     record = (work / "train_log.jsonl").open("a")
@@ -135,9 +148,15 @@ def train(
                 config.quote_gap,
             )
             main, head = model(torch.from_numpy(batch))
-            loss = main.mean() if head is None else main.mean() + config.mtp_weight_at(step) * head.mean()
+            if config.head_only:
+                loss = head.mean()
+            elif head is None:
+                loss = main.mean()
+            else:
+                loss = main.mean() + config.mtp_weight_at(step) * head.mean()
             loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            trained = (p for p in model.parameters() if p.requires_grad)
+            norm = torch.nn.utils.clip_grad_norm_(trained, config.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             tokens += config.batch * config.seq_len
