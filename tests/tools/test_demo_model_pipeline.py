@@ -485,6 +485,24 @@ def test_a_model_read_back_from_its_builder_export_is_the_model_that_was_exporte
     for name, tensor in want.items():
         torch.testing.assert_close(state[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
+    # the export's mtp.onnx (onnxgen export-mtp over the tied embedding), fp32: the trained head's forward
+    from onnxgen.export.mtp import export_mtp
+    from onnxgen.model.mtp import find_mtp_head, mtp_head_io
+    from onnxgen.model.package import ModelPackage
+    from onnxgen.runtime.mtp_head import MTPHeadSession
+    from tools.demo_model.model import head_logits
+
+    export_mtp(tmp_path / "hf", out, "fp32")
+    package = ModelPackage.open(out)
+    head = MTPHeadSession(mtp_head_io(package, find_mtp_head(package)), threads=1)
+    ids = torch.randint(3, 4096, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        hidden = model.lm.model(input_ids=ids).last_hidden_state
+        want = head_logits(model.lm, model.mtp, hidden[:, :-1], ids[:, 1:])[0].numpy()
+    got, _ = head.forward(head.new_state(16), ids[:, 1:].numpy(), hidden[:, :-1].numpy())  # the last row's
+    assert np.abs(want[-1]).max() > 1.0
+    np.testing.assert_allclose(got, want[-1], rtol=1e-4, atol=1e-3)
+
     stream = np.random.default_rng(0).integers(3, 4096, size=20_000).astype(np.uint16)
     narrow = DemoConfig(**{**TINY, "intermediate": 64})
     student = DemoModel(narrow)
