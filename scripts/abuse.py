@@ -47,7 +47,7 @@ def rss_mb(pid: int, field: str = "VmRSS") -> float:
 
 def start(model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "onnxgen.cli_serve", str(model), "--port", str(port), "--threads", "1"]
+    cmd = [sys.executable, "-m", "onnxgen.cli.serve", str(model), "--port", str(port), "--threads", "1"]
     cmd += ["--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE)]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -1,6 +1,6 @@
 """Load test of ``onnxgen serve``: throughput and latency percentiles at several concurrency levels.
 
-Starts ``python -m onnxgen.cli_serve MODEL`` on 127.0.0.1 (loopback only), then for each level C runs C
+Starts ``python -m onnxgen.cli.serve MODEL`` on 127.0.0.1 (loopback only), then for each level C runs C
 closed-loop clients that send streaming greedy completions back to back (fixed prompt lengths, exactly
 ``--max-tokens`` new tokens each) until ``--requests`` requests are done or ``--level-timeout`` seconds
 pass, and reports total generated tokens/s and per-request latency, time to first token and inter-token
@@ -89,7 +89,7 @@ class Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = model.name
-        cmd = [sys.executable, "-m", "onnxgen.cli_serve", str(model), "--host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", "onnxgen.cli.serve", str(model), "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--threads", str(threads), "--max-batch", str(max_batch)]
         cmd += ["--max-queue", "256", *extra]
         self._log = log.open("wb")

@@ -23,7 +23,7 @@ from onnxgen.bench_prompts import CODE_SNIPPET, novel_prompt, repetitive_prompt
 from onnxgen.bench_stats import ratio
 from onnxgen.bench_worker import process_threads
 from onnxgen.cli import main
-from onnxgen.cli_bench import format_report
+from onnxgen.cli.bench_table import format_report
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative.proposers import NgramProposer
 from onnxgen.graph.decode_fusions import planned_fusions
@@ -88,6 +88,8 @@ def test_bench_json_reports_prefill_ttft_decode_and_rss_of_the_onnxgen_worker(
     assert len(e["runs"]) == 1
     assert e["peak_rss_mb"] > 10  # onnxruntime alone takes more than this
     assert e["pss_mb"] is None or 10 < e["pss_mb"] <= e["peak_rss_mb"] + 1
+    assert e["load_s"] > 0 and 10 < e["rss_load_mb"] <= e["peak_load_mb"] <= e["peak_rss_mb"]
+    assert 10 < e["rss_mb"] <= e["peak_rss_mb"]
     assert e["process_threads"] >= 1
     assert e["fast_ops"] == "off: not a hybrid on onnxruntime's CPU provider"
     graph = onnx.load(str(Path(report["model"]) / "model.onnx"), load_external_data=False)
@@ -338,6 +340,25 @@ def test_bench_compare_runs_both_engines_on_the_same_greedy_tokens(
     pairs = [a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(ours["runs"], theirs["runs"], strict=True)]
     assert entry["ratio"]["decode_tok_s"] == pytest.approx(statistics.median(pairs))
     assert theirs["peak_rss_mb"] > 10 and theirs["version"]
+    memory = entry["memory_ratios"]["onnxgen"]
+    assert memory["rss_load"] == pytest.approx(ours["rss_load_mb"] / theirs["rss_load_mb"])
+    assert memory["load_s"] == pytest.approx(ours["load_s"] / theirs["load_s"])
+    assert all(v > 0 for v in memory.values())
+
+
+def test_the_genai_worker_imports_nothing_of_onnxgens_engine() -> None:
+    """Its memory is what an onnxruntime-genai user's process holds, not onnx's and onnxgen's too."""
+    import subprocess
+    import sys
+
+    from onnxgen.bench_worker import WORKER_CODE
+
+    code = (
+        WORKER_CODE[GENAI].split(";")[0]
+        + "; import sys; print(sorted({'onnx', 'onnxgen.llm', 'onnxruntime'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.skipif(not HAS_GENAI, reason="onnxruntime_genai is not installed")

@@ -51,7 +51,7 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[Messages]:
 
 def _chat(monkeypatch: pytest.MonkeyPatch, model_dir: Path, lines: str, *flags: str) -> int:
     monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
-    return main(["chat", str(model_dir), "-n", "6", "--threads", "1", *flags])
+    return main(["chat", str(model_dir), "-n", "6", "-t", "0", "--threads", "1", *flags])
 
 
 def _user(text: str) -> dict[str, str]:
@@ -131,3 +131,48 @@ def test_chat_with_prompt_lookup_answers_as_plain_greedy_and_states_the_drafts(
     captured = capsys.readouterr()
     assert captured.out == f"{plain}\n"
     assert "drafts " in captured.err and "target forwards" in captured.err
+
+
+def test_chat_names_unknown_commands_and_sends_slash_text_with_spaces(
+    model_dir: Path,
+    asked: list[Messages],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _chat(monkeypatch, model_dir, "/foo\n/help\n/usr/bin is a folder\n") == 0
+    err = capsys.readouterr().err
+    assert "unknown command /foo; /help lists the commands" in err
+    assert "/reset" in err and "/exit" in err  # /help
+    assert asked == [[_user("/usr/bin is a folder")]]
+
+
+def test_chat_reads_multi_line_messages(
+    model_dir: Path, asked: list[Messages], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = '"""first line\n\nsecond line\n"""\none \\\ntwo\n"""inline"""\n'
+    assert _chat(monkeypatch, model_dir, lines) == 0
+    assert [turn[-1]["content"] for turn in asked] == ["first line\n\nsecond line", "one \ntwo", "inline"]
+
+
+def test_chat_answers_run_to_the_context_by_default_and_a_cut_off_answer_is_marked(
+    model_dir: Path, llm: LLM, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[SamplingParams] = []
+    real = LLM.stream_chat
+
+    def spy(self: LLM, messages: Any, params: SamplingParams | None = None, speculative: Any = None) -> Any:
+        assert params is not None
+        seen.append(params)
+        return real(self, messages, params, speculative)
+
+    monkeypatch.setattr(LLM, "stream_chat", spy)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert main(["chat", str(model_dir), "-t", "0", "--ignore-eos", "--threads", "1"]) == 0
+    context = llm.package.context_length
+    assert context is not None and seen[0].max_new_tokens == context
+    err = capsys.readouterr().err
+    assert "the conversation fills the context" in err  # --ignore-eos: it ran until the context was full
+    assert f"context {context} tokens" in err and "/help" in err and str(model_dir) in err  # the banner
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert main(["chat", str(model_dir), "-t", "0", "-n", "5", "--ignore-eos", "--threads", "1"]) == 0
+    assert "[answer cut off at -n 5 tokens]" in capsys.readouterr().err

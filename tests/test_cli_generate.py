@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from onnxgen.cli import build_parser, main
-from onnxgen.cli_generate import sampling_params
+from onnxgen.cli.generate import sampling_params
 from onnxgen.errors import GenerationError
 from onnxgen.generation.generator import StreamEvent
 from onnxgen.generation.params import SamplingParams
@@ -57,7 +57,7 @@ def test_generate_prints_the_greedy_text_the_library_generates(
 ) -> None:
     model = build_model(tmp_path / family, family)
     expected = load(model, threads=1).generate(PROMPT, SamplingParams(max_new_tokens=12))
-    assert main(["generate", str(model), PROMPT, "-n", "12", "--threads", "1", stream]) == 0
+    assert main(["generate", str(model), PROMPT, "-n", "12", "-t", "0", "--threads", "1", stream]) == 0
     out = capsys.readouterr().out
     assert out == expected.text + "\n"
 
@@ -66,7 +66,7 @@ def test_generate_json_prints_one_object_with_text_ids_finish_reason_and_stats(
     dense_dir: Path, dense_llm: LLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
     expected = dense_llm.generate(PROMPT, SamplingParams(max_new_tokens=9))
-    assert main(["generate", str(dense_dir), PROMPT, "-n", "9", "--json"]) == 0
+    assert main(["generate", str(dense_dir), PROMPT, "-n", "9", "-t", "0", "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert set(result) == {"text", "token_ids", "finish_reason", "stats"}
@@ -104,7 +104,9 @@ def test_generate_writes_and_flushes_each_event_before_asking_for_the_next(
             printed_before_next.append(stdout.getvalue())
 
     monkeypatch.setattr(LLM, "stream", spy)
-    assert main(["generate", str(dense_dir), PROMPT, "-n", "10", "--ignore-eos", "--no-stats"]) == 0
+    assert (
+        main(["generate", str(dense_dir), PROMPT, "-n", "10", "-t", "0", "--ignore-eos", "--no-stats"]) == 0
+    )
     assert len(texts) == 10 and len(printed_before_next) == 9  # the last event ends the loop
     for i, printed in enumerate(printed_before_next):
         assert printed == "".join(texts[: i + 1])
@@ -116,7 +118,7 @@ def test_generate_writes_and_flushes_each_event_before_asking_for_the_next(
 def test_generate_prints_a_stats_line_with_counts_timing_and_finish_reason_on_stderr(
     dense_dir: Path, dense_llm: LLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["generate", str(dense_dir), PROMPT, "-n", "7", "--ignore-eos"]) == 0
+    assert main(["generate", str(dense_dir), PROMPT, "-n", "7", "-t", "0", "--ignore-eos"]) == 0
     err = capsys.readouterr().err.strip()
     match = STATS.search(err)
     assert match is not None, err
@@ -136,9 +138,12 @@ def test_generate_chat_and_system_wrap_the_prompt_in_the_chat_template(
     ).text
     plain = dense_llm.generate(PROMPT, params).text
     assert chat != plain  # the template changes the prompt, so the check below can fail
-    assert main(["generate", str(dense_dir), PROMPT, "-n", "8", "--chat", "--no-stats"]) == 0
+    assert main(["generate", str(dense_dir), PROMPT, "-n", "8", "-t", "0", "--chat", "--no-stats"]) == 0
     assert capsys.readouterr().out == chat + "\n"
-    assert main(["generate", str(dense_dir), PROMPT, "-n", "8", "--system", "be brief", "--no-stats"]) == 0
+    assert (
+        main(["generate", str(dense_dir), PROMPT, "-n", "8", "-t", "0", "--system", "be brief", "--no-stats"])
+        == 0
+    )
     assert capsys.readouterr().out == with_system + "\n"
 
 
@@ -147,11 +152,11 @@ def test_generate_with_one_positional_takes_the_model_from_env_then_the_bundled_
 ) -> None:
     expected = dense_llm.generate(PROMPT, SamplingParams(max_new_tokens=6)).text
     monkeypatch.setenv("ONNXGEN_MODEL", str(dense_dir))
-    assert main(["generate", PROMPT, "-n", "6", "--no-stats"]) == 0
+    assert main(["generate", PROMPT, "-n", "6", "-t", "0", "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
     monkeypatch.delenv("ONNXGEN_MODEL")
-    monkeypatch.setattr("onnxgen.cli_generate.default_model_dir", lambda: dense_dir)
-    assert main(["generate", PROMPT, "-n", "6", "--no-stats"]) == 0
+    monkeypatch.setattr("onnxgen.llm.default_model_dir", lambda: dense_dir)
+    assert main(["generate", PROMPT, "-n", "6", "-t", "0", "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
 
 
@@ -159,10 +164,10 @@ def test_generate_accepts_options_between_model_and_prompt_and_a_prompt_from_std
     dense_dir: Path, dense_llm: LLM, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     expected = dense_llm.generate(PROMPT, SamplingParams(max_new_tokens=5)).text
-    assert main(["generate", str(dense_dir), "-n", "5", PROMPT, "--no-stats"]) == 0
+    assert main(["generate", str(dense_dir), "-n", "5", "-t", "0", PROMPT, "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
     monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT))
-    assert main(["generate", str(dense_dir), "-", "-n", "5", "--no-stats"]) == 0
+    assert main(["generate", str(dense_dir), "-", "-n", "5", "-t", "0", "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
 
 
@@ -190,10 +195,10 @@ def test_every_sampling_flag_reaches_sampling_params() -> None:
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [
-        (["-t", "-1"], ["temperature", "-1"]),
-        (["--top-p", "0"], ["top_p", "(0, 1]"]),
+        (["-t", "-1"], ["--temperature", "-1"]),
+        (["--top-p", "0"], ["--top-p", "(0, 1]"]),
         (["--threads", "0"], ["--threads", ">= 1"]),
-        (["-n", "2", "--min-new-tokens", "5"], ["min_new_tokens"]),
+        (["-n", "2", "--min-new-tokens", "5"], ["--min-new-tokens"]),
     ],
 )
 def test_generate_rejects_bad_values_with_one_line_and_exit_2(
@@ -212,7 +217,7 @@ def test_generate_reports_a_bad_threads_env_var_and_a_missing_model_in_one_line(
     assert main(["generate", str(dense_dir), PROMPT]) == 2
     _one_line_error(capsys.readouterr().err, "$ONNXGEN_THREADS", "'many'")
     monkeypatch.delenv("ONNXGEN_THREADS")
-    monkeypatch.setattr("onnxgen.cli_generate.default_model_dir", lambda: tmp_path / "absent")
+    monkeypatch.setattr("onnxgen.llm.default_model_dir", lambda: tmp_path / "absent")
     assert main(["generate", PROMPT]) == 2
     _one_line_error(capsys.readouterr().err, "bundled default model is missing", "ONNXGEN_MODEL")
 
@@ -223,7 +228,7 @@ DRAFTS = re.compile(r"\| drafts (\d+)/(\d+) accepted \| (\d+) target forwards \(
 
 
 def _json_run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
-    assert main(["generate", *argv, "--json", "--threads", "1"]) == 0
+    assert main(["generate", *argv, "--json", "--threads", "1", "-t", "0"]) == 0
     return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
 
 
@@ -240,7 +245,19 @@ def test_generate_with_prompt_lookup_gives_the_plain_greedy_tokens_and_states_it
     stats = spec["stats"]
     assert isinstance(stats, dict) and stats["proposed_draft_tokens"] > 0  # it really drafted
     assert "proposed_draft_tokens" not in plain["stats"]  # type: ignore[operator]
-    argv = ["generate", model, REPEATING, "-n", "24", "--threads", "1", "--speculative", "prompt-lookup"]
+    argv = [
+        "generate",
+        model,
+        REPEATING,
+        "-n",
+        "24",
+        "-t",
+        "0",
+        "--threads",
+        "1",
+        "--speculative",
+        "prompt-lookup",
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert captured.out == f"{plain['text']}\n"
@@ -308,7 +325,7 @@ def test_a_model_with_nan_weights_is_an_error_naming_the_export_not_greedy_text(
         GenerationError, match=f"the export {re.escape(str(model / 'model.onnx'))} computed non-finite"
     ):
         load(model, threads=1).generate(PROMPT, SamplingParams(max_new_tokens=4))
-    assert main(["generate", str(model), PROMPT, "-n", "4", "--threads", "1"]) == 2
+    assert main(["generate", str(model), PROMPT, "-n", "4", "-t", "0", "--threads", "1"]) == 2
     captured = capsys.readouterr()
     _one_line_error(captured.err, "non-finite logits", str(model / "model.onnx"))
     assert captured.out.strip() == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -156,3 +157,32 @@ def test_inspect_says_what_the_fast_ops_pass_does_as_a_load_would(
     dense = build_model(tmp_path / "dense", "genai-dense")
     assert main(["inspect", str(dense), "--json"]) == 0
     assert "fast_ops" not in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_inspect_memory_splits_the_resident_memory_of_a_load_and_a_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ONNXGEN_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = build_model(tmp_path / "m", "genai-dense", precision="int4")
+    flags = ["--memory", "--threads", "1", "--prompt-tokens", "5", "--new-tokens", "3"]
+    # in a fresh process, as a user runs it: a test process's heap already holds freed memory that a
+    # tiny model's load reuses, so the load's heap delta could be zero or less there
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxgen", "inspect", str(model_dir), *flags, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout)
+    # TinySpec(): 4 layers of 2 KV heads of 16, fp32, shared buffers of prompt + new tokens
+    assert r["kv_state_buffers_mb"] * (1 << 20) == pytest.approx(4 * 2 * 2 * 8 * 16 * 4)
+    assert r["prepared_graph"] == "miss" and "merged" in r["decode_fusions"]
+    assert r["load_heap_mb"] > 0 and r["python_before_load_mb"] > 10
+    assert r["weights_resident_mb"] <= r["weights_mapped_mb"]
+    assert r["rss_after_load_mb"] <= r["peak_during_load_mb"] + 1 <= r["peak_rss_mb"] + 1  # smaps vs rusage
+    assert all(f.startswith(str(model_dir)) or "graphs" in f for f in r["weight_files"])
+    assert main(["inspect", str(model_dir), *flags]) == 0
+    text = capsys.readouterr().out
+    assert "prepared graph: hit" in text and "heap added by the load" in text

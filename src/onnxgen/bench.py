@@ -31,7 +31,9 @@ from onnxgen.bench_prompts import NOVEL, PROMPT_KINDS, REPETITIVE, SYNTHETIC, ki
 from onnxgen.bench_prompts import synthetic_prompt as synthetic_prompt
 from onnxgen.bench_stats import (
     decode_rate,
+    memory_ratio,
     paired_ratio,
+    pooled_load,
     ratio,
     summarize,
     summarize_constraint,
@@ -39,7 +41,7 @@ from onnxgen.bench_stats import (
     token_check,
 )
 from onnxgen.bench_worker import Worker, machine_info
-from onnxgen.cli_speculative import SpeculativeSpec, parse_speculative
+from onnxgen.cli.speculative import SpeculativeSpec, parse_speculative
 from onnxgen.runtime.plans import DECODE_PLANS
 
 __all__ = [
@@ -234,6 +236,7 @@ def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
     prompt: list[int] = []
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     per_process: list[dict[str, float]] = []  # each worker set's onnxgen / genai decode-rate ratios
+    loads: dict[str, list[dict[str, Any]]] = {}  # each worker set's load facts, by worker label
     for p in range(cfg.processes):
         workers = _start_workers(cfg)
         try:
@@ -252,11 +255,16 @@ def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
                             runs[worker.label, variant].append(result)
                 log(_progress(cfg, name, i, runs))
             infos = {w.label: w.info for w in workers}
+            for w in workers:
+                loads.setdefault(w.label, []).append(w.info)
             if cfg.compare:
                 per_process.append(_process_ratios(cfg, workers, {k: r[first[k] :] for k, r in runs.items()}))
         finally:
             _close(workers)
-    engines = {label: summarize(runs[label, PLAIN], cfg.decode_skip, info) for label, info in infos.items()}
+    engines = {
+        label: summarize(runs[label, PLAIN], cfg.decode_skip, {**info, **pooled_load(loads[label])})
+        for label, info in infos.items()
+    }
     for w in workers:
         plain = runs[w.label, PLAIN]
         if spec is not None and (w.label, SPECULATIVE) in runs:
@@ -275,6 +283,9 @@ def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
         ratios = {w.label: ratio(engines[w.label], engines[GENAI]) for w in workers if w.engine == ONNXGEN}
         entry["ratio"] = ratios[workers[0].label]
         entry["ratios"] = ratios
+        entry["memory_ratios"] = {
+            w.label: memory_ratio(engines[w.label], engines[GENAI]) for w in workers if w.engine == ONNXGEN
+        }
         entry["process_decode_ratios"] = {label: [r[label] for r in per_process] for label in ratios}
     return entry
 

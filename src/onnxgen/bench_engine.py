@@ -16,11 +16,12 @@ from typing import Any
 
 from onnxgen.bench_constraints import constraint_kwargs
 from onnxgen.bench_genai import GENAI, BenchError, GenaiEngine, step_durations_ms
-from onnxgen.bench_worker import serve
-from onnxgen.cli_speculative import SpeculativeSpec
+from onnxgen.bench_worker import peak_rss_mb, rss_mb, serve
+from onnxgen.cli.speculative import SpeculativeSpec
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import draft_threads, load
+from onnxgen.runtime import hugepages
 
 ONNXGEN = "onnxgen"
 ENGINES = (ONNXGEN, GENAI)
@@ -49,6 +50,7 @@ class OnnxgenEngine:
         speculative: SpeculativeSpec | None = None,
         fast_ops: bool | None = None,
     ) -> None:
+        start = time.perf_counter()
         self.llm = load(
             model_dir,
             threads=threads,
@@ -56,6 +58,13 @@ class OnnxgenEngine:
             speculative=speculative is not None,
             fast_ops=fast_ops,
         )
+        self.load_s = time.perf_counter() - start
+        self.rss_load_mb, self.peak_load_mb = rss_mb(), peak_rss_mb()
+        # huge pages are collapsed on a background thread after a large load: runs start after it, so
+        # that it neither competes for the cores nor leaves the first runs on small pages
+        start = time.perf_counter()
+        hugepages.wait()
+        self.settle_s = time.perf_counter() - start
         self.requested_plan = decode_plan
         self.speculative: Speculative | None = None
         if speculative is not None:
@@ -89,6 +98,11 @@ class OnnxgenEngine:
             "context_length": self.llm.package.context_length,
             "fast_ops": self.llm.session.fast_ops.summary(),
             "decode_fusions": self.llm.session.fusions.summary(),
+            "prepared_graph": self.llm.session.prepared.cache,
+            "load_s": self.load_s,
+            "rss_load_mb": self.rss_load_mb,
+            "peak_load_mb": self.peak_load_mb,
+            "settle_s": self.settle_s,
             **self.plan_info(),
         }
 

@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from onnxgen.errors import OnnxgenError
 
 GENAI = "onnxruntime-genai"
@@ -76,14 +74,17 @@ class GenaiEngine:
         ``generate_next_token`` right after ``append_tokens`` only picks from the prefill's logits; every
         later call runs one decode forward first, so steps 2..N are the decode steps.
         """
+        import numpy as np
+
         og = self._og
         total = len(prompt) + new_tokens
         start = time.perf_counter()
         params = og.GeneratorParams(self.model)
         params.set_search_options(do_sample=False, max_length=total, min_length=total)
         generator = og.Generator(self.model, params)
+        ids32 = np.asarray(prompt, dtype=np.int32)
         t0 = time.perf_counter()
-        generator.append_tokens(np.asarray(prompt, dtype=np.int32))
+        generator.append_tokens(ids32)
         t1 = time.perf_counter()
         generator.generate_next_token()
         stamps = [time.perf_counter()]

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 PLAN_KEYS = ("decode_plan_requested", "decode_plan", "decode_plan_reason")
+# a worker's load: seconds of its engine's load call, resident MiB right after it, most resident MiB so far
+LOAD_KEYS = ("load_s", "rss_load_mb", "peak_load_mb")
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -44,7 +46,9 @@ def summarize(runs: Sequence[dict[str, Any]], skip: int, info: dict[str, Any]) -
         "decode_tok_s": spread(rates),
         "decode_ms_per_token": spread([_ms_per_token(rate) for rate in rates]),
         "peak_rss_mb": last["peak_rss_mb"],
+        "rss_mb": last.get("rss_mb"),
         "pss_mb": last.get("pss_mb"),
+        **{key: info.get(key) for key in LOAD_KEYS},
         "process_threads": info.get("process_threads"),
         "version": info.get("version"),
         "fast_ops": info.get("fast_ops"),
@@ -131,6 +135,26 @@ def ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
         return paired_ratio([r[key] for r in ours["runs"]], [r[key] for r in theirs["runs"]])
 
     return {"decode_tok_s": one("decode_tok_s"), "ttft": one("ttft_ms"), "prefill": one("prefill_ms")}
+
+
+def memory_ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
+    """onnxgen / other engine of load time, resident memory after load, peak during load and resident
+    memory after the runs (one value per worker; the medians over worker sets when pooled)."""
+    pairs = {"load_s": "load_s", "rss_load": "rss_load_mb", "peak_load": "peak_load_mb", "rss": "rss_mb"}
+    out = {}
+    for name, key in pairs.items():
+        a, b = ours.get(key), theirs.get(key)
+        out[name] = pair_ratio(a, b) if a is not None and b is not None else float("nan")
+    return out
+
+
+def pooled_load(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each :data:`LOAD_KEYS` fact over worker sets (None where a worker did not report it)."""
+    out: dict[str, Any] = {}
+    for key in LOAD_KEYS:
+        values = [i[key] for i in infos if i.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
 
 
 def token_check(tokens: dict[str, list[int]]) -> dict[str, Any]:

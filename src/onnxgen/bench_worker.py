@@ -2,11 +2,15 @@
 
 Protocol (one JSON object per line). The worker starts with ``ENGINE MODEL THREADS [OPTIONS_JSON]`` as
 arguments (options: the engine's settings, e.g. ``{"decode_plan": "inline", "speculative": {...}}``),
-loads the engine and answers ``{"ready": true, ...facts}`` (or ``{"error": ...}`` and exits). Then for
-each ``{"cmd": "run", "prompt": [...], "new_tokens": N, "speculative": false}`` it answers the run's
-timings plus ``peak_rss_mb`` and ``pss_mb``; ``{"cmd": "encode", "text": ..., "special": true}`` answers
+loads the engine and answers ``{"ready": true, ...facts}`` with ``load_s`` (the engine's load call),
+``rss_load_mb`` (resident memory right after it) and ``peak_load_mb`` (the most resident memory so far)
+(or ``{"error": ...}`` and exits). Then for each ``{"cmd": "run", "prompt": [...], "new_tokens": N,
+"speculative": false}`` it answers the run's timings plus ``peak_rss_mb``, ``rss_mb`` (now) and ``pss_mb``; ``{"cmd": "encode", "text": ..., "special": true}`` answers
 ``{"token_ids": [...]}`` (engines with a tokenizer); ``{"cmd": "exit"}`` (or end of input) ends it. The
 worker moves its own stdout to stderr at start, so nothing a library prints can corrupt the protocol stream.
+
+Each engine's worker imports what that engine's user would: the onnxruntime-genai worker starts from
+:func:`genai_worker_main`, which loads nothing of onnxgen's engine (nor onnx), so its memory is its own.
 """
 
 from __future__ import annotations
@@ -16,14 +20,17 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from onnxgen.bench_genai import BenchError
-from onnxgen.runtime.session import default_threads
+from onnxgen.bench_genai import GENAI, BenchError, GenaiEngine
 
-WORKER_CODE = "from onnxgen.bench_engine import worker_main; raise SystemExit(worker_main())"
+WORKER_CODE = {
+    GENAI: "from onnxgen.bench_worker import genai_worker_main; raise SystemExit(genai_worker_main())",
+    "onnxgen": "from onnxgen.bench_engine import worker_main; raise SystemExit(worker_main())",
+}
 
 
 class Engine(Protocol):
@@ -43,6 +50,16 @@ def peak_rss_mb() -> float | None:
         return None
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0  # bytes on macOS
+
+
+def rss_mb() -> float | None:
+    """This process's resident set size in MiB now (``VmRSS``), None where unreadable."""
+    try:
+        text = Path("/proc/self/status").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    line = next((ln for ln in text.splitlines() if ln.startswith("VmRSS:")), None)
+    return int(line.split()[1]) / 1024.0 if line is not None else None
 
 
 def pss_mb() -> float | None:
@@ -65,6 +82,8 @@ def process_threads() -> int | None:
 
 
 def machine_info() -> dict[str, Any]:
+    from onnxgen.runtime.session import default_threads  # the parent's only: workers stay light
+
     cpu = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -99,7 +118,7 @@ def _answer(engine: Engine, command: dict[str, Any]) -> dict[str, Any]:
     extra = {k: command[k] for k in ("speculative", "constraint") if command.get(k)}
     # only onnxgen engines speculate or constrain (the parent never asks another)
     result = engine.run(prompt, new_tokens, **extra)
-    return {**result, "peak_rss_mb": peak_rss_mb(), "pss_mb": pss_mb()}
+    return {**result, "peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb(), "pss_mb": pss_mb()}
 
 
 def serve(factory: EngineFactory, argv: Sequence[str] | None = None) -> int:
@@ -115,11 +134,15 @@ def serve(factory: EngineFactory, argv: Sequence[str] | None = None) -> int:
         protocol.flush()
 
     try:
+        start = time.perf_counter()
         engine = factory(engine_name, model, int(threads), options)
+        load_s = time.perf_counter() - start
     except Exception as e:  # reported to the parent, which raises it as a BenchError
         reply({"error": f"{type(e).__name__}: {e}"})
         return 1
-    reply({"ready": True, **engine.info(), "process_threads": process_threads(), "rss_mb": peak_rss_mb()})
+    facts = {"load_s": load_s, "rss_load_mb": rss_mb(), "peak_load_mb": peak_rss_mb()}
+    # an engine that timed its own load call (apart from work it waited for after it) reports that
+    reply({"ready": True, **facts, **engine.info(), "process_threads": process_threads()})
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("cmd") not in ("run", "encode"):
@@ -129,6 +152,11 @@ def serve(factory: EngineFactory, argv: Sequence[str] | None = None) -> int:
         except Exception as e:  # reported to the parent
             reply({"error": f"{type(e).__name__}: {e}"})
     return 0
+
+
+def genai_worker_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of an onnxruntime-genai worker subprocess."""
+    return serve(lambda name, model, threads, options: GenaiEngine(model, threads), argv)
 
 
 class Worker:
@@ -148,7 +176,15 @@ class Worker:
         package_root = str(Path(__file__).resolve().parents[1])  # so the child imports this onnxgen
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER_CODE, engine, str(model), str(threads), json.dumps(options or {})],
+            [
+                sys.executable,
+                "-c",
+                WORKER_CODE.get(engine, WORKER_CODE["onnxgen"]),
+                engine,
+                str(model),
+                str(threads),
+                json.dumps(options or {}),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.chat.tools import ToolCall
 from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
-from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.params import SAMPLING_FIELDS, SamplingParams, resolve_params
 from onnxgen.generation.speculative import DraftModel, Speculative
 from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.model import ModelPackage
@@ -41,7 +42,12 @@ def default_model_dir() -> Path:
 
 
 class LLM:
-    """A loaded decoder export, ready to generate."""
+    """A loaded decoder export, ready to generate: what :func:`load` returns.
+
+    :meth:`generate` / :meth:`stream` complete a prompt (text or token ids); :meth:`chat` /
+    :meth:`stream_chat` answer a conversation through the model's chat template, with tools and reasoning.
+    Each takes a :class:`~onnxgen.SamplingParams` or its fields as keywords.
+    """
 
     def __init__(
         self,
@@ -67,22 +73,25 @@ class LLM:
         self._mtp: MTPHeadSession | None = None
         self._mtp_lock = threading.Lock()
         self._providers = providers
-        self.session = DecoderSession(
-            self.decode_plan.model_path,
-            self.io,
-            threads=threads,
-            providers=providers,
-            graph=self.decode_plan.graph,
-            huge_pages=huge_pages,
-            verify_now=speculative,
-            fast_ops=fast_ops,
-            fuse=fuse,
-            hidden_state=self.mtp_path is not None,
-        )
+        # the tokenizer and the token settings load on another thread while onnxruntime makes the session
+        # (it releases the GIL while it repacks the weights, most of a load)
+        with ThreadPoolExecutor(1, thread_name_prefix="onnxgen-load") as pool:
+            tokenizer = pool.submit(_load_tokenizer, package)
+            self.session = DecoderSession(
+                self.decode_plan.model_path,
+                self.io,
+                threads=threads,
+                providers=providers,
+                graph=self.decode_plan.graph,
+                huge_pages=huge_pages,
+                verify_now=speculative,
+                fast_ops=fast_ops,
+                fuse=fuse,
+                hidden_state=self.mtp_path is not None,
+            )
+            self.tokenizer: Tokenizer | None = tokenizer.result()
         self.decode_plan.plan.attach(self.session)
-        self.tokenizer: Tokenizer | None = None
-        if package.tokenizer_path is not None:
-            self.tokenizer = Tokenizer.from_dir(package.root)
+        self.decode_plan.graph = None  # no graph is kept once the session is made
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
         if not eos:
             log.warning(
@@ -100,11 +109,13 @@ class LLM:
             export=f"the export {package.model_path}",
             mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
         )
+        package.release_graph()
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
+        """The token ids that end a request (from the model's configs or its tokenizer)."""
         return self.generator.eos_ids
 
     # -- prompts ----------------------------------------------------------------------------------
@@ -117,6 +128,7 @@ class LLM:
         return self.tokenizer
 
     def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of ``prompt``: text is tokenized with the model's tokenizer, ids are passed through."""
         if isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("the prompt is empty; give non-empty text or token ids")
@@ -124,6 +136,8 @@ class LLM:
         return [int(i) for i in prompt]
 
     def chat_prompt(self, messages: Messages, **template_kwargs: Any) -> list[int]:
+        """Token ids of ``messages`` rendered by the model's chat template, ready for the assistant's turn
+        (``template_kwargs``: template variables such as ``enable_thinking``)."""
         tok = self._require_tokenizer()
         text = tok.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         return tok.encode(text, add_special_tokens=False)
@@ -167,7 +181,7 @@ class LLM:
                     providers=self._providers,
                 )
                 port = next(
-                    (o for o in self.session.session.get_outputs() if o.name == self.session.hidden_state),
+                    (o for o in self.session.current().get_outputs() if o.name == self.session.hidden_state),
                     None,
                 )
                 size = port.shape[-1] if port is not None else None
@@ -214,16 +228,36 @@ class LLM:
 
     # -- generation -------------------------------------------------------------------------------
     def generate(
-        self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        speculative: Speculative | None = None,
+        **sampling: Any,
     ) -> GenerationResult:
+        """Complete ``prompt`` (text, or token ids) and return the whole result.
+
+        ``params`` says how to sample and when to stop; its fields may be given as keywords instead
+        (``llm.generate("hi", max_new_tokens=5, temperature=0.7)``; not both). Defaults: greedy, 64 new
+        tokens. ``speculative`` (:class:`~onnxgen.PromptLookup`, :class:`~onnxgen.DraftModel`,
+        :class:`~onnxgen.MTP`) drafts tokens that one forward verifies: greedy output is unchanged, sampled
+        output keeps its distribution. Raises :class:`~onnxgen.OnnxgenError` subclasses on bad input.
+        """
+        params = resolve_params(params, sampling, "generate")
         draft = self._draft_session(speculative)
-        return self.generator.generate(self.encode(prompt), params or SamplingParams(), speculative, draft)
+        return self.generator.generate(self.encode(prompt), params, speculative, draft)
 
     def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, speculative: Speculative | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        speculative: Speculative | None = None,
+        **sampling: Any,
     ) -> Iterator[StreamEvent]:
+        """:meth:`generate`, as events: each carries the new token ids and the text they complete; the last
+        has the ``finish_reason`` and the ``stats``."""
+        params = resolve_params(params, sampling, "stream")
         draft = self._draft_session(speculative)
-        return self.generator.stream(self.encode(prompt), params or SamplingParams(), speculative, draft)
+        return self.generator.stream(self.encode(prompt), params, speculative, draft)
 
     def plan_chat(self, messages: Messages, params: SamplingParams | None = None, **options: Any) -> ChatPlan:
         """The prompt, sampling parameters and reply parser of a chat request (options: see :meth:`chat`)."""
@@ -245,15 +279,19 @@ class LLM:
         speculative: Speculative | None = None,
         **options: Any,
     ) -> ChatResult:
-        """Reply to ``messages``: the text, and parsed from it the answer, the reasoning and tool calls.
+        """Reply to ``messages`` (OpenAI-style dicts: ``role``, ``content``, ``tool_calls``, ...): the text,
+        and parsed from it the answer, the reasoning and tool calls.
 
-        Options: ``tools`` (OpenAI function tools), ``tool_choice`` (``"auto"``, ``"none"``,
-        ``"required"`` or ``{"type": "function", "function": {"name": ...}}``), ``parallel_tool_calls``
-        (default True), ``chat_template_kwargs`` (template variables such as ``enable_thinking``),
-        ``tool_parser`` (``"hermes"`` or ``"qwen3_coder"``; default: from the template), ``reasoning``
-        (split ``<think>`` sections; default: when the template writes them), ``constrain_calls`` (default
-        True: ``"auto"`` replies are grammar-constrained too). See :mod:`onnxgen.chat.plan`.
+        ``params`` and ``speculative`` as for :meth:`generate`; SamplingParams fields may be given as
+        keywords instead of ``params``. Chat options: ``tools`` (OpenAI function tools), ``tool_choice``
+        (``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``),
+        ``parallel_tool_calls`` (default True), ``chat_template_kwargs`` (template variables such as
+        ``enable_thinking``), ``tool_parser`` (``"hermes"`` or ``"qwen3_coder"``; default: from the
+        template), ``reasoning`` (split ``<think>`` sections; default: when the template writes them),
+        ``constrain_calls`` (default True: ``"auto"`` replies are grammar-constrained too). See
+        :mod:`onnxgen.chat.plan`.
         """
+        params, options = _split_chat_keywords(params, options, "chat")
         plan = self.plan_chat(messages, params, **options)
         draft = self._draft_session(speculative)
         result = self.generator.generate(self._chat_ids(plan), plan.params, speculative, draft)
@@ -277,7 +315,8 @@ class LLM:
         **options: Any,
     ) -> Iterator[ChatStreamEvent]:
         """:meth:`chat` streamed: each event carries the parsed ``deltas`` its text completes; the last
-        one also the whole parsed ``output``."""
+        one also the whole parsed ``output``. Takes what :meth:`chat` takes."""
+        params, options = _split_chat_keywords(params, options, "stream_chat")
         plan = self.plan_chat(messages, params, **options)
         draft = self._draft_session(speculative)
         events = self.generator.stream(self._chat_ids(plan), plan.params, speculative, draft)
@@ -305,6 +344,33 @@ class ChatStreamEvent(StreamEvent):
     output: ChatOutput | None = None
 
 
+CHAT_OPTIONS = frozenset(
+    (
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "chat_template_kwargs",
+        "tool_parser",
+        "reasoning",
+        "constrain_calls",
+    )
+)
+
+
+def _split_chat_keywords(
+    params: SamplingParams | None, keywords: Mapping[str, Any], where: str
+) -> tuple[SamplingParams, dict[str, Any]]:
+    """A chat call's keywords: chat options, and SamplingParams fields (instead of ``params``)."""
+    options = {k: v for k, v in keywords.items() if k in CHAT_OPTIONS}
+    sampling = {k: v for k, v in keywords.items() if k not in CHAT_OPTIONS}
+    try:
+        return resolve_params(params, sampling, where), options
+    except TypeError as e:
+        if set(sampling) - SAMPLING_FIELDS:  # name the chat options too
+            raise TypeError(f"{e}; chat options: {', '.join(sorted(CHAT_OPTIONS))}") from None
+        raise
+
+
 def _chat_events(plan: ChatPlan, events: Iterator[StreamEvent]) -> Iterator[ChatStreamEvent]:
     parser = plan.stream()
     for event in events:
@@ -318,6 +384,14 @@ def _chat_events(plan: ChatPlan, events: Iterator[StreamEvent]) -> Iterator[Chat
         yield ChatStreamEvent(
             event.token_ids, event.text, reason, event.stats, event.logprobs, deltas=deltas, output=output
         )
+
+
+def _load_tokenizer(package: ModelPackage) -> Tokenizer | None:
+    """The package's tokenizer (None without ``tokenizer.json``), its token settings resolved too."""
+    package.settings  # noqa: B018 - resolved here, off the loading thread's path
+    if package.tokenizer_path is None:
+        return None
+    return Tokenizer.from_dir(package.root, package.tokenizer_backend)
 
 
 def draft_threads(target_threads: int) -> int:

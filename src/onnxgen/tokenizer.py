@@ -130,17 +130,18 @@ class Tokenizer:
         self._compiled: jinja2.Template | None = None
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Tokenizer:
-        """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``chat_template.jinja``) from a directory."""
+    def from_dir(cls, path: str | Path, backend: tokenizers.Tokenizer | None = None) -> Tokenizer:
+        """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``chat_template.jinja``) from a directory;
+        ``backend``: that ``tokenizer.json`` already loaded."""
         directory = Path(path)
         file = directory / TOKENIZER_FILE
-        if not file.is_file():
+        if backend is None and not file.is_file():
             raise TokenizerError(
                 f"{file} not found; onnxgen needs the HF fast tokenizer file beside the model "
                 "(write it with `AutoTokenizer.from_pretrained(src).save_pretrained(dir)`)"
             )
         try:
-            backend = tokenizers.Tokenizer.from_file(str(file))
+            backend = backend or tokenizers.Tokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises plain Exception on malformed files
             raise TokenizerError(f"{file} cannot be loaded ({e}); re-export the tokenizer") from e
         config_path, template_path = directory / CONFIG_FILE, directory / TEMPLATE_FILE

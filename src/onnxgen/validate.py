@@ -34,12 +34,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from onnxgen.errors import OnnxgenError
-from onnxgen.model import ModelPackage
+
+if TYPE_CHECKING:  # onnx loads when a model is opened, not with the command line's parser
+    from onnxgen.model import ModelPackage
 
 DEFAULT_NEW_TOKENS = 24
 # Built-in prompts: code and prose, as the models people export are asked for both.
@@ -208,6 +210,7 @@ def export_logits(llm: Any, prompt: list[int], continuation: Sequence[int]) -> n
 
 def unchanged_export(path: str | Path, threads: int | None = None) -> Reference:
     """An export run with its ops as exported (no fast ops, no fusions, no decode plan, all logits)."""
+    from onnxgen.model import ModelPackage
     from onnxgen.runtime.session import DecoderSession
 
     package = ModelPackage.open(path)
@@ -272,6 +275,8 @@ def reference_for(path: str | Path, threads: int | None = None) -> tuple[Referen
         raise ValidationError(f"reference {root} does not exist; give an export directory or a checkpoint")
     onnx_files = [root] if root.is_file() else sorted(root.glob("*.onnx")) + sorted(root.glob("*/*.onnx"))
     if onnx_files or (root / "manifest.json").is_file():
+        from onnxgen.model import ModelPackage
+
         quantized = is_quantized(ModelPackage.open(root))
         return unchanged_export(root, threads), f"export {root} (ops as exported)", quantized
     if (root / "config.json").is_file():

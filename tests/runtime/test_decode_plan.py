@@ -194,7 +194,9 @@ def test_an_unusable_cache_directory_falls_back_to_the_scan_plan_with_one_warnin
     with caplog.at_level(logging.WARNING, logger="onnxgen.runtime.plans"):
         llm = onnxgen.load(scan_dir, threads=1, decode_plan="inline")
         result = llm.generate(PROMPT, SamplingParams(max_new_tokens=3))
-    assert len(caplog.records) == 1
+    # one warning each: the plan's fallback, and the prepared graph's per-process folder
+    assert [r.name for r in caplog.records].count("onnxgen.runtime.plans") == 1
+    assert [r.name for r in caplog.records].count("onnxgen.runtime.graph_cache") <= 1
     assert llm.decode_plan.choice.plan == "scan"
     assert result.stats["decode_plan"] == "scan"
 

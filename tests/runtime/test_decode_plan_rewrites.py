@@ -15,7 +15,7 @@ import pytest
 from runtime_helpers import teacher_forced
 
 import onnxgen
-from onnxgen import cli_generate
+import onnxgen.llm
 from onnxgen.cli import build_parser
 from onnxgen.cli import main as cli_main
 from onnxgen.runtime.session import DecoderSession
@@ -107,13 +107,13 @@ def test_generate_chat_and_serve_pass_the_decode_plan_and_fast_ops_flags_to_load
     scan_fused: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], expected: dict[str, Any]
 ) -> None:
     seen: list[dict[str, Any]] = []
-    real = cli_generate.load
+    real = onnxgen.llm.load
 
     def spy(model: Any, **kwargs: Any) -> Any:
         seen.append(kwargs)
         return real(model, **kwargs)
 
-    monkeypatch.setattr(cli_generate, "load", spy)
+    monkeypatch.setattr(onnxgen.llm, "load", spy)
     assert cli_main(["generate", str(scan_fused), "hi", "-n", "2", "--json", *flags]) == 0
     assert {k: seen[-1][k] for k in expected} == expected
     parser = build_parser()

@@ -230,6 +230,28 @@ def test_reset_gives_zero_states_length_zero_and_a_fresh_start(
     state.release(snap)
 
 
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_reset_state_reads_as_zeros_whatever_comes_first(
+    sessions: dict[str, DecoderSession], family: str
+) -> None:
+    """reset() does not write the states: the first forward reads zeros (one token or many), a snapshot
+    taken before it holds zeros, and the buffers' old, nonzero values never leak into a forward."""
+    session = sessions[family]
+    for first in ([PROMPT[0]], PROMPT):
+        want = session.forward(session.new_state(64), ids(first))
+        state = prefilled(session)
+        assert any(arr.any() for arr in state.state_arrays().values())  # old values that could leak
+        state.reset()
+        np.testing.assert_array_equal(session.forward(state, ids(first)), want)  # zeros read, not written
+        state = prefilled(session)
+        state.reset()
+        snap = state.snapshot()  # of a reset state: its zeros
+        session.forward(state, ids(MORE))
+        state.restore(snap)
+        np.testing.assert_array_equal(session.forward(state, ids(first)), want)
+        state.release(snap)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_reset_state_decodes_like_a_fresh_one_and_shared_kv_states_keep_their_bindings(
     sessions: dict[str, DecoderSession], family: str

@@ -25,13 +25,13 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m onnxgen.cli_serve MODEL --port P --threads 1 ...``, stopped by :meth:`close`."""
+    """``python -m onnxgen.cli.serve MODEL --port P --threads 1 ...``, stopped by :meth:`close`."""
 
     def __init__(self, model_dir: Path, log_path: Path, *flags: str) -> None:
         self.model_name = model_dir.name
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "onnxgen.cli_serve", str(model_dir), "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "onnxgen.cli.serve", str(model_dir), "--port", str(self.port)]
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen([*cmd, "--threads", "1", *flags], stdout=self._log, stderr=self._log)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from server_helpers import ServerProcess, free_port
 
-from onnxgen.cli_serve import main
+from onnxgen.cli.serve import main
 from onnxgen.testing import build_model, poison_weights
 
 

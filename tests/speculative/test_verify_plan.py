@@ -111,7 +111,7 @@ def test_a_session_told_it_will_speculate_starts_on_the_plan_graph_and_loads_not
     io = ModelPackage.open(model_dir).io
     eager = DecoderSession(model_dir / "model.onnx", io, threads=1, verify_now=True)
     lazy = session_with(zoo, family, True)
-    assert eager._pending is None and isinstance(eager._verify_plan, CapturePlan)
+    assert eager._verify_strategy is None and isinstance(eager._verify_plan, CapturePlan)
     assert len(eager.session.get_outputs()) == len(lazy.session.get_outputs()) + len(
         eager._verify_plan.outputs
     )
@@ -130,7 +130,7 @@ def test_a_session_told_it_will_speculate_starts_on_the_plan_graph_and_loads_not
         ids = np.array([PROMPT]) if i == 0 else np.array([[7 + i]])
         np.testing.assert_array_equal(eager.forward(state, ids, 1), plain.forward(ref, ids, 1))
     told = load(model_dir, threads=1, speculative=True)
-    assert told.session.epoch == 0 and told.session._pending is None
+    assert told.session.epoch == 0 and told.session._verify_strategy is None
 
 
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)

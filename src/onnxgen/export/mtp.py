@@ -22,6 +22,7 @@ import onnx_ir as ir
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 from onnxgen.errors import ModelPackageError, UnsupportedModelError
+from onnxgen.export import PRECISIONS as PRECISIONS
 from onnxgen.export.mtp_graph import BLOCK_SIZE, MS, Borrowed, Quantize, Transposed, build_mtp_graph
 from onnxgen.export.mtp_weights import MTPGeometry, check_weights, read_mtp_checkpoint
 from onnxgen.graph.logits_to_keep import find_lm_head
@@ -30,7 +31,6 @@ from onnxgen.model.package import ModelPackage
 from onnxgen.runtime.mtp_head import MTPHeadSession
 
 MTP_DATA = "mtp.onnx.data"
-PRECISIONS = ("fp32", "int4")
 EXTERNAL_MIN_BYTES = 1024
 DEFAULT_ACCURACY_LEVEL = 4  # onnxruntime-genai's builder's default for int4 on the CPU
 _EMBEDDING_OPS = {("", "Gather"), (MS, "GatherBlockQuantized")}

@@ -44,6 +44,11 @@ class StreamEvent:
 
 @dataclass
 class GenerationResult:
+    """A finished request: the generated token ids and their text, why it ended (``finish_reason``:
+    ``"stop"`` for end-of-sequence, a stop string or a completed constraint, ``"length"`` for
+    ``max_new_tokens`` or the context), and ``stats`` (prompt and generated token counts, ``ttft_s``,
+    ``decode_tok_s``, ...)."""
+
     token_ids: list[int]
     text: str
     finish_reason: str

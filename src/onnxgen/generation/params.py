@@ -10,18 +10,28 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from onnxgen.errors import GenerationError
 
 
 class SamplingParamsError(GenerationError, ValueError):
-    """A sampling parameter is out of range or of the wrong type."""
+    """A sampling parameter is out of range or of the wrong type. Raised by a field check, it also says
+    which: ``param`` must be ``constraint`` (got ``value``); ``hint`` says how to fix it (the command line
+    rewords these in flag names)."""
+
+    def __init__(
+        self, message: str, param: str = "", constraint: str = "", value: object = None, hint: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.param, self.constraint, self.value, self.hint = param, constraint, value, hint
 
 
 def _invalid(name: str, constraint: str, value: object, hint: str) -> SamplingParamsError:
-    return SamplingParamsError(f"{name} must be {constraint} (got {value!r}); {hint}")
+    return SamplingParamsError(
+        f"{name} must be {constraint} (got {value!r}); {hint}", name, constraint, value, hint
+    )
 
 
 def _is_int(value: object) -> bool:
@@ -271,3 +281,28 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """True when decoding picks the most likely token (``temperature == 0``)."""
         return self.temperature == 0.0
+
+
+def resolve_params(params: SamplingParams | None, keywords: Mapping[str, Any], where: str) -> SamplingParams:
+    """The SamplingParams of a call that takes either ``params`` or SamplingParams fields as keywords
+    (``llm.generate("hi", max_new_tokens=5, temperature=0.7)``); defaults when it has neither.
+
+    Raises ``TypeError`` naming the keywords when both are given or a keyword is no SamplingParams field.
+    """
+    if not keywords:
+        return params if params is not None else SamplingParams()
+    unknown = sorted(set(keywords) - SAMPLING_FIELDS)
+    if unknown:
+        raise TypeError(
+            f"{where}() got unexpected keyword argument(s) {', '.join(unknown)}; sampling keywords are the "
+            f"SamplingParams fields: {', '.join(sorted(SAMPLING_FIELDS))}"
+        )
+    if params is not None:
+        raise TypeError(
+            f"{where}() got both params and the keyword argument(s) {', '.join(sorted(keywords))}; pass one: "
+            f"params=SamplingParams(...), or the fields as keywords"
+        )
+    return SamplingParams(**keywords)
+
+
+SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))

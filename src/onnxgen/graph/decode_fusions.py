@@ -27,6 +27,7 @@ bare onnxruntime loop (12 processes). Between processes these ratios spread over
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +36,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxgen.graph.state_window import attribute, constant_ints, default_opset, producers
+from onnxgen.model.external_data import read_array
 from onnxgen.model.graph_ports import consumers
 
-MAX_INLINE_BYTES = 1 << 30  # merged weights go into the serialized graph, which protobuf caps at 2 GiB
+MAX_INLINE_BYTES = 1 << 30  # merged weights kept inline go into the serialized graph (protobuf: 2 GiB)
+# Makes the initializer ``name`` holding an array: inline by default (``numpy_helper.from_array``); a
+# session graph's store writes it to a weights file and returns a reference (onnxgen.runtime.graph_cache).
+Store = Callable[[str, np.ndarray], onnx.TensorProto]
 _NBITS_ATTRS = ("K", "bits", "block_size", "accuracy_level")
 
 
@@ -73,8 +78,8 @@ def _is_onnx(node: onnx.NodeProto, op: str) -> bool:
     return node.op_type == op and node.domain in ("", "ai.onnx")
 
 
-def _array(init: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
-    return numpy_helper.to_array(init, base_dir=str(base_dir) if base_dir is not None else "")
+def _inline(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(array, name)
 
 
 def sibling_groups(model: onnx.ModelProto) -> list[list[onnx.NodeProto]]:
@@ -110,17 +115,19 @@ def merge_sibling_matmuls(
     model: onnx.ModelProto,
     base_dir: Path | None,
     fusions: Fusions,
-    max_bytes: int = MAX_INLINE_BYTES,
+    max_bytes: int | None = MAX_INLINE_BYTES,
     dry: bool = False,
+    store: Store = _inline,
 ) -> None:
     """Rewrite 1 of the module docstring, in place (``dry``: count what it would merge, change nothing).
-    ``base_dir`` resolves external weights."""
+    ``base_dir`` resolves external weights, which are read one group at a time; ``store`` makes the merged
+    initializers; ``max_bytes`` (None: no limit) caps the merged weights' bytes."""
     graph = model.graph
     if default_opset(model) < 13:
         fusions.skipped.append("sibling MatMulNBits: opset < 13 (Split takes its sizes as an input from 13)")
         return
     inits = {init.name: init for init in graph.initializer}
-    budget = max_bytes
+    budget = max_bytes if max_bytes is not None else float("inf")
     replace: dict[str, list[onnx.NodeProto]] = {}  # by the first output of the node they replace
     drop: set[str] = set()
     unused: set[str] = set()
@@ -140,15 +147,13 @@ def merge_sibling_matmuls(
         if dry:
             fusions.merged_matmuls += len(group)
             continue
-        w = [_array(t, base_dir) for t in weights]
-        s = [_array(t, base_dir) for t in scales]
         first = group[0]
         base = f"{first.name or first.output[0]}/onnxgen_merged"
         sizes = [_ints(n, "N") for n in group]
         graph.initializer.extend(
             [
-                numpy_helper.from_array(np.concatenate(w), f"{base}.weight"),
-                numpy_helper.from_array(np.concatenate(s), f"{base}.scales"),
+                store(f"{base}.weight", np.concatenate([read_array(t, base_dir) for t in weights])),
+                store(f"{base}.scales", np.concatenate([read_array(t, base_dir) for t in scales])),
                 numpy_helper.from_array(np.array(sizes, dtype=np.int64), f"{base}.sizes"),
             ]
         )
@@ -213,9 +218,14 @@ def _norm_path(
 
 
 def merge_qk_norms(
-    model: onnx.ModelProto, base_dir: Path | None, fusions: Fusions, dry: bool = False
+    model: onnx.ModelProto,
+    base_dir: Path | None,
+    fusions: Fusions,
+    dry: bool = False,
+    store: Store = _inline,
 ) -> None:
-    """Rewrite 2 of the module docstring, in place (``dry``: count what it would merge, change nothing)."""
+    """Rewrite 2 of the module docstring, in place (``dry``: count what it would merge, change nothing);
+    ``store`` makes the per-head weights' initializer."""
     graph = model.graph
     if default_opset(model) < 13:
         return
@@ -263,7 +273,7 @@ def merge_qk_norms(
         if dry:
             fusions.merged_norms += 1
             continue
-        aq, ak = _array(wq, base_dir), _array(wk, base_dir)
+        aq, ak = read_array(wq, base_dir), read_array(wk, base_dir)
         qh, kh = sizes[0] // head, sizes[1] // head
         base = f"{q_norm.name or split.output[0]}/onnxgen_qk"
         graph.initializer.extend(
@@ -271,9 +281,7 @@ def merge_qk_norms(
                 numpy_helper.from_array(np.array([sizes[0] + sizes[1], sizes[2]], np.int64), f"{base}.outer"),
                 numpy_helper.from_array(np.array([0, 0, qh + kh, head], np.int64), f"{base}.heads"),
                 numpy_helper.from_array(np.ones(head, aq.dtype), f"{base}.ones"),
-                numpy_helper.from_array(
-                    np.concatenate([np.tile(aq, (qh, 1)), np.tile(ak, (kh, 1))]), f"{base}.weight"
-                ),
+                store(f"{base}.weight", np.concatenate([np.tile(aq, (qh, 1)), np.tile(ak, (kh, 1))])),
                 numpy_helper.from_array(np.array([0, 0, sizes[0] + sizes[1]], np.int64), f"{base}.flat"),
                 numpy_helper.from_array(np.array(sizes[:2], np.int64), f"{base}.inner"),
             ]
@@ -333,16 +341,20 @@ def _splice(graph: onnx.GraphProto, replace: dict[str, list[onnx.NodeProto]], dr
     graph.node.extend(nodes)
 
 
-def fuse_for_decode(model: onnx.ModelProto, base_dir: Path | None) -> tuple[onnx.ModelProto, Fusions]:
-    """Both rewrites on a copy of ``model`` (returned as is when neither applies)."""
+def fuse_for_decode(
+    model: onnx.ModelProto, base_dir: Path | None, store: Store | None = None
+) -> tuple[onnx.ModelProto, Fusions]:
+    """Both rewrites on a copy of ``model`` (returned as is when neither applies). With ``store`` the
+    merged weights go where it puts them (no size limit); without it they are inline in the graph."""
     planned = planned_fusions(model)
     if not planned.rewritten:
         return model, planned
     out = onnx.ModelProto()
     out.CopyFrom(model)
     fusions = Fusions()
-    merge_qk_norms(out, base_dir, fusions)
-    merge_sibling_matmuls(out, base_dir, fusions)
+    merge_qk_norms(out, base_dir, fusions, store=store or _inline)
+    limit = MAX_INLINE_BYTES if store is None else None
+    merge_sibling_matmuls(out, base_dir, fusions, max_bytes=limit, store=store or _inline)
     return out, fusions
 
 

@@ -1,11 +1,14 @@
-"""Checks that every external-data file a model references exists and is long enough (no data read)."""
+"""External data: checks that every file a model references exists and is long enough (no data read),
+and reading one tensor's values from its file."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from onnxgen.errors import ModelPackageError
 
@@ -64,3 +67,35 @@ def check_external_data(model: onnx.ModelProto, model_path: Path) -> list[Path]:
                 f"{end}; re-copy the file"
             )
     return sorted(needed)
+
+
+def location_of(tensor: onnx.TensorProto) -> str:
+    """The file an external tensor is stored in, relative to its model's folder ("" when inline)."""
+    return next((e.value for e in tensor.external_data if e.key == "location"), "")
+
+
+def safe_location(location: str) -> PurePosixPath:
+    """``location`` as a relative path that stays inside the model's folder (the ONNX rule for external
+    data, which onnxruntime enforces too); raises :class:`ModelPackageError` for any other."""
+    path = PurePosixPath(location.replace("\\", "/"))
+    if not location or path.is_absolute() or ".." in path.parts or ":" in path.parts[0]:
+        raise ModelPackageError(
+            f"external data location {location!r} is not a relative path inside the model's folder; "
+            "re-export the model with its data files beside model.onnx"
+        )
+    return path
+
+
+def read_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
+    """The values of ``tensor``, read from its file under ``base_dir`` when external; ``tensor`` itself is
+    left as it is (``numpy_helper.to_array`` would load the data into it)."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    if base_dir is None:
+        raise ValueError(f"tensor {tensor.name!r} is stored outside the graph; its model's folder is needed")
+    info = {e.key: e.value for e in tensor.external_data}
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
+    path = base_dir / safe_location(info.get("location", ""))
+    data = np.fromfile(path, dtype=dtype, count=count, offset=int(info.get("offset", 0) or 0))
+    return data.reshape(tuple(tensor.dims))

@@ -41,7 +41,7 @@ class ModelPackage:
     ):
         self.model_path = model_path
         self.root = model_path.parent
-        self.graph = graph  # weights not loaded: external tensors are references only
+        self._graph: onnx.ModelProto | None = graph  # weights not loaded: external tensors are references
         self.configs = configs
         self._notes: list[str] = []
         tok = self.root / TOKENIZER_NAME
@@ -98,6 +98,21 @@ class ModelPackage:
     def tokenizer_config(self) -> dict[str, Any] | None:
         return self.config("tokenizer_config")
 
+    @property
+    def graph(self) -> onnx.ModelProto:
+        """The model's graph, external weights as references; read again from the file after
+        :meth:`release_graph`."""
+        if self._graph is None:
+            self._graph = _load_graph(self.model_path)
+        return self._graph
+
+    def release_graph(self) -> None:
+        """Let the graph go (a loaded model does not need it; an export that keeps its weights inside
+        model.onnx would otherwise hold them in Python for as long as the model is loaded). The decoder
+        I/O and the signature, derived from it, stay."""
+        self.io, self.signature  # noqa: B018 - derived now, while the graph is at hand
+        self._graph = None
+
     # -- derived, cached ------------------------------------------------------------------------
     @cached_property
     def signature(self) -> GraphSignature:
@@ -112,7 +127,21 @@ class ModelPackage:
     @cached_property
     def settings(self) -> ModelSettings:
         named = {kind: (path.name, data) for kind, (path, data) in self.configs.items()}
-        return resolve_settings(named, self.tokenizer_path)
+        backend = self.tokenizer_backend
+        return resolve_settings(named, self.tokenizer_path, backend.token_to_id if backend else None)
+
+    @cached_property
+    def tokenizer_backend(self) -> Any:
+        """``tokenizer.json`` loaded by the tokenizers library (a ``tokenizers.Tokenizer``), once for the
+        settings and the tokenizer; None when absent or not loadable (the tokenizer reports why)."""
+        if self.tokenizer_path is None:
+            return None
+        import tokenizers
+
+        try:
+            return tokenizers.Tokenizer.from_file(str(self.tokenizer_path))
+        except Exception:  # tokenizers raises plain Exception on malformed files
+            return None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -145,8 +174,17 @@ class ModelPackage:
 
 def _read_configs(root: Path, notes: list[str]) -> dict[str, tuple[Path, dict[str, Any]]]:
     if not root.is_dir():
+        hub = (
+            not root.exists() and not root.is_absolute() and len(root.parts) == 2 and "." not in root.parts[0]
+        )
         raise ModelPackageError(
             f"model path {root} does not exist or is not a directory; pass a model directory or its model.onnx"
+            + (
+                f" (a Hugging Face hub id such as {root} is not accepted: export the checkpoint to ONNX first, "
+                "e.g. with onnxruntime-genai's model builder; see the README's 'Getting a model')"
+                if hub
+                else ""
+            )
         )
     configs: dict[str, tuple[Path, dict[str, Any]]] = {}
     found = [root / n for n in INFERENCE_METADATA_NAMES if (root / n).is_file()]

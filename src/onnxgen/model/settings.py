@@ -76,7 +76,12 @@ def _as_id(value: Any, where: str, key: str, *, many: bool) -> Value | None:
 class _TokenLookup:
     """Token string -> id from tokenizer_config's added_tokens_decoder, then tokenizer.json."""
 
-    def __init__(self, tokenizer_config: Mapping[str, Any], tokenizer_path: Path | None) -> None:
+    def __init__(
+        self,
+        tokenizer_config: Mapping[str, Any],
+        tokenizer_path: Path | None,
+        token_id: Callable[[str], int | None] | None = None,
+    ) -> None:
         self._table: dict[str, int] = {}
         decoder = tokenizer_config.get("added_tokens_decoder") or {}
         if isinstance(decoder, dict):
@@ -84,11 +89,12 @@ class _TokenLookup:
                 if isinstance(tok, dict) and str(i).isdigit():
                     self._table[str(tok.get("content"))] = int(i)
         self._tokenizer_path = tokenizer_path
+        self._token_id = token_id  # the loaded tokenizer's lookup, when the caller has one
         self._loaded = False
 
     def _load_tokenizer_json(self) -> None:
         self._loaded = True
-        if self._tokenizer_path is None:
+        if self._tokenizer_path is None or self._token_id is not None:
             return
         try:
             data = json.loads(self._tokenizer_path.read_text(encoding="utf-8"))
@@ -116,6 +122,8 @@ class _TokenLookup:
             return None
         if token not in self._table and not self._loaded:
             self._load_tokenizer_json()
+        if token not in self._table and self._token_id is not None:
+            return self._token_id(token)
         return self._table.get(token)
 
 
@@ -140,7 +148,11 @@ def _add_length(out: Candidates, label: str, value: Any, key: str) -> None:
         out.setdefault("context_length", []).append((f"{label} {key}", v))
 
 
-def _collect(configs: Mapping[str, tuple[str, Mapping[str, Any]]], tokenizer_path: Path | None) -> Candidates:
+def _collect(
+    configs: Mapping[str, tuple[str, Mapping[str, Any]]],
+    tokenizer_path: Path | None,
+    token_id: Callable[[str], int | None] | None,
+) -> Candidates:
     out: Candidates = {}
     get: Callable[[str], tuple[str, Mapping[str, Any]] | None] = configs.get
     if (im := get("inference_metadata")) is not None:
@@ -160,7 +172,7 @@ def _collect(configs: Mapping[str, tuple[str, Mapping[str, Any]]], tokenizer_pat
             _add_ids(out, hf[0] + " text_config", text)
         _add_length(out, hf[0], text.get("max_position_embeddings"), "max_position_embeddings")
     if (tc := get("tokenizer_config")) is not None:
-        lookup = _TokenLookup(tc[1], tokenizer_path)
+        lookup = _TokenLookup(tc[1], tokenizer_path, token_id)
         for key in _FIELDS:
             token_id = lookup(tc[1].get(key.replace("_id", "")))
             if token_id is not None:
@@ -185,11 +197,14 @@ def _show(v: Value) -> str:
 
 
 def resolve_settings(
-    configs: Mapping[str, tuple[str, Mapping[str, Any]]], tokenizer_path: Path | None = None
+    configs: Mapping[str, tuple[str, Mapping[str, Any]]],
+    tokenizer_path: Path | None = None,
+    token_id: Callable[[str], int | None] | None = None,
 ) -> ModelSettings:
     """Apply the precedence above. ``configs`` maps a config kind (``generation_config``, ...) to
-    (file name, parsed content)."""
-    cands = _collect(configs, tokenizer_path)
+    (file name, parsed content). Token strings are looked up with ``token_id`` (the loaded tokenizer's),
+    else in ``tokenizer_path`` read as JSON."""
+    cands = _collect(configs, tokenizer_path, token_id)
     chosen: dict[str, Value] = {}
     sources: list[tuple[str, str]] = []
     notes: list[str] = []

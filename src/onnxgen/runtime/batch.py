@@ -146,6 +146,7 @@ class BatchState:
             self._states.append(RowBuffer(shape, dtype_of(pair.dtype)))
             self._spares.append(RowBuffer(shape, dtype_of(pair.dtype)))
         self._binders: dict[tuple[ort.InferenceSession, int], _Binder] = {}
+        session.track(self)  # its binders are dropped when the session is replaced
         self._token_dtype = index_dtype(io, io.token_input)
         self._mask_dtype = index_dtype(io, io.attention_mask)
         self._position_dtype = index_dtype(io, io.position_ids)
@@ -158,6 +159,10 @@ class BatchState:
         logits_type = next(o.type for o in session.session.get_outputs() if o.name == io.logits)
         if logits_type != "tensor(float)":
             self._logits = None  # let onnxruntime allocate (float16 logits)
+
+    def drop_bindings(self) -> None:
+        """Forget the binders made for this batch (their session is being replaced)."""
+        self._binders.clear()
 
     @property
     def free_rows(self) -> int:
@@ -268,7 +273,7 @@ class BatchState:
             raise GenerationError(
                 f"a batch row would exceed its capacity of {self.capacity} tokens; retire it first"
             )
-        run = self.session.session if self.session.plan is None else self.session.plan.session_for(1)
+        run = self.session.current() if self.session.plan is None else self.session.plan.session_for(1)
         binder = self._binders.get((run, self.steps % 2))
         if binder is None:  # two per session: the recurrent states ping-pong between two buffers (but
             # the ones updated in place)
@@ -280,7 +285,7 @@ class BatchState:
         else:
             binder.output(self.io.logits, None)
         try:
-            run.run_with_iobinding(binder.binding)
+            run.run_with_iobinding(binder.binding, self.session.step_run_options())
         except Exception as e:
             raise GenerationError(f"batched decode step over {n} rows failed: {e}") from e
         del small  # the bound step inputs had to stay alive until the run

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import tempfile
@@ -32,11 +31,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxgen.errors import UnsupportedModelError
-from onnxgen.graph.scan_inline import find_inlinable_scans, inline_scans_in_proto
+from onnxgen.runtime.graph_cache import cache_root, relocate
+from onnxgen.runtime.plan_names import DECODE_PLANS as DECODE_PLANS
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DECODE_PLANS = ("auto", "scan", "inline")
 FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 INLINE_FILE = "inline.onnx"
 # How the optimized copy is saved: weights (and onnxruntime's prepacked forms of them) in one data file.
@@ -90,6 +88,11 @@ def summarize_scans(graph: onnx.ModelProto) -> ScanSummary:
     """Which Scans of ``graph`` (weights not needed) the inline pass would splice, and the weight bytes."""
     if not any(n.op_type == "Scan" for n in graph.graph.node):
         return ScanSummary(weight_bytes=_weight_bytes(graph))
+    # onnx-ir (and the sympy it imports, ~36 MB and ~0.5 s) only for graphs that have a Scan
+    import onnx_ir as ir
+
+    from onnxgen.graph.scan_inline import find_inlinable_scans
+
     with_shapes = _with_inferred_shapes(graph)
     inlinable, skipped = find_inlinable_scans(ir.serde.deserialize_model(with_shapes))
     return ScanSummary(tuple(inlinable), skipped, _weight_bytes(graph))
@@ -152,15 +155,6 @@ def choose_decode_plan(requested: str, summary: ScanSummary) -> PlanChoice:
 # -- the shared optimized copy ---------------------------------------------------------------------------
 
 
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """``cache_dir``, else ``$ONNXGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxgen``, else ``~/.cache/onnxgen``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    if os.environ.get("ONNXGEN_CACHE_DIR"):
-        return Path(os.environ["ONNXGEN_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxgen"
-
-
 def _cache_key(model_path: Path, graph: onnx.ModelProto) -> str:
     """Changes with the model file, its data files, onnxruntime and the CPU (prepacked layouts depend on it)."""
     h = hashlib.sha256(model_path.read_bytes())
@@ -192,6 +186,8 @@ def optimized_copy(model_path: Path, graph: onnx.ModelProto, cache_dir: str | Pa
     final = root / _cache_key(model_path, graph)
     if (final / INLINE_FILE).is_file():
         return final
+    from onnxgen.graph.scan_inline import inline_scans_in_proto  # imports onnx-ir: see summarize_scans
+
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
@@ -250,7 +246,7 @@ class DecodePlan:
         if main is None:
             raise RuntimeError("DecodePlan.attach() the plan to its DecoderSession first")
         if tokens != 1 or self._inline_path is None or self.failed is not None:
-            return main.session
+            return main.current()
         if self.sibling is None:
             with self._lock:
                 if self.sibling is None and self.failed is None:
@@ -263,7 +259,7 @@ class DecodePlan:
                             warn_once(self._inline_path, "inline", message, e)
                         else:  # auto's pick: the Scan plan it falls back on is what was asked for
                             log.info(message, e)
-        return self.sibling if self.sibling is not None else main.session
+        return self.sibling if self.sibling is not None else main.current()
 
 
 def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSession:
@@ -272,7 +268,9 @@ def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSessi
     it cannot be made or does not match ``main`` bit for bit on a step."""
     inlined = main.same_rewrites(onnx.load(str(inline_path), load_external_data=False), inline_path.parent)
     opts = main.session.get_session_options()
-    if not _has_config(opts, FOLDER_KEY):
+    if _has_config(opts, FOLDER_KEY):  # the main session's weights folder: locations relative to it
+        relocate(inlined, inline_path.parent.resolve(), Path(opts.get_session_config_entry(FOLDER_KEY)))
+    else:
         opts.add_session_config_entry(FOLDER_KEY, str(inline_path.parent))
     providers = main.session.get_providers()
     sibling = ort.InferenceSession(inlined.SerializeToString(), sess_options=opts, providers=providers)
@@ -318,7 +316,7 @@ class PreparedPlan:
     plan: DecodePlan
     summary: ScanSummary
     model_path: Path  # what the main session loads: the package's model, or its optimized copy
-    graph: onnx.ModelProto  # that model's graph, weights not loaded
+    graph: onnx.ModelProto | None  # that model's graph, weights not loaded (None once the session has it)
 
     @property
     def choice(self) -> PlanChoice:

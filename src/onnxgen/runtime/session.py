@@ -11,10 +11,11 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 import numpy as np
 import onnx
@@ -22,22 +23,28 @@ import onnxruntime as ort
 
 from onnxgen.env import FUSE, check_switches, env_switch
 from onnxgen.errors import GenerationError, UnsupportedModelError
-from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
-from onnxgen.graph.hidden_state import expose_hidden_state
+from onnxgen.graph.decode_fusions import fuse_for_decode
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
-from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
 from onnxgen.model.io import DecoderIO
-from onnxgen.runtime import hugepages
+from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
+from onnxgen.runtime.graph_cache import PassSettings, prepare_session_graph
 from onnxgen.runtime.plans import FOLDER_KEY
 from onnxgen.runtime.state import DecodeState, StepIO
-from onnxgen.runtime.verify_plan import VerifyPlan, plan_graph
+from onnxgen.runtime.verify_plan import VERIFY_STRATEGIES, VerifyPlan, plan_graph
 
 if TYPE_CHECKING:
     from onnxgen.runtime.plans import DecodePlan
 
 log = logging.getLogger(__name__)
+
+
+class BindingOwner(Protocol):
+    """Something that keeps IO bindings of a session (a decode state, a batch)."""
+
+    def drop_bindings(self) -> None: ...
+
 
 SMALL_STEP = 16  # forwards of at most this many tokens bind persistent buffers (inputs, fetched outputs)
 MASK_VALUES = 8192  # attention-mask OrtValues kept per session, one per (batch, length)
@@ -63,29 +70,6 @@ def make_session_options(threads: int | None) -> ort.SessionOptions:
 
 def _run_failed(tokens: int, past: int, error: Exception) -> GenerationError:
     return GenerationError(f"forward over {tokens} tokens at position {past} failed: {error}")
-
-
-def inplace_states(graph: onnx.ModelProto, io: DecoderIO) -> frozenset[str]:
-    """The recurrent-state inputs that a forward may update in place (input and output bound to one
-    buffer): each is read by one node only, a ``com.microsoft::LinearAttention`` without a state window
-    that writes the state's present output itself. onnxruntime's CPU kernel of that op copies the past
-    state into the present one and then updates the present one alone, so it gives the same result when
-    both are one buffer (tests check it bit for bit against double buffering). Other state ops are left
-    double-buffered (CausalConvWithState in place measured no faster)."""
-    consumers: dict[str, int] = {}
-    for node in graph.graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
-    found = set()
-    for node in graph.graph.node:
-        if node.domain != "com.microsoft" or node.op_type != "LinearAttention" or len(node.input) < 4:
-            continue
-        if any(a.name == "state_window" and a.i for a in node.attribute) or len(node.output) < 2:
-            continue
-        for pair in io.state_pairs:
-            if node.input[3] == pair.input and node.output[1] == pair.output and consumers[pair.input] == 1:
-                found.add(pair.input)
-    return frozenset(found)
 
 
 class _Binder:
@@ -241,106 +225,80 @@ class DecoderSession:
         self.threads = threads or default_threads()
         opts = options or make_session_options(self.threads)
         model_path = Path(model_path)
-        source: str | bytes = str(model_path)
-        if model_path.suffix == ".textproto":  # onnxruntime reads binary protobuf only
-            graph = graph if graph is not None else onnx.load(str(model_path))
-            source = graph.SerializeToString()
-        # ``hidden_state``: also output the final hidden state (what an MTP head drafts from); first, so
-        # that the later passes keep it and it holds every position (onnxgen.graph.hidden_state)
-        self.hidden_state: str | None = None
-        if hidden_state:
-            if graph is None:
-                graph = onnx.load(str(model_path), load_external_data=False)
-            exposed = expose_hidden_state(graph, io.logits)
-            if exposed.output is None:
-                raise UnsupportedModelError(
-                    f"{model_path} does not show its final hidden state, which an MTP head needs: {exposed.report}"
-                )
-            graph, self.hidden_state = exposed.model, exposed.output
-            if exposed.modified:
-                source = graph.SerializeToString()
-        self.logits_to_keep = False
-        if last_logits:
-            if graph is None:
-                graph = onnx.load(str(model_path), load_external_data=False)
-            graph, self.logits_to_keep, reason = keep_last_logits(graph, io.logits)
-            if self.logits_to_keep:
-                source = graph.SerializeToString()
-            else:
-                log.info("logits are computed for every position: %s", reason)
-        # hybrid contrib ops on onnxruntime's vectorized CPU kernels (onnxgen.graph.hybrid_ops): the same
-        # math, rounded differently; before the passes below, so that every graph of the session has it
-        self.fast_ops = FastOps(off="not a hybrid on onnxruntime's CPU provider")
-        if on_cpu and io.state_pairs:
-            if graph is None:
-                graph = onnx.load(str(model_path), load_external_data=False)
-            graph, self.fast_ops = apply_fast_ops(graph, fast_ops)
-            if self.fast_ops.rewritten:
-                source = graph.SerializeToString()
-            if self.fast_ops.skipped:
-                log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
-            if self.fast_ops.off:
-                log.info("hybrid ops run as exported: %s", self.fast_ops.off)
-        # fewer kernel launches per decode step with bit-identical outputs (onnxgen.graph.decode_fusions):
-        # merged sibling MatMulNBits, one query/key RMSNorm; CPU provider, where it was measured
-        self.fusions = Fusions()
-        self._fuse = on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False)
-        if self._fuse:
-            if graph is None:
-                graph = onnx.load(str(model_path), load_external_data=False)
-            graph, self.fusions = fuse_for_decode(graph, model_path.parent)
-            if self.fusions.rewritten:
-                source = graph.SerializeToString()
-                log.info(
-                    "decode fusions: %d MatMulNBits merged, %d query/key norm pairs merged",
-                    self.fusions.merged_matmuls,
-                    self.fusions.merged_norms,
-                )
-            for why in self.fusions.skipped:
-                log.info("decode fusion left out: %s", why)
+        # The graph passes, run once per model and settings and kept on disk (onnxgen.runtime.graph_cache):
+        # logits for the kept positions only; hybrid contrib ops on onnxruntime's vectorized CPU kernels
+        # (onnxgen.graph.hybrid_ops: the same math, rounded differently); fewer kernel launches per decode
+        # step with the same output bits (onnxgen.graph.decode_fusions: merged sibling MatMulNBits, one
+        # query/key RMSNorm); and the analyses below. Every weight stays in its file: onnxruntime maps it.
+        settings = PassSettings(
+            last_logits=last_logits,
+            on_cpu=on_cpu,
+            fast_ops=fast_ops,
+            fuse=on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False),
+            hidden_state=hidden_state,
+        )
+        self._settings = settings
+        self.prepared = prepare_session_graph(model_path, io, settings, graph)
+        del graph  # the caller's graph is not kept (the prepared one is read from disk when needed)
+        # ``hidden_state``: the graph also outputs the final hidden state (what an MTP head drafts from)
+        self.hidden_state: str | None = self.prepared.hidden_state
+        if hidden_state and self.hidden_state is None:
+            raise UnsupportedModelError(
+                f"{model_path} does not output its final hidden state, which an MTP head needs, and the "
+                "graph passes that would add it did not run (see the warning above)"
+            )
+        self.logits_to_keep = self.prepared.logits_to_keep
+        self.fast_ops = self.prepared.fast_ops
+        if self.fast_ops.skipped:
+            log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
+        if self.fast_ops.off and on_cpu and io.state_pairs:
+            log.info("hybrid ops run as exported: %s", self.fast_ops.off)
+        elif not (on_cpu and io.state_pairs):
+            self.fast_ops = FastOps(off="not a hybrid on onnxruntime's CPU provider")
+        self.fusions = self.prepared.fusions
+        if self.fusions.rewritten:
+            log.info(
+                "decode fusions: %d MatMulNBits merged, %d query/key norm pairs merged",
+                self.fusions.merged_matmuls,
+                self.fusions.merged_norms,
+            )
+        for why in self.fusions.skipped:
+            log.info("decode fusion left out: %s", why)
         # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
         # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
         # against double buffering)
-        self.inplace_states: frozenset[str] = frozenset()
-        if (inplace is None or inplace) and io.state_pairs and on_cpu:
-            if graph is None:
-                graph = onnx.load(str(model_path), load_external_data=False)
-            self.inplace_states = inplace_states(graph, io)
+        allow_inplace = inplace is None or inplace
+        self.inplace_states = self.prepared.inplace_states if allow_inplace else frozenset()
         # lanes of graphs whose mask only gives GroupQueryAttention its lengths keep one capacity-long
         # mask bound and write one element per step (onnxgen.graph.mask_lengths; CPU kernel checked)
-        self.length_mask = False
-        if on_cpu and io.attention_mask is not None and io.past_present_share_buffer:
-            if graph is None:
-                graph = onnx.load(str(model_path), load_external_data=False)
-            self.length_mask = mask_feeds_lengths_only(graph, io.attention_mask)
+        self.length_mask = self.prepared.length_mask
         # Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
         # The rewritten graph's extra outputs cost every plain step too (~7% of a Qwen3.5 int4 step at 1
-        # thread in round 13; 0.98-1.03x at 2 threads in round 16, after in-place states), so
-        # the session runs the plain graph until the first speculative verify asks for the plan
-        # (:attr:`verify_plan`); it then runs the rewritten graph, which computes the same values.
+        # thread; 0.98-1.03x at 2 threads after in-place states), so the session runs the plain graph
+        # until the first speculative verify asks for the plan (:attr:`verify_plan`); the plan's session
+        # then replaces it, the plain one released first, so that only one holds the weights at a time.
         self._verify_plan: VerifyPlan | None = None
-        self._pending: tuple[onnx.ModelProto, VerifyPlan] | None = None
+        self._verify_strategy: str | None = None  # a plan not yet made
         self._verify_lock = threading.Lock()
         if verify and verify != "replay" and io.state_pairs:
-            if graph is None:
-                graph = onnx.load(str(model_path), load_external_data=False)
             strategy = "auto" if verify is True else str(verify)
-            rewritten, plan, why = plan_graph(graph, io, providers, strategy)
-            if plan is None:
-                log.info("speculative verify will commit recurrent states by replay: %s", why)
-            else:
-                self._pending = (rewritten, plan)
-        # ``verify_now``: the caller will speculate, so load the plan's graph now rather than plain first
-        # and again at the first verify (a second session load: ~0.25 s for the 20 MB demo model)
-        eager = self._pending if verify_now else None
-        if eager is not None:
-            source, self._pending = eager[0].SerializeToString(), None
-        if isinstance(source, bytes) or self._pending is not None:  # graphs loaded from memory
-            opts.add_session_config_entry(FOLDER_KEY, str(model_path.parent))
+            if strategy not in VERIFY_STRATEGIES:
+                raise ValueError(f"verify strategy {strategy!r} is not one of {', '.join(VERIFY_STRATEGIES)}")
+            self._verify_strategy = strategy
+        # bindings made on this session (decode and batch states): dropped when the session is replaced
+        self._binding_owners: weakref.WeakSet[BindingOwner] = weakref.WeakSet()
         self._model_path = model_path
         self._options = opts
         self._providers = providers
-        self.session = self._load(source)
+        source, folder = self.prepared.source()
+        # graphs loaded from bytes (the prepared graph, the verify plan's) resolve their weights here
+        opts.add_session_config_entry(FOLDER_KEY, str(folder or model_path.parent))
+        # ``verify_now``: the caller will speculate, so load the plan's graph now rather than plain first
+        # and again at the first verify (a second session load)
+        eager = self._verify_graph() if verify_now and self._verify_strategy is not None else None
+        if verify_now:
+            self._verify_strategy = None
+        self.session: ort.InferenceSession = self._load(eager[0] if eager is not None else source)
         if eager is not None:
             eager[1].attach(self.session, self._providers)
             self._verify_plan = eager[1]
@@ -362,6 +320,13 @@ class DecoderSession:
         self._ones_buf = np.ones(0, dtype=self._mask_dtype)
         self._ones_values: dict[tuple[int, int], ort.OrtValue] = {}
         self._run_options = ort.RunOptions()  # what the wrapper's run_with_iobinding passes by default
+        # After a forward over many tokens (a prefill) onnxruntime's arena holds its activations: tens to
+        # hundreds of MB at real sizes, kept (and grown by later prefills) for the life of the session.
+        # The next single-token step runs with the arena's shrinkage on, which hands the regions no longer
+        # in use back; prefill chunks in a row keep theirs.
+        self._shrink_options = ort.RunOptions()
+        self._shrink_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._shrink_pending = False
 
     def same_rewrites(self, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
         """``graph`` (a sibling of this session's model, e.g. its Scans inlined) with the rewrites this
@@ -374,34 +339,91 @@ class DecoderSession:
                 raise UnsupportedModelError(f"the graph takes no logits-to-keep input: {reason}")
         if not self.fast_ops.off:  # the pass ran on this session's graph
             graph, _ = apply_fast_ops(graph, True)
-        if self._fuse:
+        if self._settings.fuse:
             graph, _ = fuse_for_decode(graph, base_dir)
         return graph
 
     def _load(self, source: str | bytes) -> ort.InferenceSession:
         try:
             with hugepages.collapsing(self._huge_pages):
-                return ort.InferenceSession(source, sess_options=self._options, providers=self._providers)
+                session = ort.InferenceSession(source, sess_options=self._options, providers=self._providers)
         except Exception as e:  # onnxruntime raises its own exception types
             raise UnsupportedModelError(
                 f"onnxruntime could not load {self._model_path}: {e}. Check that the installed onnxruntime "
                 "supports every op of the export (see `onnxgen inspect`)"
             ) from e
+        # the weight pages loading read are kept packed on onnxruntime's heap: the mapped ones can go
+        memory.release_file_pages(self.weight_folders)
+        return session
+
+    @property
+    def weight_folders(self) -> list[Path]:
+        """The folders of the files the session's weights are mapped from (the export's, the cache's)."""
+        folders = [self._model_path.parent]
+        if self.prepared.graph_path is not None:
+            folders.append(self.prepared.graph_path.parent)
+        return folders
 
     @property
     def verify_plan(self) -> VerifyPlan | None:
         """How speculative verifies commit recurrent states without a replay (None: by replay). The first
-        read moves the session onto the plan's graph (a new onnxruntime session; decode states keep their
-        buffers, bound again by name)."""
-        if self._pending is not None:
+        read moves the session onto the plan's graph: the plain session is released, then the plan's is
+        made (decode states keep their buffers and bind them again by name)."""
+        if self._verify_strategy is not None:
             with self._verify_lock:
-                if self._pending is not None:
-                    graph, plan = self._pending
-                    session = self._load(graph.SerializeToString())
-                    plan.attach(session, self._providers)
-                    self.session, self._verify_plan, self._pending = session, plan, None
-                    self.epoch += 1
+                if self._verify_strategy is not None:
+                    self._switch_to_verify_plan()
         return self._verify_plan
+
+    def _verify_graph(self) -> tuple[bytes, VerifyPlan] | None:
+        """The prepared graph rewritten for the verify plan (serialized, weights by reference) and the plan;
+        None (and why, logged) where no plan covers the model's states."""
+        assert self._verify_strategy is not None
+        if self.prepared.graph_path is not None and not self.prepared.graph_path.is_file():
+            # its cache entry was pruned (another process, other settings) since: prepare it again
+            self.prepared = prepare_session_graph(self._model_path, self.io, self._settings)
+        graph = self.prepared.load_graph()
+        rewritten, plan, why = plan_graph(graph, self.io, self._providers, self._verify_strategy)
+        if plan is None:
+            log.info("speculative verify will commit recurrent states by replay: %s", why)
+            return None
+        return rewritten.SerializeToString(), plan
+
+    def _switch_to_verify_plan(self) -> None:
+        built = self._verify_graph()
+        self._verify_strategy = None
+        if built is None:
+            return
+        data, plan = built
+        self._release_session()
+        try:
+            session = self._load(data)
+        except Exception:
+            log.warning("the verify plan's graph could not be loaded; verifies will replay instead")
+            session, plan = self._load(self.prepared.source()[0]), None  # type: ignore[assignment]
+        if plan is not None:
+            plan.attach(session, self._providers)
+        self.session, self._verify_plan = session, plan
+        self.epoch += 1
+
+    def _release_session(self) -> None:
+        """Drop every reference this session's states and binders hold to the onnxruntime session, then the
+        session itself (its memory goes before a replacement is loaded); :meth:`current` waits meanwhile."""
+        for owner in list(self._binding_owners):
+            owner.drop_bindings()
+        self.session = None  # type: ignore[assignment]
+
+    def current(self) -> ort.InferenceSession:
+        """The onnxruntime session, waiting while it is being replaced (:attr:`verify_plan`)."""
+        session = self.session
+        if session is None:
+            with self._verify_lock:
+                session = self.session
+        return session
+
+    def track(self, owner: BindingOwner) -> None:
+        """Note an object that keeps IO bindings of this session (they are dropped when it is replaced)."""
+        self._binding_owners.add(owner)
 
     @verify_plan.setter
     def verify_plan(self, plan: VerifyPlan | None) -> None:
@@ -420,9 +442,11 @@ class DecoderSession:
 
     def new_state(self, capacity: int, batch: int = 1) -> DecodeState:
         """An empty decode state holding up to ``capacity`` tokens per row."""
-        return DecodeState(
+        state = DecodeState(
             self.io, batch=batch, capacity=capacity, shared_kv=self._shared_kv, inplace=self.inplace_states
         )
+        self.track(state)
+        return state
 
     def forward(
         self,
@@ -454,7 +478,7 @@ class DecoderSession:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
         if self.vocab_size > 0 and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             self._bad_ids(ids, state.length)
-        session = self.session if self.plan is None or fetch else self.plan.session_for(t)
+        session = self.current() if self.plan is None or fetch else self.plan.session_for(t)
         # verify forwards (``fetch``) of t tokens keep a binder per t, whose fetched outputs become
         # persistent buffers after the first run (their shapes depend on batch and t only)
         persistent = bool(fetch) and t <= SMALL_STEP
@@ -490,10 +514,12 @@ class DecoderSession:
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
-            session.run_with_iobinding(binder.binding)
+            session.run_with_iobinding(binder.binding, self.step_run_options() if t == 1 else None)
         except Exception as e:
             state.discard(step)
             raise _run_failed(t, state.length, e) from e
+        if t > SMALL_STEP:
+            self._shrink_pending = True
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
         if (
@@ -556,7 +582,8 @@ class DecoderSession:
                 lane.bind_input(self.io.attention_mask, mask._ortvalue)
                 lane.binder.record_input(self.io.attention_mask, mask)
             try:
-                lane.run(lane.binding, self._run_options)
+                lane.run(lane.binding, self._shrink_options if self._shrink_pending else self._run_options)
+                self._shrink_pending = False
             except Exception as e:
                 state.discard(lane.cycle)
                 raise _run_failed(1, past, e) from e
@@ -565,6 +592,13 @@ class DecoderSession:
         ids = np.full((1, 1), token, dtype=np.int64)
         # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``
         return type(self).forward(self, state, ids, 1, copy=False)[0, -1]
+
+    def step_run_options(self) -> ort.RunOptions:
+        """The run options of a single-token forward: the arena shrinks after one that follows a prefill."""
+        if self._shrink_pending:
+            self._shrink_pending = False
+            return self._shrink_options
+        return self._run_options
 
     def _bad_ids(self, ids: np.ndarray, past: int) -> NoReturn:
         """Refuse ids outside the vocabulary before running (onnxruntime would fail mid-forward)."""

@@ -26,7 +26,7 @@ speculative verifies run in it too: the three steps after a released snapshot to
 when the cycle waited for the second of them).
 
 In the steady cycle, states named in ``inplace`` (those whose op reads its whole past state before it
-writes the present one, see :func:`onnxgen.runtime.session.inplace_states`) are bound as input and output
+writes the present one, see :func:`onnxgen.runtime.graph_cache.inplace_states`) are bound as input and output
 of the same buffer instead of swapping: the op then updates one buffer where it copied one into the
 other (in-process A/B through the stream: a 1.08-1.13x faster step on Qwen3.5 int4, 1.07x on fp32). Nothing else sees the difference, since no snapshot is held in the
 cycle; but a step that fails inside onnxruntime may have written such a state, so the state is then
@@ -113,6 +113,12 @@ class DecodeState:
         # the states whose two buffers a cycled step swaps (the others are updated in place)
         self._swapped = [slot for slot in self._slots if slot.pair.input not in self._inplace]
         self._broken: str | None = None  # why a failed in-place step left the states unusable
+        # reset() leaves the recurrent states as they were and marks them stale: they read as zeros (the
+        # next forward binds read-only zero buffers as its past states) until that forward replaces
+        # them, or until something reads them (:meth:`_zero_states`). Zeroing at every request wrote the
+        # whole state (~20 MB at the Qwen3.5-0.8B layout) before its first token.
+        self._stale = False
+        self._zeros: dict[int, HostBuffer] = {}  # by slot index: a zero past state, never written
         # the steady cycle's StepIO for each step parity (see the module docstring), while valid
         self._cycle: list[StepIO | None] = [None, None]
         self._cycle_from: int | None = None  # ``steps`` when the running cycle's buffers were last synced
@@ -156,7 +162,7 @@ class DecodeState:
         """
         if self._broken is not None:
             raise GenerationError(self._broken)
-        if new_tokens == 1 and self.length < self.capacity:
+        if new_tokens == 1 and self.length < self.capacity and not self._stale:
             cycled = self._cycle[self.steps & 1]
             if cycled is None and self._can_cycle():  # a step after a verify, snapshot, restore...
                 self._start_cycle()
@@ -183,12 +189,28 @@ class DecodeState:
             inputs = list(zip(self._kv_names_in, self._kv, strict=True))
         outputs = list(self._kv_io_out)
         writes = []
-        for slot in self._slots:
+        for i, slot in enumerate(self._slots):
             spare = slot.take_spare()
-            inputs.append((slot.pair.input, slot.current.value))
+            inputs.append((slot.pair.input, self._zero_past(i) if self._stale else slot.current.value))
             outputs.append((slot.pair.output, spare.value))
             writes.append((slot, spare))
         return StepIO(inputs, outputs, writes)
+
+    def _zero_past(self, i: int) -> ort.OrtValue:
+        """A zero state of slot ``i``'s shape for a stale state's forward to read (allocated once, never
+        written, so its pages are the kernel's shared zero page)."""
+        buf = self._zeros.get(i)
+        if buf is None:
+            slot = self._slots[i]
+            buf = self._zeros[i] = HostBuffer.wrap(np.zeros(slot.shape, dtype=slot.dtype))
+        return buf.value
+
+    def _zero_states(self) -> None:
+        """Write the zeros a stale state stands for into its buffers (before anything reads them)."""
+        if self._stale:
+            for slot in self._slots:
+                slot.current.array.fill(0)
+            self._stale = False
 
     def take_cycle(self, step: StepIO) -> bool:
         """:meth:`prepare` for one token where ``step`` is what it would return (the running cycle's
@@ -238,6 +260,7 @@ class DecodeState:
             return
         self.length += new_tokens
         self.steps += 1
+        self._stale = False  # every state was written by this forward
         if not self.shared_kv:
             self._kv = [allocated[n] for n in self._kv_names_out]
         for slot, spare in step.writes:
@@ -293,6 +316,7 @@ class DecodeState:
     # -- snapshot / restore / rewind ------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """Remember this point (free: references, not copies). Pair with :meth:`release`."""
+        self._zero_states()
         self._end_cycle()  # pinned buffers must not be written: steps take spares again
         states = tuple(slot.current for slot in self._slots)
         for buf in states:
@@ -310,6 +334,7 @@ class DecodeState:
                 "the tokens instead"
             )
         self.length = snap.length
+        self._stale = False  # the snapshot's buffers hold its states (zeros written if it was stale)
         self._broken = None  # the snapshot's buffers were pinned: no in-place step wrote them
         if snap.kv is not None:
             self._kv = list(snap.kv)
@@ -365,6 +390,7 @@ class DecodeState:
                 f"(got {length} and {len(states)})"
             )
         self._end_cycle()
+        self._stale = False
         if length != self.length:
             self._truncate_kv(length)
         for slot, buf in zip(self._slots, states, strict=True):
@@ -384,7 +410,23 @@ class DecodeState:
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Every recurrent state by input name (copies)."""
         self._sync_cycle()
+        self._zero_states()
         return {s.pair.input: s.current.array.copy() for s in self._slots}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the KV buffers (capacity-sized where shared; the current ones where they grow) and
+        of the recurrent-state buffers (spares included). Pages never written are not resident."""
+        kv = sum(b.array.nbytes for b in self._kv_shared) if self.shared_kv else 0
+        if not self.shared_kv:
+            kv = sum(v.numpy().nbytes for v in self._kv)
+        states = sum(b.array.nbytes for s in self._slots for b in (s.current, *s.free))
+        return kv + states
+
+    def drop_bindings(self) -> None:
+        """Forget the IO bindings and lanes made for this state (their session is being replaced)."""
+        self.bindings.clear()
+        self.lanes = [None, None]
 
     def reset(self) -> None:
         """Back to an empty sequence: length 0, zero states."""
@@ -400,5 +442,5 @@ class DecodeState:
         for slot in self._slots:
             if id(slot.current) in self._pinned:
                 slot.current = slot.take_spare()
-            slot.current.array.fill(0)
+        self._stale = bool(self._slots)
         self._kv = list(self._kv_empty)

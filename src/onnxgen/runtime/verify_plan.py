@@ -98,8 +98,9 @@ class CapturePlan(VerifyPlan):
 
     def __init__(self, captured: CaptureResult, io: DecoderIO, model: onnx.ModelProto) -> None:
         self.captured = captured
-        self.opsets = onnx.ModelProto(ir_version=model.ir_version)  # what the commit graph imports
-        self.opsets.opset_import.extend(model.opset_import)
+        # what the commit graph imports (no graph is kept: the model's opsets and IR version only)
+        self.opsets = [(o.domain, o.version) for o in model.opset_import]
+        self.ir_version = model.ir_version
         index = {p.input: i for i, p in enumerate(io.state_pairs)}
         self.windows = [(index[w.past], w) for w in captured.windows]
         self.replayed = [
@@ -131,7 +132,9 @@ class CapturePlan(VerifyPlan):
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         try:
-            model = commit_graph(self.captured.replays, ports, self.opsets)
+            carrier = onnx.ModelProto(ir_version=self.ir_version)
+            carrier.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in self.opsets)
+            model = commit_graph(self.captured.replays, ports, carrier)
             self._session = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types
             log.warning("the state-commit graph cannot be loaded (%s); verifies will replay instead", e)

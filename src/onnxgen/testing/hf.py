@@ -132,11 +132,11 @@ def _common(s: HFSize) -> dict[str, Any]:
     }
 
 
-def _save(model_cls: Any, config: Any, out_dir: Path, s: HFSize, seed: int) -> Path:
+def _save(model_cls: Any, config: Any, out_dir: Path, s: HFSize, seed: int, dtype: str = "float32") -> Path:
     import torch
 
     torch.manual_seed(seed)
-    model = model_cls._from_config(config, dtype=torch.float32)
+    model = model_cls._from_config(config, dtype=getattr(torch, dtype))
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
@@ -144,7 +144,9 @@ def _save(model_cls: Any, config: Any, out_dir: Path, s: HFSize, seed: int) -> P
     return out_dir
 
 
-def build_qwen3_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_qwen3_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random ``Qwen3ForCausalLM`` (q/k RMSNorm, fused-rotary GQA in the export) to ``out_dir``."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -155,10 +157,12 @@ def build_qwen3_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", se
         attention_bias=False,
     )
     config.architectures = ["Qwen3ForCausalLM"]
-    return _save(Qwen3ForCausalLM, config, Path(out_dir), s, seed)
+    return _save(Qwen3ForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
-def build_llama_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_llama_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random ``LlamaForCausalLM`` to ``out_dir``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -169,11 +173,15 @@ def build_llama_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", se
         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
     )
     config.architectures = ["LlamaForCausalLM"]
-    return _save(LlamaForCausalLM, config, Path(out_dir), s, seed)
+    return _save(LlamaForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
 def build_qwen3_5_checkpoint(
-    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, mtp: bool = False
+    out_dir: str | Path,
+    size: Size | HFSize = "tiny",
+    seed: int = 0,
+    dtype: str = "float32",
+    mtp: bool = False,
 ) -> Path:
     """Save a random hybrid ``Qwen3_5ForConditionalGeneration`` (text model + a minimal vision tower).
 
@@ -212,7 +220,7 @@ def build_qwen3_5_checkpoint(
     }
     config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
     config.architectures = ["Qwen3_5ForConditionalGeneration"]
-    out = _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed)
+    out = _save(Qwen3_5ForConditionalGeneration, config, Path(out_dir), s, seed, dtype)
     if mtp:
         from onnxgen.export.mtp_weights import geometry_from_config
         from onnxgen.testing.mtp import add_mtp_to_checkpoint
@@ -232,7 +240,9 @@ def _qwen3_5_text_config(s: HFSize) -> dict[str, Any]:
     }
 
 
-def build_qwen3_5_text_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_qwen3_5_text_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random hybrid ``Qwen3_5ForCausalLM`` (the text model alone, as mobius builds it)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
@@ -246,20 +256,24 @@ def build_qwen3_5_text_checkpoint(out_dir: str | Path, size: Size | HFSize = "ti
     }
     config = Qwen3_5TextConfig(**_common(s), **_qwen3_5_text_config(s), rope_parameters=rope)
     config.architectures = ["Qwen3_5ForCausalLM"]
-    return _save(Qwen3_5ForCausalLM, config, Path(out_dir), s, seed)
+    return _save(Qwen3_5ForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
-def build_qwen2_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_qwen2_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random ``Qwen2ForCausalLM`` (q/k/v biases)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     s = _size(size)
     config = Qwen2Config(**{k: v for k, v in _common(s).items() if k != "head_dim"})
     config.architectures = ["Qwen2ForCausalLM"]
-    return _save(Qwen2ForCausalLM, config, Path(out_dir), s, seed)
+    return _save(Qwen2ForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
-def build_gemma2_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_gemma2_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random ``Gemma2ForCausalLM``: sliding-window layers (window 64) alternating with global ones,
     attention and final logit soft-capping."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
@@ -269,10 +283,12 @@ def build_gemma2_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", s
         **_common(s), sliding_window=64, query_pre_attn_scalar=s.head_dim, bos_token_id=BOS_ID
     )
     config.architectures = ["Gemma2ForCausalLM"]
-    return _save(Gemma2ForCausalLM, config, Path(out_dir), s, seed)
+    return _save(Gemma2ForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
-def build_phi3_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_phi3_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random ``Phi3ForCausalLM`` (fused qkv and gate/up projections, no long-context RoPE)."""
     from transformers import Phi3Config, Phi3ForCausalLM
 
@@ -280,10 +296,12 @@ def build_phi3_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", see
     common = {k: v for k, v in _common(s).items() if k != "head_dim"}
     config = Phi3Config(**common, original_max_position_embeddings=s.max_position, bos_token_id=BOS_ID)
     config.architectures = ["Phi3ForCausalLM"]
-    return _save(Phi3ForCausalLM, config, Path(out_dir), s, seed)
+    return _save(Phi3ForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
-def build_lfm2_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_lfm2_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random hybrid ``Lfm2ForCausalLM``: short-convolution layers (cache of 3) and attention layers
     alternating."""
     from transformers import Lfm2Config, Lfm2ForCausalLM
@@ -293,10 +311,12 @@ def build_lfm2_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", see
     common = {k: v for k, v in _common(s).items() if k != "head_dim"}
     config = Lfm2Config(**common, layer_types=types, conv_L_cache=3, bos_token_id=BOS_ID)
     config.architectures = ["Lfm2ForCausalLM"]
-    return _save(Lfm2ForCausalLM, config, Path(out_dir), s, seed)
+    return _save(Lfm2ForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
-def build_qwen3_next_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0) -> Path:
+def build_qwen3_next_checkpoint(
+    out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Save a random ``Qwen3NextForCausalLM``: Gated DeltaNet and one full-attention layer in four, every
     MLP a mixture of 4 experts (2 per token) beside a shared expert. head_dim 64, so the partial rotary
     (a quarter) gives GroupQueryAttention a cos cache of 8."""
@@ -313,7 +333,7 @@ def build_qwen3_next_checkpoint(out_dir: str | Path, size: Size | HFSize = "tiny
         decoder_sparse_step=1,
     )
     config.architectures = ["Qwen3NextForCausalLM"]
-    return _save(Qwen3NextForCausalLM, config, Path(out_dir), s, seed)
+    return _save(Qwen3NextForCausalLM, config, Path(out_dir), s, seed, dtype)
 
 
 _BUILDERS = {
@@ -330,12 +350,13 @@ _BUILDERS = {
 
 
 def build_hf_checkpoint(
-    family: Family, out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0
+    family: Family, out_dir: str | Path, size: Size | HFSize = "tiny", seed: int = 0, dtype: str = "float32"
 ) -> Path:
-    """Dispatch to ``build_<family>_checkpoint``."""
+    """Dispatch to ``build_<family>_checkpoint``; ``dtype`` is the saved weights' torch dtype (``bfloat16``
+    halves what the checkpoint and onnxruntime-genai's builder hold in memory for large layouts)."""
     if family not in _BUILDERS:
         raise ValueError(f"family={family!r} is not one of {sorted(_BUILDERS)}")
-    return _BUILDERS[family](out_dir, size, seed)
+    return _BUILDERS[family](out_dir, size, seed, dtype)
 
 
 def export_with_genai_builder(

@@ -7,6 +7,7 @@ from typing import Any
 
 from onnxgen.bench_engine import ONNXGEN
 from onnxgen.bench_genai import GENAI
+from onnxgen.generation.speculative.loop import MAX_DRAFT_FACTOR
 
 COLUMNS = (
     "prompt",
@@ -17,9 +18,18 @@ COLUMNS = (
     "decode tok/s",
     "ms/token",
     "min-max tok/s",
+    "OS threads",
+)
+MEMORY_COLUMNS = (
+    "prompt",
+    "tokens",
+    "engine",
+    "load s",
+    "RSS load MB",
+    "peak load MB",
+    "RSS MB",
     "peak RSS MB",
     "PSS MB",
-    "OS threads",
 )
 SPEC_COLUMNS = (
     "prompt",
@@ -54,9 +64,41 @@ def _engine_row(entry: dict[str, Any], name: str, e: dict[str, Any]) -> list[str
         f"{rate['median']:.1f}",
         f"{ms:.3f}" if ms is not None else "?",
         f"{rate['min']:.1f}-{rate['max']:.1f}",
+        str(e.get("process_threads") or "?"),
+    ]
+
+
+def _memory_row(entry: dict[str, Any], name: str, e: dict[str, Any]) -> list[str]:
+    load = e.get("load_s")
+    return [
+        entry.get("prompt", ""),
+        str(entry["prompt_tokens"]),
+        name,
+        f"{load:.2f}" if load is not None else "?",
+        _mb(e.get("rss_load_mb")),
+        _mb(e.get("peak_load_mb")),
+        _mb(e.get("rss_mb")),
         _mb(e.get("peak_rss_mb")),
         _mb(e.get("pss_mb")),
-        str(e.get("process_threads") or "?"),
+    ]
+
+
+def _memory_ratio_row(label: str, r: dict[str, float]) -> list[str]:
+    cells = ["", "", f"{label}/genai", *(f"{r[k]:.2f}x" for k in ("load_s", "rss_load", "peak_load", "rss"))]
+    return cells + [""] * (len(MEMORY_COLUMNS) - len(cells))
+
+
+def memory_lines(report: dict[str, Any]) -> list[str]:
+    """Load time and memory per worker: right after load, the most during load, after the runs."""
+    rows = [list(MEMORY_COLUMNS)]
+    for entry in report["results"]:
+        rows.extend(_memory_row(entry, name, e) for name, e in entry["engines"].items())
+        for label, r in entry.get("memory_ratios", {}).items():
+            rows.append(_memory_ratio_row(label, r))
+    return [
+        *_table(rows),
+        "load s: the engine's load call; RSS load / peak load: resident MiB right after it / the most "
+        "until then; RSS / peak RSS / PSS: after the runs (medians over worker sets where pooled)",
     ]
 
 
@@ -188,7 +230,7 @@ def speculative_lines(report: dict[str, Any]) -> list[str]:
         if (s := e.get("speculative", {})).get("speculation")
     ]
     return [
-        f"speculative: {report['speculative']}, {k} draft tokens to start (adapting between 1 and {2 * k}); "
+        f"speculative: {report['speculative']}, {k} draft tokens to start (adapting between 1 and {MAX_DRAFT_FACTOR * k}); "
         "plain and speculative greedy runs alternate in one worker",
         *_table(rows),
         *(["auto (last run of each):", *decided] if decided else []),
@@ -268,6 +310,7 @@ def format_report(report: dict[str, Any]) -> str:
     if report["compare"]:
         lines.append("ratios > 1x: onnxgen is slower on prefill/TTFT and faster on decode tok/s")
         lines.extend(_process_lines(report))
+    lines.extend(["", *memory_lines(report)])
     if report.get("decode_plans"):
         lines.extend(plan_lines(report))
     if report.get("speculative"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from onnxgen.cli_generate import add_runtime_flags, resolve_threads
+from onnxgen.cli.generate import add_runtime_flags, resolve_threads
 from onnxgen.validate import (
     DEFAULT_NEW_TOKENS,
     PROMPTS,
@@ -22,11 +22,11 @@ from onnxgen.validate import (
 )
 
 
-def add_validate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_validate(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
     exact = Thresholds()
     p = sub.add_parser(
         "validate",
-        help="compare an export's logits with a transformers checkpoint or another export",
+        help=help_text,
         description="Teacher-forced over a few prompts, compare the export's logits (as onnxgen runs it) "
         "with the reference's at every position: top-1 agreement, max |Δlogit|, mean KL, and where the "
         "greedy continuations part. Exit 1 past a threshold.",

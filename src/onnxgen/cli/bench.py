@@ -2,23 +2,21 @@
 per decode plan (``--decode-plan scan,inline``) and with speculative decoding beside plain decoding.
 
 The harness is :mod:`onnxgen.bench`; this module parses flags and prints the tables
-(:mod:`onnxgen.cli_bench_table`) or ``--json``.
+(:mod:`onnxgen.cli.bench_table`) or ``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from onnxgen.bench import ENGINES, ONNXGEN, BenchConfig, run_bench, to_json
 from onnxgen.bench_constraints import CONSTRAINTS
+from onnxgen.bench_genai import GENAI
 from onnxgen.bench_prompts import PROMPT_KINDS
-from onnxgen.cli_bench_table import format_report
-from onnxgen.cli_generate import MODEL_ENV, THREADS_ENV, add_fast_ops_flag, resolve_model, resolve_threads
-from onnxgen.cli_speculative import add_speculative_flags
-from onnxgen.runtime.plans import DECODE_PLANS
-from onnxgen.runtime.session import default_threads
+from onnxgen.cli.generate import MODEL_ENV, THREADS_ENV, add_fast_ops_flag, resolve_model, resolve_threads
+from onnxgen.cli.speculative import add_speculative_flags
+from onnxgen.runtime.plan_names import DECODE_PLANS
 
-__all__ = ["add_bench", "format_report"]
+__all__ = ["add_bench"]
 
 DEFAULT_PROMPT_TOKENS = (16, 512)
 
@@ -61,10 +59,10 @@ def _add_prompt_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "bench",
-        help="time greedy generation (optionally beside onnxruntime-genai, per decode plan, speculative)",
+        help=help_text,
         description="Greedy generation of exactly --new-tokens tokens from each prompt, each worker "
         "(engine or decode plan) in its own process with the same thread count, runs interleaved.",
     )
@@ -91,7 +89,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         type=int,
         help=f"intra-op threads for every engine (env {THREADS_ENV}; default: all cores)",
     )
-    p.add_argument("--compare", choices=[e for e in ENGINES if e != ONNXGEN], help="also run this engine")
+    p.add_argument("--compare", choices=[GENAI], help="also run this engine")
     p.add_argument(
         "--decode-plan",
         metavar="PLAN[,PLAN...]",
@@ -111,6 +109,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 
 
 def _run(args: argparse.Namespace) -> int:
+    from onnxgen.bench import BenchConfig, run_bench, to_json
+    from onnxgen.cli.bench_table import format_report
+    from onnxgen.runtime.session import default_threads
+
     threads = resolve_threads(args.threads) or default_threads()
     cfg = BenchConfig(
         model=str(resolve_model(args.model)),

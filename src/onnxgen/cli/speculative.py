@@ -93,8 +93,9 @@ def add_speculative_flags(p: argparse.ArgumentParser) -> None:
         "--draft-tokens",
         type=int,
         metavar="K",
-        help=f"tokens drafted per target forward (default {DEFAULT_DRAFT_TOKENS}, {DEFAULT_MTP_TOKENS} for MTP; "
-        "adapts between 1 and 3K)",
+        help=f"tokens drafted for the first verify (default {DEFAULT_DRAFT_TOKENS}, {DEFAULT_MTP_TOKENS} for MTP); "
+        "the length then doubles after a fully accepted draft and drops by one after a miss, between 1 "
+        "and 3K",
     )
 
 

@@ -1,6 +1,6 @@
 """``onnxgen serve [MODEL] --host 127.0.0.1 --port 8000``: an OpenAI-compatible server with batched decoding.
 
-Also runnable as ``python -m onnxgen.cli_serve MODEL ...``. The port is bound before the model loads (a
+Also runnable as ``python -m onnxgen.cli.serve MODEL ...``. The port is bound before the model loads (a
 port in use is an error at once), and "listening" is printed only once the server accepts requests.
 """
 
@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli_generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
+from onnxgen.cli.generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
 from onnxgen.errors import ModelPackageError, OnnxgenError
-from onnxgen.llm import LLM, load
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from onnxgen.llm import LLM
     from onnxgen.server.scheduler import SchedulerConfig
     from onnxgen.server.security import SecurityConfig
 
@@ -32,8 +32,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+def add_serve(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help=help_text)
     _add_arguments(p)
     p.set_defaults(run=_run)
 
@@ -173,6 +173,8 @@ def _load_app(
 
     _say(f"loading {model}")
     start = time.perf_counter()
+    from onnxgen.llm import load
+
     llm = load(model, threads=resolve_threads(args.threads))
     context = llm.package.context_length
     max_len = args.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
@@ -182,6 +184,7 @@ def _load_app(
         )
     _check_outputs(llm)
     min_rows = fixed_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
+    llm.package.release_graph()  # read again for that probe only
     config = SchedulerConfig(args.max_batch, args.max_queue, max_len, args.prefill_chunk, min_rows)
     app = create_app(llm, config, args.served_model_name, security, log_prompts=args.log_prompts)
     _say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
@@ -220,7 +223,7 @@ def _count(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m onnxgen.cli_serve``: the serve command alone, with the CLI's one-line user errors."""
+    """``python -m onnxgen.cli.serve``: the serve command alone, with the CLI's one-line user errors."""
     parser = argparse.ArgumentParser(prog="onnxgen serve", description=__doc__.splitlines()[0])
     _add_arguments(parser)
     args = parser.parse_args(argv)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from onnxgen.export.mtp import PRECISIONS, check_head, export_mtp
+from onnxgen.export import PRECISIONS
 
 
-def add_export_mtp(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_export_mtp(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "export-mtp",
-        help="write a checkpoint's MTP head as mtp.onnx beside its decoder export (for --speculative mtp)",
+        help=help_text,
     )
     p.add_argument(
         "checkpoint", help="the Hugging Face checkpoint directory (config.json, *.safetensors with mtp.*)"
@@ -26,6 +26,8 @@ def add_export_mtp(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def _run(args: argparse.Namespace) -> int:
+    from onnxgen.export.mtp import check_head, export_mtp
+
     report = export_mtp(args.checkpoint, args.export_dir, args.precision)
     check_head(args.export_dir)
     print(report.summary())

@@ -1,0 +1,185 @@
+"""``onnxgen inspect [MODEL] [--json] [--memory]``: a model's export family, derived I/O topology and
+decode plan; with ``--memory`` it loads the model and one request and says where the memory went."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onnxgen.cli.generate import MODEL_ENV, resolve_model
+
+if TYPE_CHECKING:
+    from onnxgen.model.package import ModelPackage
+
+
+def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("inspect", help=help_text)
+    p.add_argument(
+        "model",
+        nargs="?",
+        help=f"model directory or model.onnx path (default: ${MODEL_ENV}, then the bundled model)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    g = p.add_argument_group("memory (--memory loads the model and runs one greedy request)")
+    g.add_argument("--memory", action="store_true", help="show where a loaded model's memory is")
+    g.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
+    g.add_argument("--prompt-tokens", type=int, default=16, help="prompt of the request (default 16)")
+    g.add_argument("--new-tokens", type=int, default=16, help="tokens it generates (default 16)")
+    p.set_defaults(run=_run)
+
+
+def decode_plan_summary(package: ModelPackage) -> dict[str, str]:
+    """The plan ``load(model)`` (``decode_plan="auto"``) chooses for single-token steps, and why; from the
+    graph alone (no weights loaded, no session made)."""
+    from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
+
+    choice = choose_decode_plan("auto", summarize_scans(package.graph))
+    reason = choice.reason
+    if choice.plan == "inline":  # what the runtime checks before it uses the sibling
+        reason += "; used where its first step equals the Scan plan's bit for bit, else the Scan plan"
+    return {"decode_plan": choice.plan, "decode_plan_reason": reason}
+
+
+def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
+    """What ``load(model)`` on the CPU does with a hybrid's fused ops (:mod:`onnxgen.graph.hybrid_ops`);
+    nothing for a model without recurrent state."""
+    from onnxgen.graph.hybrid_ops import apply_fast_ops
+
+    if not package.io.state_pairs:
+        return {}
+    return {"fast_ops": apply_fast_ops(package.graph, None)[1].summary()}
+
+
+def fusions_summary(package: ModelPackage) -> dict[str, str]:
+    """What ``load(model)`` on the CPU merges for decode steps (:mod:`onnxgen.graph.decode_fusions`)."""
+    from onnxgen.graph.decode_fusions import planned_fusions
+
+    return {"decode_fusions": planned_fusions(package.graph).summary()}
+
+
+MB = float(1 << 20)
+
+
+def memory_report(model: Path, threads: int | None, prompt_tokens: int, new_tokens: int) -> dict[str, Any]:
+    """Load ``model`` in this process, run one greedy request, and split the resident memory by what holds
+    it (MiB; :mod:`onnxgen.runtime.memory` reads ``/proc/self/smaps``).
+
+    Measured: resident pages of the weight files the session maps, of shared libraries, and of anonymous
+    memory (heap) at three moments. onnxruntime does not tell Python the size of its packed weights or of
+    its arena, so those are deltas of anonymous memory: the load's (packed weights, initializers it copies,
+    the graph, the tokenizer) and the request's (KV and state pages written, activations in the arena).
+    The KV and state buffers' size is computed from their shapes (pages never written are not resident).
+    """
+    from onnxgen import SamplingParams, load
+    from onnxgen.runtime import hugepages, memory
+
+    if prompt_tokens < 1 or new_tokens < 1:
+        raise ValueError(f"--prompt-tokens and --new-tokens must be >= 1 (got {prompt_tokens}, {new_tokens})")
+    base = memory.breakdown([])
+    start = time.perf_counter()
+    llm = load(model, threads=threads)
+    load_s = time.perf_counter() - start
+    hugepages.wait()
+    folders = llm.session.weight_folders
+    loaded, peak_load = memory.breakdown(folders), memory.peak_rss_bytes()
+    vocab = max(llm.session.vocab_size, 2)
+    prompt = [1 + (7919 * i + 13) % (vocab - 1) for i in range(prompt_tokens)]
+    params = SamplingParams(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=0.0, detokenize=False
+    )
+    llm.generate(prompt, params)
+    ran = memory.breakdown(folders)
+    buffers = llm.session.new_state(prompt_tokens + new_tokens).nbytes
+    request = ran.anonymous - loaded.anonymous
+    return {
+        "model": str(model),
+        "load_s": load_s,
+        "prepared_graph": llm.session.prepared.cache,
+        "decode_fusions": llm.session.fusions.summary(),
+        "weights_mapped_mb": ran.weights_mapped / MB,
+        "weights_resident_mb": ran.weights_resident / MB,
+        "weight_files": {
+            path: {"mapped_mb": m / MB, "resident_mb": r / MB} for path, (m, r) in ran.weights.items()
+        },
+        "load_heap_mb": (loaded.anonymous - base.anonymous) / MB,
+        "kv_state_buffers_mb": buffers / MB,
+        "request_heap_mb": request / MB,
+        "python_before_load_mb": base.total / MB,
+        "libraries_mb": ran.libraries / MB,
+        "libraries_added_by_load_mb": (loaded.libraries - base.libraries) / MB,
+        "other_files_mb": ran.other_files / MB,
+        "rss_after_load_mb": loaded.total / MB,
+        "peak_during_load_mb": peak_load / MB,
+        "rss_after_request_mb": ran.total / MB,
+        "peak_rss_mb": memory.peak_rss_bytes() / MB,
+        "request": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens},
+    }
+
+
+def format_memory(r: dict[str, Any]) -> str:
+    rows = [
+        (
+            "weights mapped from files",
+            f"{r['weights_resident_mb']:.0f} resident of {r['weights_mapped_mb']:.0f} mapped",
+        ),
+        (
+            "heap added by the load",
+            f"{r['load_heap_mb']:.0f}  (onnxruntime's packed weights, copied initializers, graph; tokenizer)",
+        ),
+        (
+            "heap added by the request",
+            f"{r['request_heap_mb']:.0f}  (KV/state pages written, onnxruntime's arena)",
+        ),
+        (
+            "KV/state buffers of the request",
+            f"{r['kv_state_buffers_mb']:.1f}  (allocated; pages never written are not resident)",
+        ),
+        ("Python and imports before load", f"{r['python_before_load_mb']:.0f}"),
+        (
+            "shared libraries",
+            f"{r['libraries_mb']:.0f}  ({r['libraries_added_by_load_mb']:.0f} of them touched by the load)",
+        ),
+        ("other mapped files", f"{r['other_files_mb']:.0f}"),
+        ("RSS after load / after request", f"{r['rss_after_load_mb']:.0f} / {r['rss_after_request_mb']:.0f}"),
+        ("peak RSS during load / overall", f"{r['peak_during_load_mb']:.0f} / {r['peak_rss_mb']:.0f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    req = r["request"]
+    head = [
+        f"model: {r['model']}",
+        f"load: {r['load_s']:.2f} s (prepared graph: {r['prepared_graph']}; fusions: {r['decode_fusions']})",
+        f"request: {req['prompt_tokens']} prompt tokens, {req['new_tokens']} new (greedy); MiB:",
+    ]
+    return "\n".join(head + [f"  {k.ljust(width)}  {v}" for k, v in rows])
+
+
+def mtp_summary(package: ModelPackage) -> dict[str, str]:
+    """The MTP head beside the model (``--speculative mtp`` drafts with it), and its hidden-state ports."""
+    from onnxgen.model.mtp import find_mtp_head, mtp_head_io
+
+    path = find_mtp_head(package)
+    if path is None:
+        return {}
+    head = mtp_head_io(package, path)
+    return {"mtp_head": f"{path.name} (reads {head.hidden_input!r}, drafts on {head.hidden_output!r})"}
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.memory:
+        report = memory_report(resolve_model(args.model), args.threads, args.prompt_tokens, args.new_tokens)
+        print(json.dumps(report, indent=2) if args.json else format_memory(report))
+        return 0
+    from onnxgen.model.inspect import describe, format_text
+    from onnxgen.model.package import ModelPackage
+
+    package = ModelPackage.open(resolve_model(args.model))
+    summary = describe(package)
+    summary.update(decode_plan_summary(package))
+    summary.update(fast_ops_summary(package))
+    summary.update(fusions_summary(package))
+    summary.update(mtp_summary(package))
+    print(json.dumps(summary, indent=2) if args.json else format_text(summary))
+    return 0
