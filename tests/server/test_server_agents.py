@@ -580,3 +580,35 @@ def test_bad_tool_requests_are_400s_naming_the_problem_and_the_server_goes_on(
     r = server.http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, **body})
     assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
     assert chat(server, 0, 2).choices[0].finish_reason == "length"
+
+
+def test_a_continued_response_resumes_its_conversation_from_the_prefix_cache(
+    models: dict[str, Path], servers: dict[str, ServerProcess], tmp_path: Path
+) -> None:
+    """With ``--prefix-cache-mb`` the turn after ``previous_response_id`` prefills only what is new: its
+    usage reports the first turn's tokens as cached, and the answers equal a server without the cache."""
+    cached_server = ServerProcess(
+        models["tools"], tmp_path / "cached.log", "--prefix-cache-mb", "16", "--max-model-len", "1024"
+    )
+    try:
+        answers = []
+        for server in (cached_server, servers["tools"]):
+            first = server.client.responses.create(
+                model=server.model_name, input="Name a colour.", max_output_tokens=5, temperature=0
+            )
+            second = server.client.responses.create(
+                model=server.model_name,
+                input="And another?",
+                previous_response_id=first.id,
+                max_output_tokens=5,
+                temperature=0,
+            )
+            answers.append((first, second))
+    finally:
+        cached_server.close()
+    (first, second), (plain_first, plain_second) = answers
+    assert (first.output_text, second.output_text) == (plain_first.output_text, plain_second.output_text)
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    assert plain_second.usage.input_tokens_details.cached_tokens == 0  # no cache: all prefilled
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert first.usage.input_tokens - 1 <= cached < second.usage.input_tokens, cached

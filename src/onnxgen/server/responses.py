@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +102,15 @@ def _chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> Chat
 class ResponseRun:
     """The output items and events of one response as its tokens arrive."""
 
-    def __init__(self, ready: ResponseRequest, model: str, token_bytes: TokenBytes) -> None:
+    def __init__(
+        self,
+        ready: ResponseRequest,
+        model: str,
+        token_bytes: TokenBytes,
+        cached_tokens: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.ready = ready
+        self.cached_tokens = cached_tokens  # prompt tokens the prefix cache resumed (known once prefilled)
         plan = ready.prepared.plan
         if plan is None:  # a chat request always has a plan
             raise TypeError("a Responses request is prepared as a chat request")
@@ -132,7 +139,8 @@ class ResponseRun:
         if reason is not None:
             reason = self.plan.finish_reason(reason, self.parser.output)
             prompt = self.ready.prepared.prompt_tokens
-            events += self.builder.finish(reason, prompt, self.tokens, self.reasoning_tokens)
+            cached = self.cached_tokens() or 0
+            events += self.builder.finish(reason, prompt, self.tokens, self.reasoning_tokens, cached)
         return events
 
     def body(self) -> dict[str, Any]:
@@ -152,7 +160,7 @@ async def create_response(server: Service, request: Request) -> Response:
     record = request_record(request)
     record.prompt, record.prompt_tokens = ready.prepared.prompt_text, ready.prepared.prompt_tokens
     stream = server.submit(ready.prepared)
-    run = ResponseRun(ready, server.model_name, server.token_bytes)
+    run = ResponseRun(ready, server.model_name, server.token_bytes, lambda: stream.handle.cached_tokens)
     if ready.request.stream:
         events = _events(server, stream, run, record)
         return StreamingResponse(
