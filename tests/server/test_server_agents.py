@@ -405,8 +405,8 @@ def test_a_response_answers_what_the_same_chat_answers_and_streams_the_same_text
     assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
-def test_previous_response_id_continues_the_stored_conversation(servers: dict[str, ServerProcess]) -> None:
-    server = servers["tools"]
+def two_turns(server: ServerProcess) -> tuple[Any, Any]:
+    """A greedy response and its continuation through ``previous_response_id``."""
     first = server.client.responses.create(
         model=server.model_name, input="Name a colour.", max_output_tokens=5, temperature=0
     )
@@ -417,6 +417,12 @@ def test_previous_response_id_continues_the_stored_conversation(servers: dict[st
         max_output_tokens=5,
         temperature=0,
     )
+    return first, second
+
+
+def test_previous_response_id_continues_the_stored_conversation(servers: dict[str, ServerProcess]) -> None:
+    server = servers["tools"]
+    first, second = two_turns(server)
     messages = [
         {"role": "user", "content": "Name a colour."},
         {"role": "assistant", "content": first.output_text},
@@ -591,22 +597,10 @@ def test_a_continued_response_resumes_its_conversation_from_the_prefix_cache(
         models["tools"], tmp_path / "cached.log", "--prefix-cache-mb", "16", "--max-model-len", "1024"
     )
     try:
-        answers = []
-        for server in (cached_server, servers["tools"]):
-            first = server.client.responses.create(
-                model=server.model_name, input="Name a colour.", max_output_tokens=5, temperature=0
-            )
-            second = server.client.responses.create(
-                model=server.model_name,
-                input="And another?",
-                previous_response_id=first.id,
-                max_output_tokens=5,
-                temperature=0,
-            )
-            answers.append((first, second))
+        first, second = two_turns(cached_server)
+        plain_first, plain_second = two_turns(servers["tools"])
     finally:
         cached_server.close()
-    (first, second), (plain_first, plain_second) = answers
     assert (first.output_text, second.output_text) == (plain_first.output_text, plain_second.output_text)
     assert first.usage.input_tokens_details.cached_tokens == 0
     assert plain_second.usage.input_tokens_details.cached_tokens == 0  # no cache: all prefilled
