@@ -8,7 +8,9 @@ latency percentiles. Level 1 is the sequential baseline (one request at a time t
 
 With ``--genai`` the same load runs on onnxruntime-genai (scripts/load_genai.py: its Engine in process, no
 HTTP, and padded static batches) over the same model and prompts, for comparison. With ``--step-scaling``
-the batched decode step is also timed alone per batch size. With ``--rounds R`` the whole sweep repeats
+the batched decode step is also timed alone per batch size. With ``--ray-replicas 2x1,1x2`` the same load
+also goes to ``onnxgen serve --ray --replicas N --threads T`` for each ``NxT`` given (Ray Serve replicas
+behind one ingress; each starts its own local Ray instance). With ``--rounds R`` the whole sweep repeats
 R times (levels and engines taking turns), and tokens/s is the median round: on a shared machine the load
 of other jobs changes from minute to minute. Every count and wait is bounded.
 
@@ -107,7 +109,7 @@ class Server:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(15)
+            self.proc.wait(60)
         self._log.close()
 
 
@@ -264,6 +266,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-serve", action="store_true", help="skip the onnxgen server levels")
     p.add_argument(
+        "--ray-replicas",
+        default="",
+        help="also run `onnxgen serve --ray` for each comma-separated REPLICASxTHREADS (e.g. 2x1,1x2; "
+        "a bare N means N x 1 thread); Ray Serve, default: not",
+    )
+    p.add_argument(
         "--single-row-baseline",
         action="store_true",
         help="also run 1 client on a second server with --min-batch-rows 1 (the fastest sequential baseline)",
@@ -274,6 +282,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--step-scaling", action="store_true", help="also time batched decode steps alone")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     return p.parse_args(argv)
+
+
+def ray_configs(text: str) -> list[tuple[int, int]]:
+    """(replicas, threads) of each ``NxT`` (or bare ``N``: one thread) in a comma-separated list."""
+    configs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        replicas, _, threads = item.partition("x")
+        try:
+            configs.append((int(replicas), int(threads or 1)))
+        except ValueError:
+            raise SystemExit(f"--ray-replicas {item!r}: expected REPLICASxTHREADS such as 2x1") from None
+    return configs
 
 
 def log_path(args: argparse.Namespace) -> Path:
@@ -295,6 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flags = ("--min-batch-rows", "1")
                 log = log_path(args).with_suffix(".single.log")
                 servers[SINGLE] = Server(args.model, args.threads, max(levels), log, flags)
+        for replicas, threads in ray_configs(args.ray_replicas):
+            label = f"onnxgen serve --ray, {replicas} x {threads} thread"
+            flags = ("--ray", "--replicas", str(replicas))
+            log = log_path(args).with_suffix(f".ray{replicas}x{threads}.log")
+            servers[label] = Server(args.model, threads, max(levels), log, flags)
         for server in servers.values():
             asyncio.run(server_level(server.url, server.name, prompts[:2], 1, 2, 8, 60))  # warm-up
         if args.genai:

@@ -176,3 +176,27 @@ def test_chat_answers_run_to_the_context_by_default_and_a_cut_off_answer_is_mark
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
     assert main(["chat", str(model_dir), "-t", "0", "-n", "5", "--ignore-eos", "--threads", "1"]) == 0
     assert "[answer cut off at -n 5 tokens]" in capsys.readouterr().err
+
+
+def test_chat_resumes_each_turn_from_the_cached_conversation_unless_the_cache_is_off(
+    model_dir: Path,
+    llm: LLM,
+    asked: list[Messages],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import re
+
+    assert _chat(monkeypatch, model_dir, "hello\nhow are you\n", "--stats") == 0
+    cached = capsys.readouterr()
+    first_prompt = len(llm.chat_prompt(asked[0]))
+    lines = [line for line in cached.err.splitlines() if line.startswith("[onnxgen] prompt")]
+    assert "cached" not in lines[0]
+    resumed = re.search(r"\((\d+) cached\)", lines[1])
+    assert (
+        resumed is not None and int(resumed.group(1)) >= first_prompt - 1
+    )  # the first turn's prompt at least
+    assert _chat(monkeypatch, model_dir, "hello\nhow are you\n", "--stats", "--prefix-cache-mb", "0") == 0
+    plain = capsys.readouterr()
+    assert plain.out == cached.out  # the same answers
+    assert "cached" not in plain.err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,9 @@ class Terminal:
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal, so Ctrl-C is a SIGINT
+            # a test run started in the background by a non-interactive shell inherits SIGINT ignored,
+            # and Python keeps an ignored SIGINT ignored: give the child a terminal user's Ctrl-C
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(sys.executable, [sys.executable, *argv], env)
         self.text = ""
 

@@ -67,6 +67,11 @@ class EngineConfig:
         min_rows: rows every batched decode step runs, idle ones padding it, so that kernels computing one
             row differently from several give a sequence the same tokens alone or beside others; None:
             probed on this CPU (:func:`onnxgen.runtime.batch.invariant_min_rows`).
+        prefix_cache_mb: MiB of prompts' and replies' KV rows and recurrent-state checkpoints kept, so a
+            request that shares a prefix with an earlier one (a system prompt, a chat's history) prefills
+            only the rest (:mod:`onnxgen.cache.prefix`); 0: off.
+        checkpoint_interval: tokens of a long prefill between two cached checkpoints of a hybrid's
+            recurrent states; None: 256.
     """
 
     threads: int | None = None
@@ -81,6 +86,8 @@ class EngineConfig:
     max_model_len: int | None = None
     prefill_chunk: int = 512
     min_rows: int | None = None
+    prefix_cache_mb: float = 0
+    checkpoint_interval: int | None = None
 
     def __post_init__(self) -> None:
         if self.providers is not None:
@@ -95,6 +102,9 @@ class EngineConfig:
                 _refuse(name, getattr(self, name), "True, False or None (onnxgen's default)")
         if not isinstance(self.speculative, bool):
             _refuse("speculative", self.speculative, "True or False")
+        mb = self.prefix_cache_mb
+        if isinstance(mb, bool) or not isinstance(mb, int | float) or not mb >= 0:
+            _refuse("prefix_cache_mb", mb, ">= 0 (a size in MiB; 0 turns prefix caching off)")
         for name, least, optional in (
             ("threads", 1, True),
             ("max_batch", 1, False),
@@ -102,6 +112,7 @@ class EngineConfig:
             ("max_model_len", 2, True),
             ("prefill_chunk", 2, False),
             ("min_rows", 1, True),
+            ("checkpoint_interval", 1, True),
         ):
             value = getattr(self, name)
             if value is None and optional:

@@ -13,6 +13,7 @@ from typing import Any, cast, overload
 import numpy as np
 import onnx
 
+from onnxgen.cache.prefix import PrefixCache
 from onnxgen.chat.deltas import ChatDelta
 from onnxgen.chat.output import ChatOutput
 from onnxgen.chat.plan import ChatPlan, plan_chat
@@ -104,12 +105,18 @@ class LLM:
             final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
             export=f"the export {package.model_path}",
             mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
+            prefix_cache=PrefixCache.from_mb(self.io, config.prefix_cache_mb, config.checkpoint_interval),
         )
         package.release_graph()
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The model's prefix cache (None when ``prefix_cache_mb`` is 0)."""
+        return self.generator.prefix_cache
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -478,7 +485,7 @@ def load(model: str | Path | None = None, config: EngineConfig | None = None, **
     The engine's settings are ``config`` (default: :meth:`EngineConfig.from_env`, the environment's
     ``ONNXGEN_*`` settings) with ``overrides`` on top: any :class:`~onnxgen.config.EngineConfig` field by
     name (``threads``, ``providers``, ``decode_plan``, ``huge_pages``, ``speculative``, ``fast_ops``,
-    ``fuse``, ...), None meaning "not given". A bad name or value raises
+    ``fuse``, ``prefix_cache_mb``, ...), None meaning "not given". A bad name or value raises
     :class:`~onnxgen.errors.SettingError` naming it.
     """
     config = (config if config is not None else EngineConfig.from_env()).replace(**overrides)

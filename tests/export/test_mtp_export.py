@@ -167,6 +167,37 @@ def test_a_decoder_with_its_weights_inside_the_model_file_has_them_copied(tmp_pa
     np.testing.assert_allclose(logits, ref[np.cumsum(SPLIT) - 1], rtol=1e-4, atol=1e-4)
 
 
+def test_a_tied_embedding_read_through_a_transpose_of_the_lm_head_is_shared_and_repeated(
+    tmp_path: Path,
+) -> None:
+    """onnxruntime-genai's builder exports tied embeddings as ``Gather(Transpose(lm_head weight), ids)``:
+    the head repeats the Transpose over the shared lm_head weight and computes the MTP forward with the
+    embedding table ``lm_head.T``."""
+    spec = spec_of("genai-dense")
+    d = build_model(tmp_path, "genai-dense", spec)
+    model = onnx.load(str(d / "model.onnx"))
+    gather = next(n for n in model.graph.node if n.op_type == "Gather" and "input_ids" in n.input)
+    table = onnx.helper.make_node("Transpose", ["lm_head"], ["tied_embed"], perm=[1, 0], name="tie")
+    gather.input[0] = "tied_embed"
+    model.graph.node.insert(0, table)
+    kept = [t for t in model.graph.initializer if t.name != "embed"]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    (d / "model.onnx.data").unlink()
+    save_model(model, d)
+    g = geometry_of(spec)
+    w = make_mtp_weights(g, seed=3)
+    report = write_mtp_head(d, g, w)
+    assert report.shared == ["lm_head"] and report.copied == []
+    tokens, hidden = entries(spec)
+    logits = np.stack(run_in_chunks(head_session(d), tokens, hidden)[0])
+    lm_head = make_weights(spec)["lm_head"]
+    ref = mtp_reference(g, w, lm_head.T, lm_head, tokens, hidden)[0]
+    np.testing.assert_allclose(logits, ref[np.cumsum(SPLIT) - 1], rtol=1e-4, atol=1e-4)
+    untied = mtp_reference(g, w, make_weights(spec)["embed"], lm_head, tokens, hidden)[0]
+    assert not np.allclose(logits, untied[np.cumsum(SPLIT) - 1], atol=1e-3)  # the table matters
+
+
 def test_a_decoder_data_file_linked_from_elsewhere_is_refused_with_the_fix(tmp_path: Path) -> None:
     # onnxruntime loads no external data from outside the model's directory, symlink targets included
     spec = spec_of("genai-dense")

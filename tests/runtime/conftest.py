@@ -11,6 +11,14 @@ from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import FAMILIES, build_model
 
 
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache folder of the test's own (``ONNXGEN_CACHE_DIR``): prepared graphs start missing."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("ONNXGEN_CACHE_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runtime-families")

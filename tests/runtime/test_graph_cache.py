@@ -26,13 +26,6 @@ PROMPT = [5, 9, 2, 7, 1, 3]
 STEPS = 8
 
 
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("ONNXGEN_CACHE_DIR", str(folder))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def int4_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("graph-cache")
@@ -241,3 +234,34 @@ def test_a_cache_that_shares_no_folder_with_the_model_leaves_the_passes_out(
         int4_dirs["hybrid-genai"], fuse=False, verify=False, last_logits=False, fast_ops=False
     )
     np.testing.assert_array_equal(decode(session), decode(plain))
+
+
+def test_every_setting_and_io_difference_that_changes_the_graph_changes_the_key(
+    int4_dirs: dict[str, Path],
+) -> None:
+    """The hidden-state output (an MTP head's input), the other pass settings and the derived I/O (a KV
+    layout read from genai_config, a static cache) each give their own prepared graph; notes do not."""
+    import dataclasses
+
+    from onnxgen.model.io import StaticCache
+
+    package = ModelPackage.open(int4_dirs["genai-dense"])
+    path, graph, io = package.model_path, package.graph, package.io
+    base = graph_cache.PassSettings()
+    keys = {
+        graph_cache.cache_key(path, graph, io, s)
+        for s in (
+            base,
+            dataclasses.replace(base, hidden_state=True),
+            dataclasses.replace(base, last_logits=False),
+            dataclasses.replace(base, fuse=False),
+            dataclasses.replace(base, fast_ops=False),
+            dataclasses.replace(base, on_cpu=False),
+        )
+    }
+    static = dataclasses.replace(io, static_cache=StaticCache("write_indices", None, 64))
+    shared = dataclasses.replace(io, past_present_share_buffer=not io.past_present_share_buffer)
+    keys |= {graph_cache.cache_key(path, graph, other, base) for other in (static, shared)}
+    assert len(keys) == 8
+    noted = dataclasses.replace(io, notes=(*io.notes, "a note"))
+    assert graph_cache.cache_key(path, graph, noted, base) == graph_cache.cache_key(path, graph, io, base)

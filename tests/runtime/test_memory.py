@@ -13,13 +13,6 @@ from onnxgen.runtime import memory
 from onnxgen.testing import build_model
 
 
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("ONNXGEN_CACHE_DIR", str(folder))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def int4_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model(tmp_path_factory.mktemp("memory") / "m", "genai-dense", precision="int4")

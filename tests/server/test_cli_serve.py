@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from onnxgen.testing import build_model, poison_weights
         ),
         (["/nonexistent-model-dir", "--prefill-chunk", "1"], "prefill_chunk must be an integer >= 2 (got 1)"),
         (["/nonexistent-model-dir", "--api-key", " "], "the API key is empty"),
+        (["/nonexistent-model-dir", "--tool-call-parser", "nope"], "unknown tool-call parser 'nope'"),
     ],
 )
 def test_a_bad_serve_flag_or_model_is_one_error_line_and_exit_code_2(
@@ -35,6 +37,41 @@ def test_a_bad_serve_flag_or_model_is_one_error_line_and_exit_code_2(
     err = capsys.readouterr().err.strip()
     assert err.startswith("onnxgen serve: error: ") and says in err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--replicas", "2"], "--replicas only apply with --ray; add --ray or drop them"),
+        (["--address", "auto", "--max-replicas", "3"], "--max-replicas, --address only apply with --ray"),
+        (
+            ["--ray", "--replicas", "2", "--min-replicas", "1"],
+            "give either --replicas N (fixed) or --min-replicas/--max-replicas (autoscaling), not both",
+        ),
+    ],
+)
+def test_scale_out_flags_without_ray_or_mixed_are_one_error_line_before_ray_starts(
+    flags: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from onnxgen.llm import default_model_dir
+
+    assert main([str(default_model_dir()), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("onnxgen serve: error: ") and says in err
+    assert len(err.splitlines()) == 1
+
+
+def test_ray_without_ray_serve_installed_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from onnxgen.llm import default_model_dir
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "onnxgen.serving.ray", raising=False)
+    assert main([str(default_model_dir()), "--ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("onnxgen serve: error: --ray needs Ray Serve")
+    assert err.endswith("install it with: pip install 'onnxgen[ray]'") and len(err.splitlines()) == 1
 
 
 def test_a_port_in_use_fails_before_the_model_loads(

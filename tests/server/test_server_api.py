@@ -122,7 +122,7 @@ def test_a_streamed_completion_adds_up_to_the_whole_text_and_ends_with_finish_re
     assert all(c.choices[0].finish_reason is None for c in choice_chunks[:-1])
     assert usage_chunk.choices == [] and usage_chunk.usage is not None
     assert usage_chunk.usage.completion_tokens == 16
-    assert choice_chunks[-1].usage == usage_chunk.usage  # usage also rides on the last choice chunk
+    assert all(c.usage is None for c in choice_chunks)  # usage is sent once, as OpenAI sends it
 
 
 def test_a_streamed_chat_starts_with_the_assistant_role_and_adds_up_to_the_chat_text(
@@ -136,14 +136,17 @@ def test_a_streamed_chat_starts_with_the_assistant_role_and_adds_up_to_the_chat_
             max_tokens=10,
             temperature=0,
             stream=True,
+            stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
         )
     )
     assert chunks[0].object == "chat.completion.chunk"
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == alone.text
-    assert chunks[-1].choices[0].finish_reason == "length"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == alone.text
+    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-2].usage is None
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 10
+    assert [c.usage is not None for c in chunks].count(True) == 1
 
 
 # -- sampling parameters ------------------------------------------------------------------------------

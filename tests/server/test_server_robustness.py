@@ -72,7 +72,9 @@ BAD_REQUESTS = [
     ("completions", {**OK, "min_tokens": 5}, 400, "min_tokens"),
     ("completions", {**OK, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("completions", {**OK, "stream": "yes"}, 400, "stream"),
-    ("completions", {**OK, "logprobs": 2}, 400, "logprobs"),
+    ("completions", {**OK, "logprobs": 21}, 400, "logprobs"),
+    ("completions", {**OK, "stop_token_ids": [5, 99999]}, 400, "stop_token_ids"),
+    ("completions", {**OK, "logit_bias": {"5": 1.0}}, 400, "logit_bias"),
     ("completions", {**OK, "echo": True}, 400, "echo"),
     ("completions", {**OK, "prompt": ""}, 400, "empty"),
     ("completions", {**OK, "prompt": []}, 400, "empty"),
@@ -86,7 +88,17 @@ BAD_REQUESTS = [
         400,
         "content",
     ),
-    ("chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, "tool calling"),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools[0]"),
+    ("chat/completions", {**CHAT, "tool_choice": "required"}, 400, "defines no tools"),
+    ("chat/completions", {**CHAT, "top_logprobs": 3}, 400, "top_logprobs needs logprobs"),
+    ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ("chat/completions", {**CHAT, "chat_template_kwargs": {"tools": []}}, 400, "chat_template_kwargs"),
+    (
+        "chat/completions",
+        {**CHAT, "messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
+        400,
+        "messages.0.tool_calls.0.function",
+    ),
     ("chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format"),
     (
         "chat/completions",
@@ -260,6 +272,7 @@ def test_metrics_count_the_requests_tokens_and_latencies_of_the_traffic(server: 
         messages=[{"role": "user", "content": "hi"}],
         max_tokens=4,
         stream=True,
+        stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     )
     chat_usage = [c.usage for c in chat if c.usage is not None][-1]

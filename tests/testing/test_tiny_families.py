@@ -178,6 +178,7 @@ def test_public_api_of_onnxgen_testing_is_pinned() -> None:
         "VARIANTS",
         "SPECIAL_TOKENS",
         "TinySpec",
+        "bias_logits",
         "build_model",
         "make_weights",
         "poison_weights",
@@ -189,3 +190,20 @@ def test_public_api_of_onnxgen_testing_is_pinned() -> None:
     assert t.FAMILIES == ("genai-dense", "standard-dense", "hybrid-genai", "hybrid-mobius", "hybrid-scan")
     for name in t.__all__:
         assert hasattr(t, name), name
+
+
+def test_bias_logits_adds_the_bias_to_the_named_tokens_only(tmp_path: Path) -> None:
+    from onnxgen import load
+    from onnxgen.testing import bias_logits
+
+    ids = np.asarray([[3, 4, 5]], dtype=np.int64)
+
+    def logits(model_dir: Path) -> np.ndarray:
+        llm = load(model_dir, threads=1)
+        return np.asarray(llm.session.forward(llm.session.new_state(8), ids, None))[0]
+
+    plain = logits(build_model(tmp_path / "plain", "genai-dense"))
+    biased = logits(bias_logits(build_model(tmp_path / "biased", "genai-dense"), {7: 2.5, 9: -1.0}))
+    expected = np.zeros(plain.shape[-1], dtype=np.float32)
+    expected[[7, 9]] = [2.5, -1.0]
+    np.testing.assert_allclose(biased - plain, np.broadcast_to(expected, plain.shape), atol=1e-5)

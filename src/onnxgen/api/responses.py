@@ -216,9 +216,13 @@ class ResponsesRequest(_Lenient):
         }
 
     def template_kwargs(self) -> dict[str, Any]:
-        """Chat template variables from ``reasoning.effort``: ``reasoning_effort`` (templates that read it),
-        and ``enable_thinking=False`` for ``"none"`` (Qwen3's switch)."""
-        effort = self.reasoning.effort if self.reasoning is not None else None
-        if effort is None:
-            return {}
-        return {"reasoning_effort": effort, **({"enable_thinking": False} if effort == "none" else {})}
+        """Chat template variables from ``reasoning.effort`` (see :func:`effort_kwargs`)."""
+        return effort_kwargs(self.reasoning.effort if self.reasoning is not None else None)
+
+
+def effort_kwargs(effort: str | None) -> dict[str, Any]:
+    """Chat template variables for a reasoning effort: ``reasoning_effort`` (templates that read it), and
+    ``enable_thinking=False`` for ``"none"`` (Qwen3's switch)."""
+    if effort is None:
+        return {}
+    return {"reasoning_effort": effort, **({"enable_thinking": False} if effort == "none" else {})}

@@ -191,16 +191,23 @@ class ResponseBuilder:
         return events
 
     def finish(
-        self, finish_reason: str, input_tokens: int, output_tokens: int, reasoning_tokens: int = 0
+        self,
+        finish_reason: str,
+        input_tokens: int,
+        output_tokens: int,
+        reasoning_tokens: int = 0,
+        cached_tokens: int = 0,
     ) -> list[dict[str, Any]]:
         """Close the last item and end the response: ``response.completed``, or ``response.incomplete``
-        (``max_output_tokens``) when the reply was cut at the token limit."""
+        (``max_output_tokens``) when the reply was cut at the token limit. ``cached_tokens``: input tokens
+        resumed from the prefix cache rather than prefilled."""
         cut = finish_reason == "length"
         events = self._close("incomplete" if cut else "completed")
         self.response.usage = Usage(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             total_tokens=input_tokens + output_tokens,
+            input_tokens_details={"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             output_tokens_details={"reasoning_tokens": reasoning_tokens},
         )
         self.response.status = "incomplete" if cut else "completed"

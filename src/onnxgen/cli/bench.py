@@ -8,6 +8,7 @@ The harness is :mod:`onnxgen.bench`; this module parses flags and prints the tab
 from __future__ import annotations
 
 import argparse
+import json
 
 from onnxgen.bench_constraints import CONSTRAINTS
 from onnxgen.bench_genai import GENAI
@@ -104,6 +105,16 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
         help=f"also time constrained greedy decoding with built-in constraints ({', '.join(CONSTRAINTS)}), "
         "alternating with plain runs in each onnxgen worker",
     )
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="instead: a 10-turn chat and 8 server clients sharing a system prompt, with the prefix cache "
+        "and without (onnxgen.bench_prefix)",
+    )
+    p.add_argument(
+        "--prefix-cache-mb", type=float, default=512, help="the cache's budget there (default 512)"
+    )
+    p.add_argument("--no-server", action="store_true", help="--prefix-cache: the chat part only")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=_run)
 
@@ -114,6 +125,16 @@ def _run(args: argparse.Namespace) -> int:
     from onnxgen.runtime.session import default_threads
 
     threads = resolve_threads(args.threads) or default_threads()
+    if args.prefix_cache:
+        from onnxgen.bench_prefix import PrefixBenchConfig, format_prefix_report, run_prefix_bench
+
+        model = str(resolve_model(args.model))
+        cfg = PrefixBenchConfig(
+            model, threads, args.prefix_cache_mb, server=not args.no_server, runs=args.runs
+        )
+        report = run_prefix_bench(cfg)
+        print(json.dumps(report.__dict__, indent=2) if args.json else format_prefix_report(report))
+        return 0
     cfg = BenchConfig(
         model=str(resolve_model(args.model)),
         prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT_TOKENS,

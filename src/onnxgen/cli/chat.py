@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from onnxgen.cli.generate import (
     MODEL_ENV,
     SAMPLING_DEFAULTS,
+    add_prefix_cache_flags,
     add_runtime_flags,
     add_sampling_flags,
     format_stats,
@@ -48,6 +49,8 @@ COMMANDS = {
 }
 EXIT_COMMANDS = ("/exit", "/quit")
 PROMPT_MARK = ">>> "
+# a chat resumes each turn from the previous one's cached state (its history is never prefilled again)
+CHAT_PREFIX_CACHE_MB = 512
 CONTINUATION_MARK = "... "
 FENCE = '"""'
 HISTORY_ENV = "ONNXGEN_CHAT_HISTORY"
@@ -103,6 +106,7 @@ def add_chat(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: 
         help="print a stats line after each answer",
     )
     add_runtime_flags(p)
+    add_prefix_cache_flags(p, CHAT_PREFIX_CACHE_MB)
     add_sampling_flags(p, max_new_tokens="to end-of-sequence, bounded by the context")
     add_speculative_flags(p)
     p.set_defaults(run=_run)

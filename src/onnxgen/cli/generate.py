@@ -81,6 +81,26 @@ def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     add_fast_ops_flag(p)
 
 
+def add_prefix_cache_flags(p: argparse.ArgumentParser, default_mb: float) -> None:
+    """``--prefix-cache-mb`` and ``--checkpoint-interval`` (docs/prefix-cache.md)."""
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=default_mb,
+        metavar="MB",
+        help="MiB of prompts' and replies' KV rows and state checkpoints kept, so a request that shares a "
+        f"prefix with an earlier one prefills only the rest; 0 turns it off (default {default_mb:g})",
+    )
+    p.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="tokens of a long prefill between two cached checkpoints of a hybrid's recurrent states "
+        "(default 256)",
+    )
+
+
 def add_fast_ops_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fast-ops",
@@ -198,7 +218,8 @@ def resolve_threads(value: int | None) -> int | None:
 def engine_config(args: argparse.Namespace, **settings: Any) -> EngineConfig:
     """The engine settings of the runtime flags (:func:`add_runtime_flags`) over the environment's, with
     ``settings`` (other :class:`EngineConfig` fields) on top."""
-    flags = {name: getattr(args, name, None) for name in ("decode_plan", "fast_ops")}
+    names = ("decode_plan", "fast_ops", "prefix_cache_mb", "checkpoint_interval")
+    flags = {name: getattr(args, name, None) for name in names}
     return EngineConfig.from_env(threads=resolve_threads(args.threads), **flags, **settings)
 
 
@@ -291,7 +312,9 @@ def format_stats(result: GenerationResult) -> str:
     generated = s.get("generated_tokens", len(result.token_ids))
     rate = f"{s.get('decode_tok_s', 0.0):.1f} tok/s" if generated > 1 else "n/a"
     return (
-        f"[onnxgen] prompt {s.get('prompt_tokens', '?')} tokens | generated {generated} tokens | "
+        f"[onnxgen] prompt {s.get('prompt_tokens', '?')} tokens"
+        + (f" ({s['cached_tokens']} cached)" if s.get("cached_tokens") else "")
+        + f" | generated {generated} tokens | "
         f"TTFT {1000.0 * s.get('ttft_s', 0.0):.1f} ms | decode {rate} | finish {result.finish_reason}"
     ) + format_speculative_stats(s)
 
@@ -309,6 +332,7 @@ def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # ty
     )
     p.add_argument("prompt", help="prompt text, or - to read stdin")
     add_runtime_flags(p)
+    add_prefix_cache_flags(p, 0)
     add_sampling_flags(p)
     add_constraint_flags(p)
     add_speculative_flags(p)

@@ -167,6 +167,19 @@ def mtp_summary(package: ModelPackage) -> dict[str, str]:
     return {"mtp_head": f"{path.name} (reads {head.hidden_input!r}, drafts on {head.hidden_output!r})"}
 
 
+def prefix_cache_summary(package: ModelPackage) -> dict[str, str]:
+    """What the prefix cache (``--prefix-cache-mb``) spends per cached token and per state checkpoint."""
+    from onnxgen.cache.prefix import cache_costs
+
+    costs = cache_costs(package.io)
+    out = {"prefix_cache_kv_per_token": f"{costs.kv_bytes_per_token:,} bytes (+8 for the token id)"}
+    if package.io.state_pairs:
+        out["prefix_cache_state_checkpoint"] = (
+            f"{costs.state_bytes_per_checkpoint:,} bytes ({costs.state_bytes_per_checkpoint / (1 << 20):.2f} MiB)"
+        )
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.memory:
         report = memory_report(resolve_model(args.model), args.threads, args.prompt_tokens, args.new_tokens)
@@ -181,5 +194,6 @@ def _run(args: argparse.Namespace) -> int:
     summary.update(fast_ops_summary(package))
     summary.update(fusions_summary(package))
     summary.update(mtp_summary(package))
+    summary.update(prefix_cache_summary(package))
     print(json.dumps(summary, indent=2) if args.json else format_text(summary))
     return 0

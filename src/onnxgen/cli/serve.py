@@ -1,29 +1,33 @@
 """``onnxgen serve [MODEL] --host 127.0.0.1 --port 8000``: an OpenAI-compatible server with batched decoding.
 
 Also runnable as ``python -m onnxgen.cli.serve MODEL ...``. The port is bound before the model loads (a
-port in use is an error at once), and "listening" is printed only once the server accepts requests.
+port in use is an error at once) and answers 503 while it loads; "listening" is printed only once the
+server accepts requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import socket
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli.generate import MODEL_ENV, add_runtime_flags, engine_config, resolve_model
-from onnxgen.config import API_KEY, DEFAULT_MAX_MODEL_LEN, EngineConfig, env_api_key
+from onnxgen.cli.generate import (
+    MODEL_ENV,
+    add_prefix_cache_flags,
+    add_runtime_flags,
+    resolve_model,
+    resolve_threads,
+)
+from onnxgen.config import API_KEY, env_api_key
 from onnxgen.errors import ModelPackageError, OnnxgenError
+from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
-    from onnxgen.engine.limits import BatchLimits
-    from onnxgen.llm import LLM
     from onnxgen.server.security import SecurityConfig
 
 API_KEY_ENV = API_KEY
@@ -63,6 +67,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "(int8 activations) compute a lone row differently from a block on this CPU (probed at start), so "
         "a request gets the same tokens alone or beside others; else 1",
     )
+    p.add_argument(
+        "--tool-call-parser",
+        help="tool-call format of the model's replies: hermes or qwen3_coder (default: from the chat template)",
+    )
     security = p.add_argument_group("security")
     security.add_argument(
         "--api-key",
@@ -83,11 +91,26 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "default: none, cross-origin browser requests are refused",
     )
     security.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json")
+    scale = p.add_argument_group("scale out on Ray Serve (pip install 'onnxgen[ray]'; docs/scale-out.md)")
+    scale.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve engine replicas on Ray Serve behind one ingress, with prefix-aware routing",
+    )
+    scale.add_argument("--replicas", type=int, help="engine replicas (default 2; each --threads, default 1)")
+    scale.add_argument("--min-replicas", type=int, help="autoscale: at least this many replicas")
+    scale.add_argument("--max-replicas", type=int, help="autoscale: at most this many replicas")
+    scale.add_argument(
+        "--address",
+        help="Ray cluster to deploy on: 'auto' (the one `ray start` began on this machine) or "
+        "ray://HEAD:10001; default: a Ray instance started here",
+    )
     p.add_argument(
         "--log-level", default="info", choices=LOG_LEVELS, help="one line per request at info (default)"
     )
     p.add_argument("--log-prompts", action="store_true", help="put each request's prompt into its log line")
     add_runtime_flags(p)
+    add_prefix_cache_flags(p, 0)
 
 
 def _say(message: str) -> None:
@@ -116,6 +139,59 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _engine_spec(
+    args: argparse.Namespace, model: Path, fixed_rows: int | None, security: SecurityConfig
+) -> EngineSpec:
+    return EngineSpec(
+        str(model),
+        threads=resolve_threads(args.threads),
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_model_len=args.max_model_len,
+        prefill_chunk=args.prefill_chunk,
+        min_rows=fixed_rows,
+        served_model_name=args.served_model_name,
+        security=security,
+        log_prompts=args.log_prompts,
+        tool_parser=args.tool_call_parser,
+        prefix_cache_mb=args.prefix_cache_mb,
+        checkpoint_interval=args.checkpoint_interval,
+        decode_plan=args.decode_plan,
+        fast_ops=args.fast_ops,
+    )
+
+
+def _check_scale_flags(args: argparse.Namespace) -> None:
+    given = [
+        f"--{name.replace('_', '-')}" for name in ("replicas", "min_replicas", "max_replicas", "address")
+    ]
+    given = [flag for flag in given if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given and not args.ray:
+        raise ValueError(f"{', '.join(given)} only apply with --ray; add --ray or drop them")
+    if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
+        raise ValueError(
+            "give either --replicas N (fixed) or --min-replicas/--max-replicas (autoscaling), not both"
+        )
+
+
+def _run_on_ray(args: argparse.Namespace, spec: EngineSpec) -> int:
+    """Deploy ``spec``'s engine as Ray Serve replicas behind one ingress on --host:--port, until Ctrl-C."""
+    try:
+        from onnxgen.serving.ray import build_app, run_until_interrupted
+    except ImportError as e:
+        raise OnnxgenError(f"--ray needs Ray Serve ({e}); install it with: pip install 'onnxgen[ray]'") from e
+
+    if args.threads is None and spec.threads is None:
+        spec = dataclasses.replace(spec, threads=1)  # one replica per core unless told otherwise
+    bind(args.host, args.port).close()  # a port in use is an error before Ray starts
+    app = build_app(
+        spec, replicas=args.replicas or 2, min_replicas=args.min_replicas, max_replicas=args.max_replicas
+    )
+    _log_requests(args.log_level)
+    run_until_interrupted(app, args.host, args.port, args.address, _say)
+    return 0
+
+
 def _log_requests(level: str) -> None:
     """Server logs (one line per request, engine errors) to stderr at ``level``."""
     logger = logging.getLogger("onnxgen.server")
@@ -129,27 +205,28 @@ def _log_requests(level: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from onnxgen.chat.parsers import tool_parser_for
+    from onnxgen.server.loading import LoadingResponder
     from onnxgen.server.security import SecurityConfig
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
-    # a bad size is an error before the port and the model
-    config = engine_config(
-        args,
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        max_model_len=args.max_model_len,
-        prefill_chunk=args.prefill_chunk,
-        min_rows=None if args.min_batch_rows == "auto" else _count(args.min_batch_rows),
-    )
+    fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
+    tool_parser_for(args.tool_call_parser)  # an unknown tool-call format is an error before the model
     api_key = args.api_key if args.api_key is not None else env_api_key()
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
-    model = Path(resolve_model(args.model))
+    spec = _engine_spec(args, Path(resolve_model(args.model)), fixed_rows, security)
+    spec.scheduler_config()  # a bad size is an error before the port and the model
+    model = Path(spec.model)
     if not model.exists():
         raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
+    _check_scale_flags(args)
+    if args.ray:
+        return _run_on_ray(args, dataclasses.replace(spec, model=str(model.resolve())))
     sock = bind(args.host, args.port)
     try:
-        app, sizes = _load_app(args, model, config, security)
+        with LoadingResponder(sock):  # /health and every route answer 503 until the app serves
+            app, sizes = load_app(spec, _say)
         port = sock.getsockname()[1]
         url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
         if args.host not in LOOPBACK and api_key is None:
@@ -165,32 +242,6 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 0
-
-
-def _load_app(
-    args: argparse.Namespace, model: Path, config: EngineConfig, security: SecurityConfig
-) -> tuple[FastAPI, BatchLimits]:
-    """Load the model (saying so, with the time it took), check its outputs, and build the app."""
-    from onnxgen.engine.limits import BatchLimits
-    from onnxgen.server.app import create_app
-
-    _say(f"loading {model}")
-    start = time.perf_counter()
-    from onnxgen.llm import load
-
-    llm = load(model, config)
-    _check_outputs(llm)
-    sizes = BatchLimits.resolve(config, llm.package, llm.session)  # the context; this CPU's probe
-    app = create_app(llm, sizes, args.served_model_name, security, log_prompts=args.log_prompts)
-    _say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
-    return app, sizes
-
-
-def _check_outputs(llm: LLM) -> None:
-    """One token from a one-token prompt: an export whose logits are NaN fails here, not per request."""
-    from onnxgen.generation.params import SamplingParams
-
-    llm.generate([llm.eos_token_ids[0] if llm.eos_token_ids else 0], SamplingParams(max_new_tokens=1))
 
 
 class _Uvicorn:

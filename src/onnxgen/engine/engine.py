@@ -41,7 +41,7 @@ class Engine:
     def __init__(self, generator: Generator, limits: BatchLimits) -> None:
         self.generator = generator
         self.limits = limits
-        self.scheduler = Scheduler(generator.session, limits, generator.export)
+        self.scheduler = Scheduler(generator.session, limits, generator.export, generator.prefix_cache)
         self._requests: dict[RequestId, list[Sequence]] = {}
         self._owners: dict[int, tuple[RequestId, int]] = {}  # id(sequence) -> (request, choice index)
 
@@ -128,6 +128,7 @@ class Engine:
         generated, decode_s = seq.generated, end - first
         return {
             "prompt_tokens": seq.prompt_len,
+            "cached_tokens": seq.cached_tokens,
             "generated_tokens": generated,
             "ttft_s": first - seq.arrived,
             "decode_tok_s": (generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,

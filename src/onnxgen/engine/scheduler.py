@@ -9,18 +9,25 @@ Each :meth:`Scheduler.step`
    its token with its own processors and sampler;
 3. retires the rows that finished (their slot is reused at once).
 
+With the model's prefix cache (:mod:`onnxgen.cache.prefix`), a prompt's prefill starts from its longest
+cached prefix, stops at the cache's checkpoints (caching each), and a finished row's sequence is cached
+from the batch row before it is retired. The cache never fails a request: where it does, the prompt is
+prefilled whole (or the sequence is not cached) and the error is logged.
+
 A sequence's rows never depend on their company: the batch pads every step to ``min_rows`` where the
 export's kernels compute one row differently from several.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from onnxgen.cache.prefix import PrefixCache
 from onnxgen.engine.limits import BatchLimits
 from onnxgen.engine.sequence import Sequence
 from onnxgen.errors import GenerationError, OnnxgenError
@@ -29,6 +36,8 @@ from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.sampling import check_model_logits
 from onnxgen.runtime.batch import BatchState
 from onnxgen.runtime.session import DecoderSession
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,10 +71,18 @@ def prefill_cut(left: int, chunk: int) -> int:
 class Scheduler:
     """Waiting, prefilling and running sequences over one :class:`BatchState`."""
 
-    def __init__(self, session: DecoderSession, limits: BatchLimits, export: str = "the model") -> None:
+    def __init__(
+        self,
+        session: DecoderSession,
+        limits: BatchLimits,
+        export: str = "the model",
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         self.session = session
         self.limits = limits
         self.export = export  # named by the error when a prompt's logits are not finite
+        self.prefix_cache = prefix_cache
+        self._cuts: list[int] = []  # the prefix cache's checkpoints still ahead of the prefill
         self.batch = BatchState(session, limits.max_batch, limits.max_model_len, limits.min_rows)
         self._prefill_state = session.new_state(limits.max_model_len)
         self.running: list[Sequence] = []  # ``running[i]`` holds batch row i
@@ -124,14 +141,12 @@ class Scheduler:
     def _prefill_some(self, touched: list[Emitted]) -> None:
         budget = self.limits.prefill_chunk
         while budget > 0:
-            if self.prefilling is None:
-                if not self.waiting or len(self.waiting[0]) > self.batch.free_rows:
-                    return
-                self.prefilling = self.waiting.popleft()
-                self._prefill_state.reset()
+            if self.prefilling is None and not self._next_prefill():
+                return
             group = self.prefilling
+            assert group is not None
             lead = group[0]  # the group's prompt and progress
-            take = self.chunk(lead.prompt_len - lead.offset)
+            take = self.chunk((self._cuts[0] if self._cuts else lead.prompt_len) - lead.offset)
             ids = lead.ids[None, lead.offset : lead.offset + take]
             try:
                 logits = self.session.forward(self._prefill_state, ids, 1)[0, -1]
@@ -146,10 +161,55 @@ class Scheduler:
                 seq.offset += take
             budget -= take
             self.prefilled_tokens += take
+            if self._cuts and lead.offset == self._cuts[0]:
+                self._cuts.pop(0)
+                self._cache_prefix(lead.ids[: lead.offset])
             if lead.offset == lead.prompt_len:
                 self.prefilling = None
                 for seq in group:
                     self._start(seq, logits, touched)
+
+    def _next_prefill(self) -> bool:
+        """Take the next waiting group to prefill (whether one could: it needs a free row per sequence),
+        resumed from its longest cached prefix."""
+        if not self.waiting or len(self.waiting[0]) > self.batch.free_rows:
+            return False
+        self.prefilling = group = self.waiting.popleft()
+        self._prefill_state.reset()
+        self._cuts = []
+        cache = self.prefix_cache
+        if cache is None:
+            return True
+        try:
+            hit = cache.lookup(group[0].prompt)
+            cache.restore(hit, self._prefill_state)
+        except Exception:  # the cache must never fail a request: prefill it all instead
+            log.exception("prefix cache lookup failed; prefilling the whole prompt")
+            self._prefill_state.reset()
+            return True
+        for seq in group:
+            seq.offset = seq.cached_tokens = hit.tokens
+        self._cuts = cache.cuts(group[0].prompt_len, hit.tokens, hit.matched)
+        return True
+
+    def _cache_prefix(self, tokens: np.ndarray) -> None:
+        assert self.prefix_cache is not None
+        try:
+            self.prefix_cache.insert_state(tokens, self._prefill_state)
+        except Exception:  # the cache must never fail a request
+            log.exception("caching a prompt prefix failed; it is not cached")
+
+    def _cache_row(self, seq: Sequence) -> None:
+        """Cache a finished row's sequence (the tokens its state has run) before it is retired."""
+        row, cache = seq.slot, self.prefix_cache
+        assert row is not None
+        length = int(self.batch.lengths[row])
+        if cache is None or not 0 < length <= seq.n:
+            return
+        try:
+            cache.insert_arrays(seq.ids[:length], self.batch.row_kv(row), self.batch.row_states(row))
+        except Exception:
+            log.exception("caching a finished sequence failed; it is not cached")
 
     def chunk(self, left: int) -> int:
         """The next prefill chunk of a prompt with ``left`` tokens to go (:func:`prefill_cut`)."""
@@ -176,6 +236,7 @@ class Scheduler:
         for row, seq in enumerate(list(self.running)):
             self._choose(seq, logits[row], touched)
         for seq in [s for s in reversed(self.running) if s.finish_reason is not None]:
+            self._cache_row(seq)
             self._retire(seq)
 
     def _choose(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> bool:

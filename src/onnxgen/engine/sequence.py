@@ -65,7 +65,7 @@ class Sequence:
     """One sequence's ids (prompt, then generated), its token selection and its stop checks.
 
     ``slot`` is the batch row a scheduler gave it (None while it waits or prefills), ``offset`` the prompt
-    tokens prefilled so far; ``scores`` the log-probability of each emitted token when the request asks.
+    tokens prefilled so far (resumed from the prefix cache: ``cached_tokens`` of them); ``scores`` the log-probability of each emitted token when the request asks.
     """
 
     def __init__(
@@ -93,6 +93,7 @@ class Sequence:
         self.client_error = False  # whether the request itself caused it (its grammar hit a parser limit)
         self.slot: int | None = None
         self.offset = 0
+        self.cached_tokens = 0  # prompt tokens resumed from the prefix cache (not prefilled)
         self.arrived = time.perf_counter()
         self.first_token_at = 0.0
         self.last_token_at = 0.0

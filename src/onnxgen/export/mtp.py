@@ -23,7 +23,7 @@ from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 from onnxgen.errors import ModelPackageError, UnsupportedModelError
 from onnxgen.export import PRECISIONS as PRECISIONS
-from onnxgen.export.mtp_graph import BLOCK_SIZE, MS, Borrowed, Quantize, build_mtp_graph
+from onnxgen.export.mtp_graph import BLOCK_SIZE, MS, Borrowed, Quantize, Transposed, build_mtp_graph
 from onnxgen.export.mtp_weights import MTPGeometry, check_weights, read_mtp_checkpoint
 from onnxgen.graph.logits_to_keep import find_lm_head
 from onnxgen.model.mtp import MTP_FILE, find_mtp_head, mtp_head_io
@@ -127,15 +127,31 @@ def _shareable(tensor: ir.TensorProtocol, root: Path) -> bool:
 
 
 def _borrowed_names(*nodes: Borrowed) -> set[str]:
-    return {str(t.name) for b in nodes for t in b.inputs if t is not None}
+    tensors = [t.tensor if isinstance(t, Transposed) else t for b in nodes for t in b.inputs]
+    return {str(t.name) for t in tensors if t is not None}
 
 
-def _tensors(node: ir.Node, fed: int, what: str) -> list[ir.TensorProtocol | None]:
-    """The node's inputs: None at index ``fed``, the initializer tensors elsewhere."""
-    out: list[ir.TensorProtocol | None] = []
+def _transposed(value: ir.Value | None) -> Transposed | None:
+    """``value`` as a Transpose of an initializer (how a builder export with tied embeddings reads its
+    embedding table from the lm_head's weight), else None."""
+    node = value.producer() if value is not None else None
+    if node is None or (node.domain, node.op_type) != ("", "Transpose") or len(node.inputs) != 1:
+        return None
+    source, perm = node.inputs[0], node.attributes.get("perm")
+    if source is None or source.const_value is None or perm is None:
+        return None
+    return Transposed(source.const_value, perm.as_ints())
+
+
+def _tensors(node: ir.Node, fed: int, what: str) -> list[ir.TensorProtocol | Transposed | None]:
+    """The node's inputs: None at index ``fed``, the initializer tensors (or initializers read through a
+    Transpose) elsewhere."""
+    out: list[ir.TensorProtocol | Transposed | None] = []
     for i, value in enumerate(node.inputs):
         if i == fed:
             out.append(None)
+        elif (transposed := _transposed(value)) is not None:
+            out.append(transposed)
         elif value is None or value.const_value is None:
             raise UnsupportedModelError(
                 f"the decoder's {what} ({node.op_type} {node.name!r}) reads a computed value "
@@ -175,7 +191,12 @@ def _borrow_lm_head(decoder: ir.Model, package: ModelPackage, g: MTPGeometry) ->
     node = next(n for n in decoder.graph if [o.name for o in n.outputs] == [logits])
     tensors = _tensors(node, 0, "lm_head")
     k = node.attributes.get("K")
-    hidden = k.as_int() if k is not None else (tensors[1].shape[0] if tensors[1] is not None else None)  # type: ignore[union-attr]
+    weight = tensors[1] if len(tensors) > 1 else None
+    if isinstance(weight, Transposed):
+        rows: int | None = int(weight.tensor.shape[weight.perm[0]])
+    else:
+        rows = int(weight.shape[0]) if weight is not None else None
+    hidden = k.as_int() if k is not None else rows
     if hidden is not None and int(hidden) != g.hidden:
         raise ModelPackageError(
             f"{package.model_path} has hidden size {hidden} but the MTP head has {g.hidden}; "

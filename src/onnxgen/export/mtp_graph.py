@@ -39,20 +39,36 @@ PRESENT_KEY, PRESENT_VALUE = "present.0.key", "present.0.value"
 
 
 @dataclass(frozen=True)
+class Transposed:
+    """An initializer the decoder reads through a ``Transpose`` (a tied embedding table: the lm_head's
+    ``[hidden, vocab]`` weight read as ``[vocab, hidden]``); the head repeats the Transpose."""
+
+    tensor: ir.TensorProtocol
+    perm: Sequence[int]
+
+
+@dataclass(frozen=True)
 class Borrowed:
     """A decoder node the head runs as it is (the embedding lookup, the lm_head): its op and attributes,
-    and its inputs: ``None`` for the one the head feeds, else an initializer tensor (shared or copied)."""
+    and its inputs: ``None`` for the one the head feeds, else an initializer tensor (shared or copied),
+    possibly read through a Transpose."""
 
     op_type: str
     domain: str
     attributes: Sequence[ir.Attr]
-    inputs: Sequence[ir.TensorProtocol | None]
+    inputs: Sequence[ir.TensorProtocol | Transposed | None]
 
     def apply(self, b: _Builder, data: ir.Value) -> ir.Value:
-        args = [data if t is None else b.initializer(t) for t in self.inputs]
+        args = [data if t is None else _read(b, t) for t in self.inputs]
         return b.node(
             ir.Node(self.domain, self.op_type, args, attributes=list(self.attributes), num_outputs=1)
         )[0]
+
+
+def _read(b: _Builder, t: ir.TensorProtocol | Transposed) -> ir.Value:
+    if isinstance(t, Transposed):
+        return b.op("Transpose", [b.initializer(t.tensor)], perm=list(t.perm))
+    return b.initializer(t)
 
 
 Quantize = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # [K, N] -> packed [N, blocks, 16], scales
@@ -262,4 +278,4 @@ def build_mtp_graph(
     return ir.Model(graph, ir_version=10, producer_name="onnxgen export-mtp")
 
 
-__all__ = ["HIDDEN_IN", "HIDDEN_OUT", "LOGITS", "Borrowed", "build_mtp_graph"]
+__all__ = ["HIDDEN_IN", "HIDDEN_OUT", "LOGITS", "Borrowed", "Transposed", "build_mtp_graph"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxgen.cache.prefix import Hit, PrefixCache, prefill_with_checkpoints
 from onnxgen.engine.sequence import Sequence, TextStream
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
@@ -76,17 +77,39 @@ class TokenLoop(Sequence):
         self.state = state
         self.forward_passes = 0
         self.prefill_s = 0.0
+        self.cache: PrefixCache | None = None  # set by resume(): the prefill runs from the cached prefix
+        self.hit: Hit | None = None
+        self.cached_tokens = 0
 
     def stats(self) -> dict[str, Any]:
         """Loop-specific statistics merged into the result's stats."""
         return {}
 
+    def resume(self, cache: PrefixCache) -> None:
+        """Load the longest usable cached prefix of the prompt into the (empty) state; the prefill then
+        runs the rest only, caching the prefixes :meth:`PrefixCache.cuts` names on the way."""
+        hit = cache.lookup(self.ids[: self.n])
+        cache.restore(hit, self.state)
+        self.cache, self.hit, self.cached_tokens = cache, hit, hit.tokens
+
+    def _forward_to(self, end: int) -> np.ndarray:
+        """Run the prompt's ids from the state's length up to ``end``; the last position's logits."""
+        return self.session.forward(self.state, self.ids[None, self.state.length : end], 1, copy=False)[0, -1]
+
     def _prefill(self) -> np.ndarray:
-        """Run the prompt in one forward; the last position's logits. Timed as ``prefill_s``."""
+        """Run the prompt in one forward (from a cached prefix: the rest, in pieces that end where the
+        cache takes checkpoints); the last position's logits. Timed as ``prefill_s``."""
         start = time.perf_counter()
-        logits = self.session.forward(self.state, self.ids[None, : self.n], 1, copy=False)[0, -1]
+        if self.cache is None:
+            logits = self._forward_to(self.n)
+            self.forward_passes += 1
+        else:
+            assert self.hit is not None
+            logits, passes = prefill_with_checkpoints(
+                self.cache, self.state, self.ids[: self.n], self.hit, self._forward_to
+            )
+            self.forward_passes += passes
         self.prefill_s = time.perf_counter() - start
-        self.forward_passes += 1
         check_model_logits(logits, self.export)
         return logits
 
@@ -149,6 +172,7 @@ class Generator:
         final_stats: Callable[[], dict[str, Any]] | None = None,
         export: str = "the model",
         mtp_head: Callable[[], MTPHeadSession] | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         """``final_stats`` adds entries to every request's statistics when it finishes (the LLM's decode
         plan: which plan ran the decode steps); ``export`` names the model in errors. ``mtp_head`` gives the
@@ -157,6 +181,7 @@ class Generator:
         self.session = session
         self.export = export
         self.mtp_head = mtp_head
+        self.prefix_cache = prefix_cache
         self.final_stats = final_stats
         self.tokenizer = tokenizer
         self.eos_ids = tuple(eos_ids)
@@ -217,7 +242,10 @@ class Generator:
     ) -> TokenLoop:
         state = self.state_for(len(prompt_ids) + params.max_new_tokens)
         if speculative is None:
-            return TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint, self.export)
+            loop = TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint, self.export)
+            if self.prefix_cache is not None:
+                loop.resume(self.prefix_cache)
+            return loop
         from onnxgen.generation.speculative.loop import SpeculativeLoop
         from onnxgen.generation.speculative.mtp import MTPProposer
         from onnxgen.generation.speculative.proposers import DraftModelProposer, NgramProposer
@@ -235,7 +263,7 @@ class Generator:
             if draft.context_length is not None:  # the draft stops drafting where its context ends
                 capacity = min(capacity, draft.context_length)
             proposer = DraftModelProposer(draft.session, params, self.eos_ids, capacity)
-        return SpeculativeLoop(
+        loop = SpeculativeLoop(
             self.session,
             state,
             prompt_ids,
@@ -248,6 +276,11 @@ class Generator:
             self.export,
             auto=isinstance(speculative, MTP) and speculative.auto,
         )
+        # (an MTP head reads the target's hidden states of every prompt position, which a cached prefix
+        # does not keep: such requests prefill the whole prompt, and still cache their reply)
+        if self.prefix_cache is not None and not loop.wanted:
+            loop.resume(self.prefix_cache)
+        return loop
 
     def _mtp(self) -> tuple[MTPHeadSession, str]:
         """The MTP head (loaded on first use) and the decoder's hidden-state output it reads."""
@@ -318,8 +351,10 @@ class Generator:
                     yield StreamEvent([token], piece, logprobs=scores)
                     continue
                 end = time.perf_counter()
+                self._cache_reply(loop)
                 stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
                 stats["prefill_s"] = loop.prefill_s
+                stats["cached_tokens"] = loop.cached_tokens
                 stats.update(loop.stats())
                 if loop.constraint is not None:
                     stats.update(loop.constraint.stats())
@@ -329,6 +364,13 @@ class Generator:
                 return
         finally:
             self.give_back(loop.state)
+
+    def _cache_reply(self, loop: TokenLoop) -> None:
+        """Cache the finished sequence: the state after its last fed token (the reply's last token was
+        sampled, never fed), where the next turn of a chat resumes."""
+        length = loop.state.length
+        if self.prefix_cache is not None and 0 < length <= loop.n:
+            self.prefix_cache.insert_state(loop.ids[:length], loop.state)
 
     @staticmethod
     def _stats(

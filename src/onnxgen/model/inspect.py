@@ -180,6 +180,10 @@ def format_text(d: dict[str, Any]) -> str:
         lines.append(f"fusions (CPU):  {d['decode_fusions']}")
     if d.get("mtp_head"):  # added by `onnxgen inspect` (onnxgen.model.mtp)
         lines.append(f"MTP head:       {d['mtp_head']}")
+    if d.get("prefix_cache_kv_per_token"):  # added by `onnxgen inspect` (onnxgen.cache.prefix)
+        lines.append(f"prefix cache:   KV {d['prefix_cache_kv_per_token']} per cached token")
+    if d.get("prefix_cache_state_checkpoint"):
+        lines.append(f"                {d['prefix_cache_state_checkpoint']} per recurrent-state checkpoint")
     lines.append(f"context length: {d['context_length'] if d['context_length'] is not None else 'unknown'}")
     lines.append(
         f"eos / bos / pad: {d['eos_token_id'] or '-'} / {_opt(d['bos_token_id'])} / {_opt(d['pad_token_id'])}"

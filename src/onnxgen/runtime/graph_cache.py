@@ -14,7 +14,7 @@ those passes once per model and settings and writes the result to ``cache_root()
 
 A later load with the same key reads ``prepared.json`` and hands onnxruntime the graph: no pass runs and no
 weight passes through Python. The key covers the model file (its bytes, or size and time when large), its
-data files (size and time), its folder, the pass settings, the decoder's ports and onnxgen's and
+data files (size and time), its folder, the pass settings, the decoder's derived I/O and onnxgen's and
 onnxruntime's versions: a changed model or setting misses and is prepared anew.
 
 onnxruntime resolves external data against one folder and refuses a location that leaves it (or is
@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -185,8 +185,8 @@ def _file_identity(path: Path, hashed: bool) -> bytes:
 
 
 def cache_key(model_path: Path, graph: onnx.ModelProto, io: DecoderIO, settings: PassSettings) -> str:
-    """Changes with the model file and its data files, their folder, the settings, the decoder's ports and
-    onnxgen's and onnxruntime's versions."""
+    """Changes with the model file and its data files, their folder, the settings, the decoder's derived
+    I/O and onnxgen's and onnxruntime's versions."""
     from onnxgen import __version__
 
     model_path = model_path.resolve()
@@ -194,13 +194,9 @@ def cache_key(model_path: Path, graph: onnx.ModelProto, io: DecoderIO, settings:
     h.update(_file_identity(model_path, hashed=True))
     for location in sorted({location_of(t) for t in external_tensors(graph)}):
         h.update(location.encode() + b"=" + _file_identity(model_path.parent / location, hashed=False))
-    ports = (
-        io.logits,
-        io.attention_mask,
-        io.past_present_share_buffer,
-        [(p.input, p.output) for p in io.state_pairs],
-    )
-    h.update(repr((asdict(settings), ports)).encode())
+    # the whole derived I/O (ports, KV layout, static cache, states; not its notes): passes and analyses read it
+    derived = replace(io, notes=())
+    h.update(repr((asdict(settings), derived)).encode())
     return h.hexdigest()[:24]
 
 

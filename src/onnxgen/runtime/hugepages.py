@@ -22,9 +22,7 @@ Everything here is advice: where the kernel, the platform or the settings refuse
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -61,26 +59,12 @@ def thp_mode() -> str | None:
     return text[text.index("[") + 1 : text.index("]")] if "[" in text else None
 
 
-def _madvise():  # type: ignore[no-untyped-def]
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MADVISE = _madvise()
 _LOCK = threading.Lock()
 _WORKERS: list[threading.Thread] = []  # background collapses not yet joined by wait()
 
 
 def available() -> bool:
-    return _MADVISE is not None and thp_mode() in ("always", "madvise")
+    return memory.MADVISE is not None and thp_mode() in ("always", "madvise")
 
 
 def anonymous_mappings(smaps: str | None = None, resident: bool = True) -> dict[int, tuple[Mapping, int]]:
@@ -154,18 +138,18 @@ def collapsing(enabled: bool = True) -> Iterator[None]:
 
 
 def _collapse(lo: int, hi: int) -> int:
-    if _MADVISE is None:
+    if memory.MADVISE is None:
         return 0
-    _MADVISE(lo, hi - lo, MADV_HUGEPAGE)
-    return hi - lo if _MADVISE(lo, hi - lo, MADV_COLLAPSE) == 0 else 0
+    memory.MADVISE(lo, hi - lo, MADV_HUGEPAGE)
+    return hi - lo if memory.MADVISE(lo, hi - lo, MADV_COLLAPSE) == 0 else 0
 
 
 def advise(arrays: Iterable[np.ndarray]) -> None:
     """Ask for huge pages under large arrays not yet written (their first writes then fault huge pages)."""
-    if _MADVISE is None:
+    if memory.MADVISE is None:
         return
     for a in arrays:
         if a.nbytes >= 2 * HUGE:
             lo, hi = _aligned(a.ctypes.data, a.ctypes.data + a.nbytes)
             if hi > lo:
-                _MADVISE(lo, hi - lo, MADV_HUGEPAGE)
+                memory.MADVISE(lo, hi - lo, MADV_HUGEPAGE)

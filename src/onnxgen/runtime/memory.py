@@ -45,7 +45,7 @@ def _madvise():  # type: ignore[no-untyped-def]
     return fn
 
 
-_MADVISE = _madvise()
+MADVISE = _madvise()  # libc's madvise (None off Linux); hugepages uses it too
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def release_file_pages(folders: Iterable[Path]) -> int:
     docstring); the bytes advised (0 where unavailable). A mapping holding a page this process wrote (a
     private copy, which dropping would lose) is left alone: ``/proc/self/pagemap`` tells which present
     pages are anonymous (``/proc/self/smaps`` where pagemap cannot be read)."""
-    if _MADVISE is None:
+    if MADVISE is None:
         return 0
     prefixes = _prefixes(folders)
     candidates = mappings(where=lambda path: path.startswith(prefixes) and not _library(path))
@@ -125,7 +125,7 @@ def release_file_pages(folders: Iterable[Path]) -> int:
         }
     total = 0
     for m in candidates:
-        if (m.start, m.end) not in written and _MADVISE(m.start, m.end - m.start, MADV_DONTNEED) == 0:
+        if (m.start, m.end) not in written and MADVISE(m.start, m.end - m.start, MADV_DONTNEED) == 0:
             total += m.end - m.start
     log.debug("released %.1f MB of mapped weight pages", total / MB)
     return total

@@ -398,6 +398,55 @@ class DecodeState:
                 slot.free.append(slot.current)
             slot.current = buf
 
+    # -- prefix cache -----------------------------------------------------------------------------------
+    def kv_slice(self, start: int, end: int) -> list[np.ndarray]:
+        """Copies of positions ``[start, end)`` of every past KV tensor (``io.kv_pairs`` input order, the
+        graph's layout), ``end`` at most the state's length."""
+        if not 0 <= start <= end <= self.length:
+            raise ValueError(f"KV positions [{start}, {end}) are outside the state's [0, {self.length})")
+        values = [b.array for b in self._kv_shared] if self.shared_kv else [v.numpy() for v in self._kv]
+        return [
+            np.array(a[(slice(None),) * axis + (slice(start, end),)], copy=True)
+            for a, axis in zip(values, self._kv_axes, strict=True)
+        ]
+
+    def load_prefix(self, length: int, kv: list[list[np.ndarray]], states: list[np.ndarray] | None) -> None:
+        """Make an empty state hold a cached prefix of ``length`` tokens: ``kv`` gives, per past KV tensor,
+        consecutive pieces of its first ``length`` positions (copied in); ``states`` the recurrent states
+        after them (``io.state_pairs`` order, copied in)."""
+        if self.length != 0:
+            raise GenerationError(
+                f"a prefix is loaded into an empty decode state (this one holds {self.length})"
+            )
+        if length > self.capacity or len(kv) != len(self._kv_axes) or len(states or ()) != len(self._slots):
+            raise ValueError(
+                f"a prefix of {length} tokens with {len(kv)} KV tensors and {len(states or ())} states does not "
+                f"fit this state ({self.capacity} positions, {len(self._kv_axes)} KV tensors, {len(self._slots)} states)"
+            )
+        self._end_cycle()
+        if self.shared_kv:
+            self._epoch += 1
+            self._written[:length] = self._epoch
+            for buf, parts, axis in zip(self._kv_shared, kv, self._kv_axes, strict=True):
+                at = 0
+                for part in parts:
+                    n = part.shape[axis]
+                    buf.array[(slice(None),) * axis + (slice(at, at + n),)] = part
+                    at += n
+        else:
+            self.bindings.clear()  # bound pasts of an earlier run would otherwise stay alive
+            self._kv = [
+                ort.OrtValue.ortvalue_from_numpy(np.concatenate(parts, axis=axis))
+                for parts, axis in zip(kv, self._kv_axes, strict=True)
+            ]
+        for slot, array in zip(self._slots, states or (), strict=True):
+            if id(slot.current) in self._pinned:
+                slot.current = slot.take_spare()
+            slot.current.array[...] = array
+        self._stale = False  # (a reset state's states read as zeros until written: every one is written now)
+        self._broken = None
+        self.length = length
+
     # -- inspection (tests, debugging) ----------------------------------------------------------------
     def kv_arrays(self) -> dict[str, np.ndarray]:
         """The live part of every past KV tensor, by input name (copies, in the graph's layout)."""

@@ -23,6 +23,9 @@ _RECORD = "onnxgen_request"
 ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
     "/v1/models": "models",
     "/health": "health",
     "/metrics": "metrics",

@@ -1,10 +1,11 @@
-"""The OpenAI-compatible HTTP app: /health, /v1/models, /v1/completions, /v1/chat/completions, /metrics.
+"""The OpenAI-compatible HTTP app: /health, /v1/models, /v1/completions, /v1/chat/completions,
+/v1/responses, /tokenize, /detokenize, /metrics.
 
 Every error is an OpenAI-style ``{"error": {...}}`` body: 400 for invalid requests (including a prompt
 longer than the context), 401 without the API key, 403 for a cross-origin page, 404 for an unknown model
 or route, 408 for a body that does not arrive, 413 for an oversized body, 415 for a body that is not
-declared JSON, 503 when the wait queue is full, 500 when the engine fails. The process and other
-requests go on.
+declared JSON, 503 when the wait queue is full (and /health 503 while the model is not serving), 500
+when the engine fails. The process and other requests go on.
 
 The event loop only moves bytes: each request's body is parsed, validated, tokenized and compiled
 (stop strings, constraints) on a small worker pool (:class:`~onnxgen.server.prepare.RequestPreparer`),
@@ -15,87 +16,81 @@ huge request is prepared.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
+from onnxgen.api.store import ResponseStore
+from onnxgen.chat.parsers import tool_parser_for
 from onnxgen.errors import OnnxgenError
 from onnxgen.llm import LLM
-from onnxgen.server.access import RequestLog, request_record
+from onnxgen.server.access import RequestLog
 from onnxgen.server.body import read_body
 from onnxgen.server.metrics import ServerMetrics
 from onnxgen.server.prepare import Prepared, RequestPreparer
-from onnxgen.server.protocol import ApiError, ChatCompletionRequest, ResponseShape, error_body, usage
+from onnxgen.server.protocol import ApiError, error_body
+from onnxgen.server.responses import create_response, stored_response
+from onnxgen.server.routes_chat import completion
+from onnxgen.server.routes_tokens import detokenize_body, tokenize_body
 from onnxgen.server.scheduler import QueueFull, Scheduler, SchedulerConfig
 from onnxgen.server.security import Guard, SecurityConfig
-from onnxgen.server.streaming import RequestStream, collect, sse_events
+from onnxgen.server.streaming import RequestStream
+
+T = TypeVar("T")
 
 PREPARE_WORKERS = 2  # threads preparing requests (tokenizers and llguidance release the GIL)
 BODIES_AT_ONCE = 8  # requests whose body is read or prepared at once; the others wait, unread
 
 
 class Server:
-    """The routes' shared state: the model, its scheduler, the preparation pool and metrics."""
+    """The routes' shared state, and the :class:`~onnxgen.server.service.Service` they use: :meth:`prepare`
+    (a body to a prepared request, on the worker pool) and :meth:`submit` (queue it, get its deltas)."""
 
-    def __init__(self, llm: LLM, config: SchedulerConfig, model_name: str) -> None:
+    def __init__(
+        self, llm: LLM, config: SchedulerConfig, model_name: str, tool_parser: str | None = None
+    ) -> None:
         if llm.tokenizer is None:
             raise OnnxgenError(
                 f"{llm.package.root} has no tokenizer.json; the server needs the model's tokenizer beside model.onnx"
             )
         self.llm, self.tokenizer, self.config, self.model_name = llm, llm.tokenizer, config, model_name
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(model_name, config.max_batch)
+        if llm.prefix_cache is not None:
+            self.metrics.watch_prefix_cache(llm.prefix_cache)
         self.scheduler = Scheduler(llm, config, self.metrics)
-        self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name)
+        self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name, tool_parser)
+        self.store = ResponseStore()
         self.pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="onnxgen-prepare")
         self._bodies: asyncio.Semaphore | None = None  # made on the event loop
+        self.ready = False  # the scheduler runs: /health answers 200
 
-    async def handle(self, request: Request, chat: bool) -> Response:
-        try:
-            return await self._handle(request, chat)
-        except ApiError as e:
-            return e.response()
-
-    async def _prepare(self, request: Request, chat: bool) -> Prepared:
+    async def prepare(self, request: Request, work: Callable[[bytes], T]) -> T:
+        """Read the body of ``request`` and run ``work`` on it on the worker pool (at most
+        :data:`BODIES_AT_ONCE` bodies are read or prepared at once)."""
         if self._bodies is None:
             self._bodies = asyncio.Semaphore(BODIES_AT_ONCE)
         async with self._bodies:
             body = await read_body(request)
-            return await asyncio.get_running_loop().run_in_executor(self.pool, self.preparer, body, chat)
+            return await asyncio.get_running_loop().run_in_executor(self.pool, work, body)
 
-    async def _handle(self, request: Request, chat: bool) -> Response:
-        prepared = await self._prepare(request, chat)
-        record = request_record(request)
-        record.prompt, record.prompt_tokens = prepared.prompt_text, prepared.prompt_tokens
-        req = prepared.request
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.llm.token_bytes(token_id)
+
+    def submit(self, prepared: Prepared) -> RequestStream:
+        """Queue ``prepared``; its deltas arrive on the returned stream (503 when the queue is full)."""
         stream = RequestStream(prepared.choices, prepared.prompt_tokens, self.scheduler.wake)
         try:
             self.scheduler.submit(prepared.jobs(stream.handle))
         except QueueFull as e:
             raise ApiError(503, str(e), "server_overloaded", code="queue_full") from e
-        shape = ResponseShape(isinstance(req, ChatCompletionRequest), self.model_name)
-        if req.stream:
-            events = sse_events(stream, shape, req.include_usage, req.return_token_ids, record)
-            return StreamingResponse(
-                events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-            )
-        done = await collect(stream, request)
-        record.completion_tokens = sum(map(len, done.token_ids))
-        if done.disconnected:
-            return Response(status_code=499)
-        if done.error is not None:
-            if done.client_error:
-                raise ApiError(400, done.error)
-            raise ApiError(500, done.error, "server_error")
-        use = usage(stream.prompt_tokens, record.completion_tokens)
-        ids = done.token_ids if req.return_token_ids else None
-        return JSONResponse(shape.response(["".join(t) for t in done.texts], done.reasons, use, ids))
+        return stream
 
 
 def create_app(
@@ -105,20 +100,25 @@ def create_app(
     security: SecurityConfig | None = None,
     *,
     log_prompts: bool = False,
+    tool_parser: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``llm``; its scheduler thread runs for the app's lifespan.
 
     ``security`` says who may call it (default: loopback only, no key, no cross-origin pages, no docs);
-    ``log_prompts`` puts each request's prompt into its log line.
+    ``log_prompts`` puts each request's prompt into its log line; ``tool_parser`` names the tool-call
+    format (default: the one the chat template shows).
     """
     config = config or SchedulerConfig()
     security = security or SecurityConfig()
-    server = Server(llm, config, model_name or llm.package.root.name)
+    tool_parser_for(tool_parser)  # an unknown name is an error now, not per request
+    server = Server(llm, config, model_name or llm.package.root.name, tool_parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         server.scheduler.start()
+        server.ready = True
         yield
+        server.ready = False
         server.scheduler.stop()
         server.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -147,6 +147,10 @@ def create_app(
 
 
 def _routes(app: FastAPI, server: Server) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
@@ -158,8 +162,10 @@ def _routes(app: FastAPI, server: Server) -> None:
         return JSONResponse(error_body(f"internal error: {exc}", "server_error"), status_code=500)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        if not server.ready:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -174,11 +180,27 @@ def _routes(app: FastAPI, server: Server) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await server.handle(request, chat=False)
+        return await completion(server, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await server.handle(request, chat=True)
+        return await completion(server, request, chat=True)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await create_response(server, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return stored_response(server, response_id)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        return await server.prepare(request, lambda body: tokenize_body(server.preparer, body))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        return await server.prepare(request, lambda body: detokenize_body(server.preparer, body))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -8,12 +8,15 @@ pool, so a huge or hostile request never stalls the event loop. Every client mis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
 
+from onnxgen.api.responses import effort_kwargs
+from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.errors import GenerationError, OnnxgenError
 from onnxgen.generation.constraints import constraint_from_response_format
 from onnxgen.generation.params import SamplingParams
@@ -70,8 +73,27 @@ def sampling_params(
         seed=None if fields.seed is None else fields.seed + seed_offset,
         stop=tuple(fields.stop or ()),
         ignore_eos=fields.ignore_eos,
+        stop_token_ids=tuple(fields.stop_token_ids or ()),
         min_new_tokens=min(fields.min_tokens, max_new),
+        logprobs=fields.top_logprobs_count is not None,
+        top_logprobs=fields.top_logprobs_count or 0,
+        logprobs_mode=fields.logprobs_mode,
     )
+
+
+def for_choice(
+    base: SamplingParams, fields: SamplingFields, max_tokens: int | None, room: int, index: int
+) -> SamplingParams:
+    """``base`` (a chat plan's parameters, with its constraint) with the length and seed of choice
+    ``index`` in the ``room`` its prompt leaves."""
+    own = sampling_params(fields, max_tokens, room, index)
+    return replace(base, max_new_tokens=own.max_new_tokens, min_new_tokens=own.min_new_tokens, seed=own.seed)
+
+
+def validation_error(e: ValidationError) -> ApiError:
+    """A 400 naming the first fields that failed validation."""
+    message, param = _validation_message(e)
+    return ApiError(400, message, param=param)
 
 
 def _validation_message(e: ValidationError) -> tuple[str, str | None]:
@@ -85,6 +107,19 @@ def _validation_message(e: ValidationError) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(parts) + more, param
 
 
+@contextmanager
+def client_errors() -> Iterator[None]:
+    """Errors of the request's content (a bad schema, tool or template input) as 400s."""
+    try:
+        yield
+    except RecursionError as e:  # a schema nested deeper than the JSON encoder or llguidance go
+        raise ApiError(
+            400, "a schema (response_format or tool parameters) nests too deeply to compile; flatten it"
+        ) from e
+    except (OnnxgenError, ValueError) as e:
+        raise ApiError(400, str(e)) from e
+
+
 @dataclass
 class Prepared:
     """A request ready to queue: its prompts' ids and one :class:`SequenceRun` per prompt and choice."""
@@ -93,6 +128,7 @@ class Prepared:
     prompts: list[list[int]]
     runs: list[list[SequenceRun]]
     prompt_text: Any  # for the request log: the rendered chat, or the completion prompt as given
+    plan: ChatPlan | None = None  # chat: how the reply is parsed
 
     @property
     def choices(self) -> int:
@@ -109,44 +145,57 @@ class Prepared:
 class RequestPreparer:
     """Turns a completions or chat body into a :class:`Prepared` request (thread-safe: one per server)."""
 
-    def __init__(self, llm: LLM, tokenizer: Tokenizer, config: SchedulerConfig, model_name: str) -> None:
+    def __init__(
+        self,
+        llm: LLM,
+        tokenizer: Tokenizer,
+        config: SchedulerConfig,
+        model_name: str,
+        tool_parser: str | None = None,
+    ) -> None:
         self.llm, self.tokenizer, self.config, self.model_name = llm, tokenizer, config, model_name
+        self.tool_parser = tool_parser  # --tool-call-parser; None: from the chat template
 
     def __call__(self, body: bytes, chat: bool) -> Prepared:
         req = self._parse(parse_body(body), chat)
-        try:
-            if isinstance(req, ChatCompletionRequest):
-                text = self.tokenizer.apply_chat_template([m.as_template_message() for m in req.messages])
-                prompts = [self._encode(text, "the chat prompt", add_special_tokens=False)]
-                max_tokens, shown = req.max_new, text
-            else:
-                prompts = self._completion_prompts(req)
-                max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-                shown = req.prompt
-            runs = self._runs(req, prompts, max_tokens)
-        except RecursionError as e:  # a schema nested deeper than the JSON encoder or llguidance go
-            raise ApiError(400, "response_format nests too deeply to compile; flatten the schema") from e
-        except (OnnxgenError, ValueError) as e:
-            raise ApiError(400, str(e)) from e
-        return Prepared(req, prompts, runs, shown)
+        if isinstance(req, ChatCompletionRequest):
+            return self.chat(req)
+        with client_errors():
+            prompts = self._completion_prompts(req)
+            max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+            return Prepared(req, prompts, self._runs(req, prompts, max_tokens), req.prompt)
+
+    def chat(self, req: ChatCompletionRequest) -> Prepared:
+        """A validated chat request planned (tools, reasoning split, constraint after the reasoning),
+        tokenized and ready to queue."""
+        with client_errors():
+            plan = plan_chat(
+                self.tokenizer,
+                [m.as_template_message() for m in req.messages],
+                sampling_params(req, req.max_new, self.config.max_model_len, 0),
+                tools=req.tools,
+                tool_choice=req.tool_choice,
+                parallel_tool_calls=req.parallel_tool_calls,
+                template_kwargs={**effort_kwargs(req.reasoning_effort), **(req.chat_template_kwargs or {})},
+                tool_parser=self.tool_parser,
+                literal=self.llm.generator.constraints.literal,
+            )
+            prompts = [self.encode(plan.prompt, "the chat prompt", add_special_tokens=False)]
+            runs = self._runs(
+                req, prompts, req.max_new, lambda room, i: for_choice(plan.params, req, req.max_new, room, i)
+            )
+            return Prepared(req, prompts, runs, plan.prompt, plan)
 
     def _parse(self, body: dict[str, Any], chat: bool) -> ChatCompletionRequest | CompletionRequest:
         self._count_lists(body, chat)
         try:
             req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
         except ValidationError as e:
-            message, param = _validation_message(e)
-            raise ApiError(400, message, param=param) from e
+            raise validation_error(e) from e
         refused = req.refuse_unsupported()
         if refused is not None:
             raise ApiError(400, refused[1], param=refused[0])
-        if req.model is not None and req.model != self.model_name:
-            raise ApiError(
-                404,
-                f"model {req.model!r} is not served here; use {self.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
+        self.check_model(req.model)
         if req.n > self.config.max_batch:
             raise ApiError(
                 400,
@@ -154,6 +203,16 @@ class RequestPreparer:
                 param="n",
             )
         return req
+
+    def check_model(self, model: str | None) -> None:
+        """404 for a model name other than the one served (None: the one served)."""
+        if model is not None and model != self.model_name:
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here; use {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def _count_lists(self, body: dict[str, Any], chat: bool) -> None:
         """Refuse more messages or prompts than could ever be served before validating them one by one
@@ -173,7 +232,7 @@ class RequestPreparer:
                 param="prompt",
             )
 
-    def _encode(self, text: str, which: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, which: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; a text whose byte length alone proves it longer than the context is
         refused without tokenizing it."""
         floor, room = self.tokenizer.min_tokens(text), self.config.max_model_len
@@ -192,17 +251,23 @@ class RequestPreparer:
             if isinstance(prompt, str):
                 if not prompt:
                     raise GenerationError(f"{which} is an empty string; give some text or token ids")
-                out.append(self._encode(prompt, which))
+                out.append(self.encode(prompt, which))
             else:
                 out.append(list(prompt))
         return out
 
     def _runs(
-        self, fields: SamplingFields, prompts: list[list[int]], max_tokens: int | None
+        self,
+        fields: SamplingFields,
+        prompts: list[list[int]],
+        max_tokens: int | None,
+        params_for: Callable[[int, int], SamplingParams] | None = None,
     ) -> list[list[SequenceRun]]:
         """``n`` choices per prompt; choice ``i`` of prompt ``p`` is index ``p * n + i`` and, with a
-        ``seed``, samples with seed ``seed + index``. Stop strings are compiled once for all of them."""
+        ``seed``, samples with seed ``seed + index``. Stop strings are compiled once for all of them.
+        ``params_for(room, index)``: a choice's parameters (default: from ``fields``)."""
         llm, max_len = self.llm, self.config.max_model_len
+        self._check_stop_ids(fields.stop_token_ids or ())
         stops = StopStrings(fields.stop) if fields.stop else None
         out = []
         for p, prompt in enumerate(prompts):
@@ -210,11 +275,30 @@ class RequestPreparer:
             check_prompt(prompt, llm.session.vocab_size, max_len, which)
             runs = []
             for i in range(fields.n):
-                index = p * fields.n + i
-                params = sampling_params(fields, max_tokens, max_len - len(prompt), index)
-                constraint = llm.generator.constraints.compile(params)  # a bad schema raises here: a 400
-                runs.append(
-                    SequenceRun(index, prompt, params, llm.eos_token_ids, self.tokenizer, constraint, stops)
+                index, room = p * fields.n + i, max_len - len(prompt)
+                params = (
+                    params_for(room, index)
+                    if params_for
+                    else sampling_params(fields, max_tokens, room, index)
                 )
+                runs.append(self.run(index, prompt, params, stops))
             out.append(runs)
         return out
+
+    def run(
+        self, index: int, prompt: list[int], params: SamplingParams, stops: StopStrings | None = None
+    ) -> SequenceRun:
+        """One choice ready to decode; its constraint is compiled here (a bad schema raises: a 400)."""
+        constraint = self.llm.generator.constraints.compile(params)
+        return SequenceRun(index, prompt, params, self.llm.eos_token_ids, self.tokenizer, constraint, stops)
+
+    def _check_stop_ids(self, ids: Sequence[int]) -> None:
+        vocab = self.llm.session.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"stop_token_ids has ids {bad[:5]} outside the model's vocabulary [0, {vocab}); "
+                "give ids of this model's tokenizer",
+                param="stop_token_ids",
+            )

@@ -1,24 +1,28 @@
-"""The OpenAI wire format: validated request models (pydantic) and the response / chunk bodies.
+"""The OpenAI wire format: validated request models (pydantic), errors and usage.
 
 Requests are validated strictly (no string-to-number coercion); unknown fields are ignored, and fields
-onnxgen does not implement (``logprobs``, ``echo``, ``best_of`` > 1, ``tools``, ``logit_bias``) are refused
-by name rather than silently dropped. Extensions beyond the
-OpenAI API: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens`` and
-``return_token_ids``.
+onnxgen does not implement (``echo``, ``best_of`` > 1, ``suffix``, ``logit_bias``) are refused by name
+rather than silently dropped. Extensions beyond the OpenAI API (as vLLM names them): ``top_k``,
+``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
+``return_token_ids``, ``logprobs_mode``, and on chat ``chat_template_kwargs``.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.responses import JSONResponse
 
+from onnxgen.generation.params import MAX_TOP_LOGPROBS
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 512  # characters of one stop string
+MAX_STOP_TOKEN_IDS = 64
 MAX_MESSAGES = 4096  # chat messages of one request (counted before they are validated one by one)
+# template variables a request may not set through chat_template_kwargs (the server sets them)
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "documents")
 
 
 class StreamOptions(BaseModel):
@@ -56,10 +60,11 @@ class SamplingFields(BaseModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     return_token_ids: bool = False  # each choice (or chunk) also carries the generated token ids
+    logprobs_mode: Literal["raw", "processed"] = "raw"  # which distribution logprobs come from
     response_format: ResponseFormat | None = None  # json_object / json_schema constrain the output
-    # refused when used (see _refuse_unsupported)
-    logprobs: Any = None
+    # refused when used (see refuse_unsupported)
     logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
@@ -86,8 +91,6 @@ class SamplingFields(BaseModel):
 
     def refuse_unsupported(self) -> tuple[str, str] | None:
         """(parameter, message) for the first field set to something onnxgen does not implement."""
-        if self.logprobs not in (None, False, 0):
-            return "logprobs", "logprobs are not supported by this server; omit the parameter"
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported by this server; omit the parameter"
         return None
@@ -102,6 +105,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # the legacy form: a count
 
     @field_validator("prompt")
     @classmethod
@@ -119,6 +123,11 @@ class CompletionRequest(SamplingFields):
             return "suffix", "suffix (insertion) is not supported by this server; omit it"
         return super().refuse_unsupported()
 
+    @property
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives per token in ``logprobs``; None when no logprobs are asked for."""
+        return self.logprobs
+
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompts as a list: strings, or token-id lists."""
         p = self.prompt
@@ -135,11 +144,30 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    name: str
+    arguments: str
+
+
+class ToolCallMessage(BaseModel):
+    """A call of an earlier assistant turn, as the client sends it back."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    reasoning_content: str | None = None  # an assistant turn's thinking (also accepted as ``reasoning``)
+    reasoning: str | None = None
 
     def as_template_message(self) -> dict[str, Any]:
         content = self.content
@@ -148,28 +176,49 @@ class ChatMessage(BaseModel):
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        thinking = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if thinking is not None:
+            message["reasoning_content"] = thinking
         return message
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None  # checked by onnxgen.chat.tools.parse_tools
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
-    def refuse_unsupported(self) -> tuple[str, str] | None:
-        if self.top_logprobs:
-            return "top_logprobs", "logprobs are not supported by this server; omit the parameter"
-        if self.tools:
-            return "tools", "tool calling is not supported by this server; omit tools"
-        return super().refuse_unsupported()
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        reserved = sorted(set(self.chat_template_kwargs or ()) & set(RESERVED_TEMPLATE_KWARGS))
+        if reserved:
+            raise ValueError(
+                f"chat_template_kwargs may not set {', '.join(reserved)} (the server sets them); "
+                "pass messages and tools as request fields"
+            )
+        return self
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def max_new(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-# -- responses ----------------------------------------------------------------------------------------
+# -- errors and usage ----------------------------------------------------------------------------------------
 class ApiError(Exception):
     """An HTTP error answered with an OpenAI-style body (``status`` 4xx for the client's mistakes)."""
 
@@ -196,74 +245,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens`` (prompt tokens resumed from the prefix cache, where the
+    server has one) goes into ``prompt_tokens_details`` as OpenAI reports it."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-class ResponseShape:
-    """Builds the bodies of one request: ``chat`` (chat.completion) or completions (text_completion)."""
-
-    def __init__(self, chat: bool, model: str) -> None:
-        self.chat = chat
-        self.model = model
-        self.id = new_id("chatcmpl" if chat else "cmpl")
-        self.created = int(time.time())
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def response(
-        self,
-        texts: list[str],
-        reasons: list[str | None],
-        use: dict[str, int],
-        token_ids: list[list[int]] | None = None,
-    ) -> dict[str, Any]:
-        choices = []
-        for index, (text, reason) in enumerate(zip(texts, reasons, strict=True)):
-            choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": reason}
-            if token_ids is not None:
-                choice["token_ids"] = token_ids[index]
-            if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            choices.append(choice)
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": choices, "usage": use}
-
-    def chunk(
-        self,
-        index: int,
-        text: str,
-        reason: str | None,
-        *,
-        first: bool = False,
-        use: dict[str, int] | None = None,
-        token_ids: list[int] | None = None,
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": reason}
-        if token_ids is not None:
-            choice["token_ids"] = token_ids
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {}
-            if text and not first:
-                delta["content"] = text
-            choice["delta"] = delta
-        else:
-            choice["text"] = text
-        body = {
-            **self._head("chat.completion.chunk" if self.chat else "text_completion"),
-            "choices": [choice],
-        }
-        if use is not None:
-            body["usage"] = use
-        return body
-
-    def usage_chunk(self, use: dict[str, int]) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": use}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out

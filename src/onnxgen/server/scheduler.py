@@ -5,8 +5,9 @@ Each iteration of the worker
 
 1. ends the requests of gone clients (their rows are freed, their queue places given back);
 2. hands the engine the jobs submitted since (each prompt's choices, prefilled once);
-3. runs one engine step (chunked prefill, one batched decode forward, retirement:
-   :mod:`onnxgen.engine.scheduler`) and pushes each request the deltas it got, updating the metrics.
+3. runs one engine step (chunked prefill from the prefix cache's longest hit, one batched decode forward,
+   retirement: :mod:`onnxgen.engine.scheduler`) and pushes each request the deltas it got, updating the
+   metrics and, once a prompt is prefilled, the request's count of cached prompt tokens.
 
 The wait queue is bounded: :meth:`Scheduler.submit` raises :class:`QueueFull` when it is full.
 """
@@ -46,7 +47,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        metrics.free_rows.set(config.max_batch)
+        metrics.rows(0, config.max_batch)
 
     # -- asyncio side -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -106,8 +107,7 @@ class Scheduler:
             self.metrics.batch_size.observe(rows)
             self.metrics.step_seconds.observe(seconds)
         self._push(outputs)
-        self.metrics.running.set(scheduler.batch.n)
-        self.metrics.free_rows.set(scheduler.batch.free_rows)
+        self.metrics.rows(scheduler.batch.n, scheduler.batch.free_rows)
         self.metrics.queue_depth.set(len(scheduler.waiting) + len(self._incoming))
 
     def _take_incoming(self) -> None:
@@ -138,6 +138,9 @@ class Scheduler:
         for out in outputs:
             job = self._jobs[int(out.request_id)]
             run = job.runs[out.index]
+            if not job.started and self.llm.prefix_cache is not None:
+                job.started = True  # (before its first deltas: usage reads the count at the end)
+                job.handle.cached_tokens = (job.handle.cached_tokens or 0) + run.cached_tokens
             pushes.setdefault(job.handle, []).append(self._delta(job, run, out))
         for handle, deltas in pushes.items():
             handle.push(deltas)
@@ -161,7 +164,8 @@ class Scheduler:
         if out.finish_reason is not None:
             self._count_finished([run], out.finish_reason)
             self.metrics.e2e.observe(time.perf_counter() - job.arrived)
-        return Delta(run.index, out.token_ids[0], out.text, out.finish_reason)
+        logprob = out.logprobs[0] if out.logprobs else None
+        return Delta(run.index, out.token_ids[0], out.text, out.finish_reason, logprob=logprob)
 
     def _count_finished(self, runs: list[SequenceRun], reason: str) -> None:
         for _ in runs:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from onnxgen.engine.sequence import Sequence, TextStream
 from onnxgen.generation.constraints import Constraint
+from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.stopping import StopStrings
 from onnxgen.tokenizer import Tokenizer
@@ -21,6 +22,7 @@ class Delta:
 
     ``error`` is set (and ``finish_reason`` is ``"error"``) when the request failed in the engine;
     ``client_error`` when the request itself caused it (its constraint hit a parser limit mid-output).
+    ``logprob``: the token's log-probability, when the request asked for them.
     """
 
     index: int
@@ -29,6 +31,7 @@ class Delta:
     finish_reason: str | None = None
     error: str | None = None
     client_error: bool = False
+    logprob: TokenLogprob | None = None
 
 
 class Handle:
@@ -37,6 +40,9 @@ class Handle:
     def __init__(self, push: Callable[[list[Delta]], None]) -> None:
         self.push = push
         self.cancelled = False  # set by the asyncio side (client gone); read by the scheduler thread
+        # prompt tokens resumed from the prefix cache (None: the server has none); set by the scheduler
+        # thread before it pushes the prompt's first deltas
+        self.cached_tokens: int | None = None
 
 
 class SequenceRun(Sequence):
@@ -68,6 +74,7 @@ class Job:
     prompt: list[int]
     runs: list[SequenceRun]
     arrived: float = field(default_factory=time.perf_counter)
+    started: bool = False  # whether its prefill ended (its cached tokens are counted then)
 
     @property
     def cancelled(self) -> bool:

@@ -11,9 +11,11 @@ from typing import Any
 
 from starlette.requests import Request
 
+from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.server.access import RequestRecord
-from onnxgen.server.protocol import ResponseShape, error_body, usage
+from onnxgen.server.protocol import error_body, usage
 from onnxgen.server.sequence import Delta, Handle
+from onnxgen.server.shapes import ChoiceResult, ResponseShape
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,18 @@ class Collected:
     texts: list[list[str]]
     reasons: list[str | None]
     token_ids: list[list[int]]
+    scores: list[list[TokenLogprob]]
     error: str | None = None
     client_error: bool = False  # the request caused ``error`` (a 400, not a 500)
     disconnected: bool = False
+
+    def results(self) -> list[ChoiceResult]:
+        return [
+            ChoiceResult("".join(texts), reason, ids, scores)
+            for texts, reason, ids, scores in zip(
+                self.texts, self.reasons, self.token_ids, self.scores, strict=True
+            )
+        ]
 
 
 async def _watch_disconnect(request: Request, queue: asyncio.Queue[Any]) -> None:
@@ -63,7 +74,7 @@ async def _watch_disconnect(request: Request, queue: asyncio.Queue[Any]) -> None
 async def collect(stream: RequestStream, request: Request) -> Collected:
     """Wait for every choice to finish; a client disconnect cancels the request."""
     k = stream.choices
-    out = Collected([[] for _ in range(k)], [None] * k, [[] for _ in range(k)])
+    out = Collected([[] for _ in range(k)], [None] * k, [[] for _ in range(k)], [[] for _ in range(k)])
     remaining = stream.choices
     watcher = asyncio.create_task(_watch_disconnect(request, stream.queue))
     try:
@@ -79,6 +90,8 @@ async def collect(stream: RequestStream, request: Request) -> Collected:
                     return out
                 out.texts[delta.index].append(delta.text)
                 out.token_ids[delta.index].append(delta.token_id)
+                if delta.logprob is not None:
+                    out.scores[delta.index].append(delta.logprob)
                 if delta.finish_reason is not None:
                     out.reasons[delta.index] = delta.finish_reason
                     remaining -= 1
@@ -97,19 +110,16 @@ async def sse_events(
     stream: RequestStream,
     shape: ResponseShape,
     include_usage: bool,
-    token_ids: bool = False,
     record: RequestRecord | None = None,
 ) -> AsyncIterator[str]:
-    """OpenAI chunks as tokens arrive; ``usage`` rides on the last choice chunk (and, with
-    ``stream_options.include_usage``, also on a final chunk with no choices, as OpenAI sends it).
-    With ``token_ids`` every token gets a chunk carrying its id, even one whose text is held back.
-    ``record`` gets the count of tokens streamed, for the request log."""
+    """OpenAI chunks as tokens arrive (built by ``shape``); with ``stream_options.include_usage`` the
+    usage comes once, on a final chunk with no choices, as OpenAI sends it. ``record`` gets the count of
+    tokens streamed, for the request log."""
     remaining = stream.choices
     tokens = 0
     try:
-        if shape.chat:
-            for index in range(stream.choices):
-                yield _sse(shape.chunk(index, "", None, first=True))
+        for chunk in shape.first_chunks():
+            yield _sse(chunk)
         while remaining:
             item = await stream.queue.get()
             for delta in item:  # type: ignore[union-attr]
@@ -122,13 +132,11 @@ async def sse_events(
                     record.completion_tokens = tokens
                 if delta.finish_reason is not None:
                     remaining -= 1
-                elif not delta.text and not token_ids:
-                    continue  # text held back (an incomplete character or a possible stop string)
-                use = usage(stream.prompt_tokens, tokens) if remaining == 0 else None
-                ids = [delta.token_id] if token_ids else None
-                yield _sse(shape.chunk(delta.index, delta.text, delta.finish_reason, use=use, token_ids=ids))
+                chunk = shape.chunk(delta)
+                if chunk is not None:
+                    yield _sse(chunk)
         if include_usage:
-            yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens)))
+            yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens, stream.handle.cached_tokens)))
         yield "data: [DONE]\n\n"
     except Exception as e:  # a bug here must not end the stream without a word
         log.exception("streaming a response failed")

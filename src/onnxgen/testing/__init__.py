@@ -153,6 +153,27 @@ def poison_weights(model_dir: str | Path) -> Path:
     return out
 
 
+def bias_logits(model_dir: str | Path, biases: dict[int, float]) -> Path:
+    """Add ``biases`` (token id -> logit offset) to the ``logits`` output of the model in ``model_dir``:
+    a random model made to favour some tokens (say, a tag that ends a thinking section), for tests that
+    need it to write them from a server process. Returns ``model_dir``."""
+    out = Path(model_dir)
+    model = onnx.load(str(out / "model.onnx"))
+    graph = model.graph
+    logits = next(o for o in graph.output if o.name == "logits")
+    vocab = logits.type.tensor_type.shape.dim[-1].dim_value
+    bias = np.zeros(vocab, dtype=np.float32)
+    for token, value in biases.items():
+        bias[token] = value
+    for node in graph.node:
+        node.output[:] = ["logits_unbiased" if name == "logits" else name for name in node.output]
+    graph.initializer.append(numpy_helper.from_array(bias, "logits_bias"))
+    graph.node.append(onnx.helper.make_node("Add", ["logits_unbiased", "logits_bias"], ["logits"]))
+    (out / "model.onnx.data").unlink(missing_ok=True)
+    save_model(model, out)
+    return out
+
+
 __all__ = [
     "CHAT_TEMPLATE",
     "CONFIGS",
@@ -163,6 +184,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "VARIANTS",
     "TinySpec",
+    "bias_logits",
     "build_model",
     "make_weights",
     "poison_weights",

@@ -1,6 +1,6 @@
 """Measurements of the demo model: held-out loss (torch and ONNX), generations, and copy behaviour.
 
-Used by :mod:`onnxgen.demo.report`. The torch measurement needs torch/transformers; the ONNX ones run
+Used by :mod:`tools.demo_model.report`. The torch measurement needs torch/transformers; the ONNX ones run
 on onnxruntime alone (plus onnxruntime-genai for the cross-check).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxgen.demo.data import val_windows
+from tools.demo_model.data import val_windows
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ def torch_loss(hf_dir: Path, val: np.ndarray, seq_len: int, decode: Any) -> Loss
     """Loss of the saved HF checkpoint on every validation window."""
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from onnxgen.demo.gdn import fast_gated_delta_rule
-    from onnxgen.demo.trainer import evaluate
+    from tools.demo_model.gdn import fast_gated_delta_rule
+    from tools.demo_model.trainer import evaluate
 
     model = Qwen3_5ForConditionalGeneration.from_pretrained(hf_dir).float().eval()
     with fast_gated_delta_rule():
@@ -56,12 +56,40 @@ def torch_loss(hf_dir: Path, val: np.ndarray, seq_len: int, decode: Any) -> Loss
 def prefill_logits_fn(model_dir: Path) -> Any:
     """A function ``ids [b, t] -> logits [b, t, vocab]`` running one prefill of an onnxruntime-genai
     hybrid export on plain onnxruntime, from empty caches (KV past of length 0, zero states)."""
+    run = _prefill_fn(model_dir, hidden=False)
+    return lambda ids: run(ids)[0]
+
+
+def prefill_hidden_fn(model_dir: Path) -> Any:
+    """Like :func:`prefill_logits_fn`, returning ``(logits, hidden)``: ``hidden [b, t, hidden]`` is the
+    final norm's output (the lm_head's input, what the MTP head reads), made a graph output here."""
+    return _prefill_fn(model_dir, hidden=True)
+
+
+def _lm_head_input(model: Any) -> str:
+    """The value the builder's lm_head MatMul multiplies (the final norm's output)."""
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and "lm_head" in node.name:
+            return str(node.input[0])
+    raise ValueError("no lm_head MatMul in the graph; expected an onnxruntime-genai fp32 export")
+
+
+def _prefill_fn(model_dir: Path, hidden: bool) -> Any:
+    import onnx
     import onnxruntime as ort
 
     head = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(model_dir / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    outputs = ["logits"]
+    if hidden:
+        model = onnx.load(str(model_dir / "model.onnx"))  # with its weights: the session gets bytes
+        outputs.append(_lm_head_input(model))
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(outputs[-1]))
+        source: Any = model.SerializeToString()
+    else:
+        source = str(model_dir / "model.onnx")
+    sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
     def past_shape(port: Any, batch: int) -> list[int]:
         if port.name.startswith("past_key_values."):
@@ -75,7 +103,7 @@ def prefill_logits_fn(model_dir: Path) -> Any:
         for port in sess.get_inputs():
             if port.name.startswith("past"):
                 feeds[port.name] = np.zeros(past_shape(port, batch), dtype=np.float32)
-        return sess.run(["logits"], feeds)[0]
+        return sess.run(outputs, feeds)
 
     return run
 
@@ -213,3 +241,101 @@ def copied_prefix(generated: str, source: str) -> int:
             break
         n += 1
     return n
+
+
+@dataclass(frozen=True)
+class MTPStats:
+    """What MTP speculation with ``k`` chained drafts would have done while the model generated greedily."""
+
+    k: int
+    generated: int
+    verify_steps: int
+    drafted: tuple[int, ...]  # per draft position (1st, 2nd, ...): drafts made there
+    accepted: tuple[int, ...]  # per draft position: drafts accepted there
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.generated / self.verify_steps
+
+
+def simulate_mtp(head: Any, full: list[int], prompt_len: int, hidden: np.ndarray, k: int) -> MTPStats:
+    """Replay a greedy generation (``full`` = prompt + generated ids; ``hidden [len(full), hidden]`` the
+    model's final hidden states over it) through MTP speculation with ``k`` chained drafts, as
+    :func:`simulate_prompt_lookup` does for prompt lookup: at each verify step, with ``full[:pos]``
+    known, the head drafts ``full[pos]`` from the model's hidden state at ``pos - 2`` and token
+    ``full[pos - 1]``, then chains from its own hidden state and draft (its KV cache holding the rows of
+    every earlier position); drafts are accepted while they equal the model's tokens, then the model
+    adds one. ``head(hidden, next_ids, start, past) -> (logits, head_hidden, kv)`` is the head's forward
+    (:func:`tools.demo_model.mtp.mtp_reference` with the weights bound)."""
+    import torch
+
+    ids = torch.tensor([full])
+    states = torch.from_numpy(np.ascontiguousarray(hidden[None]))
+    logits, head_states, (keys, values) = head(states[:, :-1], ids[:, 1:], 0, None)
+    first = logits[0].argmax(-1).tolist()  # row j: the draft of full[j + 2]
+    pos, steps = prompt_len, 0
+    drafted, accepted = [0] * k, [0] * k
+    while pos < len(full):
+        drafts, state = [first[pos - 2]], head_states[:, pos - 2 : pos - 1]
+        past = (keys[:, :, : pos - 1], values[:, :, : pos - 1])
+        while len(drafts) < min(k, len(full) - pos - 1):
+            step_logits, state, past = head(state, torch.tensor([[drafts[-1]]]), pos - 2 + len(drafts), past)
+            drafts.append(int(step_logits[0, -1].argmax()))
+        drafts = drafts[: len(full) - pos - 1]  # the last token is always the model's own
+        ok = 0
+        while ok < len(drafts) and drafts[ok] == full[pos + ok]:
+            ok += 1
+        for i in range(len(drafts)):
+            drafted[i] += 1
+            accepted[i] += int(i < ok)
+        pos, steps = pos + ok + 1, steps + 1
+    return MTPStats(k, len(full) - prompt_len, steps, tuple(drafted), tuple(accepted))
+
+
+def mtp_agreement(
+    head: Any, model_dir: Path, val: np.ndarray, seq_len: int, batch: int = 4
+) -> dict[str, float]:
+    """Teacher-forced over every held-out window, on the ONNX export's hidden states: the share of
+    positions where the head's argmax equals the export's own greedy token after next (the acceptance of
+    a first draft under greedy decoding), and where it equals the text's token after next."""
+    import torch
+
+    run = prefill_hidden_fn(model_dir)
+    windows = val_windows(val, seq_len)
+    count, agree, correct = 0, 0, 0
+    for i in range(0, len(windows), batch):
+        chunk = windows[i : i + batch]
+        logits, hidden = run(chunk[:, :-1])
+        greedy = logits.argmax(-1)  # [b, t]: the export's token t + 1 at each t
+        ids = torch.from_numpy(chunk[:, :-1])
+        with torch.no_grad():
+            drafts = head(torch.from_numpy(hidden[:, :-1]), ids[:, 1:], 0, None)[0].argmax(-1).numpy()
+        agree += int((drafts == greedy[:, 1:]).sum())
+        correct += int((drafts == chunk[:, 2:]).sum())
+        count += drafts.size
+    return {"positions": count, "agreement": agree / count, "accuracy": correct / count}
+
+
+def bundled_head(model_dir: Path) -> Any:
+    """The MTP head of a model directory laid out as the bundled default model (``config.json``,
+    ``mtp.safetensors``, and the export's ``lm_head`` weight as the shared embedding), as the callable
+    :func:`simulate_mtp` and :func:`mtp_agreement` take."""
+    import onnx
+    import torch
+    from onnx import numpy_helper
+    from safetensors.torch import load_file
+
+    from tools.demo_model.mtp import mtp_reference
+
+    config = json.loads((model_dir / "config.json").read_text())
+    text = config.get("text_config", config)
+    weights = load_file(str(model_dir / "mtp.safetensors"))
+    graph = onnx.load(str(model_dir / "model.onnx")).graph
+    lm_head = next(t for t in graph.initializer if t.name == "lm_head.MatMul.weight")
+    embed = torch.from_numpy(numpy_helper.to_array(lm_head).T.copy())
+
+    def head(hidden: Any, next_ids: Any, start: int, past: Any) -> Any:
+        with torch.no_grad():
+            return mtp_reference(weights, text, embed, hidden, next_ids, start, past)
+
+    return head

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from onnxgen.demo.tokenizer import EOS_ID, IM_END_ID, IM_START_ID
+from tools.demo_model.tokenizer import EOS_ID, IM_END_ID, IM_START_ID
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class DemoConfig:
     dense: bool = False
     vocab_size: int = 4096
     hidden: int = 192
-    intermediate: int = 512
+    intermediate: int = 416  # what fits the bundled files (<= 20 MB fp32) with the MTP head beside them
     layers: int = 8
     heads: int = 4
     kv_heads: int = 2
@@ -33,20 +33,31 @@ class DemoConfig:
     rope_theta: float = 10_000.0
     # data
     cut_rate: float = 0.1  # share of training line ends tokenized as a boundary (prompts end there)
-    copy_window_share: float = 0.25  # training rows made of repeated spans (onnxgen.demo.data.copy_window)
-    random_copy_share: float = 0.125  # rows of repeated spans of random ids (data.random_copy_window)
+    # shares of the main schedule's training rows (the rest are windows of the token stream)
+    copy_window_share: float = 0.125  # repeated spans (data.copy_window)
+    random_copy_share: float = 0.125  # repeated spans of random ids (data.random_copy_window)
+    quote_share: float = 0.125  # one long span recurring (data.quote_window)
+    # multi-token prediction: weight of the MTP head's loss (0: no head)
+    mtp_weight: float = 0.3
     # training
+    # a builder fp32 export of an earlier demo model to start from (tools.demo_model.warmstart; "" trains
+    # from a random initialization); its MLP is pruned to ``intermediate`` channels where it is wider
+    init_from: str = ""
+    # train the MTP head alone on the ``init_from`` model, which stays as it is (its export is reused byte
+    # for byte): a head for an existing model at a fraction of a joint step's cost
+    head_only: bool = False
     seed: int = 0
-    steps: int = 2000
+    steps: int = 6800
     # then a copy phase at a constant rate: copy-heavy rows sharpen copying of real text (the 4.7M model
     # otherwise lets its own guess override a span it has seen; see docs/demo-model.md)
-    copy_phase_steps: int = 800
+    copy_phase_steps: int = 1200
     copy_phase_window_share: float = 0.125
     copy_phase_random_share: float = 0.25
     copy_phase_quote_share: float = 0.375  # rows where a long span recurs (data.quote_window)
     quote_span: int = 0  # longest quoted span (0: a third of the row)
     quote_gap: int = 64  # longest gap between copies
     copy_phase_lr: float = 3e-4
+    copy_phase_mtp_weight: float = 0.1  # DeepSeek-V3 lowers the MTP weight late in training (0.3 -> 0.1)
     batch: int = 4
     seq_len: int = 512
     lr: float = 3e-3
@@ -65,8 +76,12 @@ class DemoConfig:
     def row_shares(self, step: int) -> tuple[float, float, float]:
         """(copy window, random copy, quote window) shares of the rows of training step ``step``."""
         if step < self.steps:
-            return self.copy_window_share, self.random_copy_share, 0.0
+            return self.copy_window_share, self.random_copy_share, self.quote_share
         return self.copy_phase_window_share, self.copy_phase_random_share, self.copy_phase_quote_share
+
+    def mtp_weight_at(self, step: int) -> float:
+        """Weight of the MTP head's loss at training step ``step``."""
+        return self.mtp_weight if step < self.steps else self.copy_phase_mtp_weight
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +106,7 @@ class DemoConfig:
             "rms_norm_eps": 1e-6,
             "initializer_range": 0.02,
             "tie_word_embeddings": True,
+            "mtp_num_hidden_layers": 1 if self.mtp_weight > 0 else 0,
             "eos_token_id": list(STOP_IDS),
             "pad_token_id": EOS_ID,
             "bos_token_id": IM_START_ID,

@@ -1,7 +1,7 @@
 """The training loop: AdamW, linear warmup then cosine decay, seeded batches, resumable checkpoints.
 
 Reproducible: the model is initialised under ``torch.manual_seed(config.seed)``, batch ``i`` depends
-on ``(seed, i)`` only (:func:`onnxgen.demo.data.batch_at`), there is no dropout, and a checkpoint holds
+on ``(seed, i)`` only (:func:`tools.demo_model.data.batch_at`), there is no dropout, and a checkpoint holds
 the model and optimizer state, so a resumed run continues exactly where an uninterrupted one would be
 (same thread count and machine: float reductions are not reordered).
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxgen.demo.config import DemoConfig
-from onnxgen.demo.data import batch_at, val_windows
-from onnxgen.demo.tokenizer import FIRST_ORDINARY_ID
+from tools.demo_model.config import DemoConfig
+from tools.demo_model.data import batch_at, val_windows
+from tools.demo_model.tokenizer import FIRST_ORDINARY_ID
 
 CHECKPOINT = "last.pt"
 
@@ -32,28 +32,25 @@ def learning_rate(config: DemoConfig, step: int) -> float:
     return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def new_model(config: DemoConfig) -> Any:
-    import torch
-    from transformers import Qwen3_5ForCausalLM
+def new_model(config: DemoConfig) -> Any:  # -> DemoModel
+    from tools.demo_model.model import DemoModel
 
-    torch.manual_seed(config.seed)
-    model = Qwen3_5ForCausalLM(config.text_config()).float()
-    if model.lm_head.weight is not model.model.embed_tokens.weight:
-        raise RuntimeError("expected tied input/output embeddings (tie_word_embeddings=True)")
-    return model
+    return DemoModel(config)
 
 
 def _optimizer(model: Any, config: DemoConfig) -> Any:
     import torch
 
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]  # norms, A_log, dt_bias
+    trained = [p for p in model.parameters() if p.requires_grad]  # the head alone when head_only
+    decay = [p for p in trained if p.ndim >= 2]
+    rest = [p for p in trained if p.ndim < 2]  # norms, A_log, dt_bias
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
 def token_losses(model: Any, windows: np.ndarray) -> Any:
-    """Per-token cross-entropy (nats) of ``windows[:, 1:]`` given the preceding tokens."""
+    """Per-token cross-entropy (nats) of ``windows[:, 1:]`` given the preceding tokens (a transformers
+    causal LM)."""
     import torch
     import torch.nn.functional as F
 
@@ -65,7 +62,8 @@ def token_losses(model: Any, windows: np.ndarray) -> Any:
 
 
 def evaluate(model: Any, stream: np.ndarray, seq_len: int, limit: int | None, batch: int = 4) -> float:
-    """Mean validation loss (nats per token) over the first ``limit`` windows (all when None)."""
+    """Mean validation loss (nats per token) of a transformers causal LM over the first ``limit``
+    windows (all when None)."""
     import torch
 
     windows = val_windows(stream, seq_len, limit)
@@ -80,17 +78,52 @@ def evaluate(model: Any, stream: np.ndarray, seq_len: int, limit: int | None, ba
     return total / count
 
 
+def evaluate_head(
+    model: Any, stream: np.ndarray, seq_len: int, limit: int | None, batch: int = 4
+) -> dict[str, float]:
+    """The MTP head's validation loss and its teacher-forced agreement with the model's greedy token after
+    next (:func:`tools.demo_model.model.head_agreement`) over the first ``limit`` windows."""
+    import torch
+
+    from tools.demo_model.model import head_agreement
+
+    windows = val_windows(stream, seq_len, limit)
+    model.eval()
+    total, count, agree, correct = 0.0, 0, 0, 0
+    with torch.no_grad():
+        for i in range(0, len(windows), batch):
+            chunk = torch.from_numpy(windows[i : i + batch])
+            _, losses = model(chunk)
+            total += float(losses.sum())
+            n, a, c = head_agreement(model.lm, model.mtp, chunk)
+            count, agree, correct = count + n, agree + a, correct + c
+    model.train()
+    return {"val_mtp_loss": total / count, "val_mtp_agree": agree / count, "val_mtp_correct": correct / count}
+
+
 def train(
     config: DemoConfig, train_ids: np.ndarray, val_ids: np.ndarray, work: Path, log: Any = print
 ) -> Any:
     """Train (or resume) to ``config.total_steps`` (the main schedule, then the copy phase); return the model. Logs JSON lines to ``work/train_log.jsonl``."""
     import torch
 
-    from onnxgen.demo.gdn import fast_gated_delta_rule
+    from tools.demo_model.gdn import fast_gated_delta_rule
 
     torch.set_num_threads(config.threads)
     work.mkdir(parents=True, exist_ok=True)
+    if config.head_only and not config.init_from:
+        raise ValueError("head_only trains a head for an existing model: give init_from (--init-from)")
     model = new_model(config)
+    if config.init_from and not (work / CHECKPOINT).is_file():
+        from tools.demo_model.warmstart import init_from_export
+
+        info = init_from_export(model, config, Path(config.init_from), train_ids)
+        if config.head_only and info["pruned_channels"]:
+            raise ValueError(
+                f"head_only keeps the model of {config.init_from} as it is: set intermediate to its MLP "
+                f"width ({config.intermediate + info['pruned_channels']})"
+            )
+        log(f"train: starting from {config.init_from} ({info})")
     opt = _optimizer(model, config)
     start = _resume(model, opt, config, work / CHECKPOINT, log)
     record = (work / "train_log.jsonl").open("a")
@@ -114,26 +147,38 @@ def train(
                 config.quote_span,
                 config.quote_gap,
             )
-            loss = token_losses(model, batch).mean()
+            main, head = model(torch.from_numpy(batch))
+            if config.head_only:
+                loss = head.mean()
+            elif head is None:
+                loss = main.mean()
+            else:
+                loss = main.mean() + config.mtp_weight_at(step) * head.mean()
             loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            trained = (p for p in model.parameters() if p.requires_grad)
+            norm = torch.nn.utils.clip_grad_norm_(trained, config.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             tokens += config.batch * config.seq_len
             done = step + 1
-            entry: dict[str, Any] = {"step": done, "loss": round(loss.item(), 4)}
+            entry: dict[str, Any] = {"step": done, "loss": round(main.mean().item(), 4)}
+            if head is not None:
+                entry["mtp_loss"] = round(head.mean().item(), 4)
             if done % 10 == 0 or done == config.total_steps:
                 elapsed = time.time() - t0
                 entry.update(lr=round(learning_rate(config, step), 6), grad_norm=round(norm.item(), 3))
                 entry.update(elapsed_s=round(elapsed, 1), tokens_per_s=round(tokens / elapsed))
             if done % config.eval_every == 0 or done in (config.steps, config.total_steps):
-                entry["val_loss"] = round(evaluate(model, val_ids, config.seq_len, config.eval_windows), 4)
+                entry["val_loss"] = round(evaluate(model.lm, val_ids, config.seq_len, config.eval_windows), 4)
+                if model.mtp is not None:
+                    head_eval = evaluate_head(model, val_ids, config.seq_len, config.eval_windows)
+                    entry.update({k: round(v, 4) for k, v in head_eval.items()})
                 _save(model, opt, config, done, work / CHECKPOINT)
             elif done % 50 == 0:
                 _save(model, opt, config, done, work / CHECKPOINT)
             record.write(json.dumps(entry) + "\n")
             record.flush()
-            if len(entry) > 2:
+            if "lr" in entry or "val_loss" in entry:
                 log(" ".join(f"{k}={v}" for k, v in entry.items()))
     record.close()
     model.eval()

@@ -8,7 +8,7 @@ the files, picked by a hash of their relative path, are held out for validation.
 Beside the code, short ChatML conversations are made from the training files' docstrings (so the chat
 template's turn markers and ``<|im_end|>`` are learned): "What does ``json.dumps`` do?" answered with
 the docstring's first paragraph, and "Write ``name(args)``..." answered with the function's source.
-A few documents repeat a span of the training code (:mod:`onnxgen.demo.repeats`) to teach copying.
+A few documents repeat a span of the training code (:mod:`tools.demo_model.repeats`) to teach copying.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from onnxgen.demo.repeats import REPEAT_SHARE, repeat_documents
+from tools.demo_model.repeats import REPEAT_SHARE, repeat_documents
 
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "encodings", "pydoc_data"})
 VALIDATION_PERCENT = 2

@@ -3,7 +3,7 @@
 ``prepare(out_dir, config)`` builds the corpus, trains the tokenizer on the training text (code and
 chat), and writes ``train.npy`` / ``val.npy`` (uint16 ids, one ``<|endoftext|>`` after each document)
 plus ``meta.json``. A share of the training text's line ends are tokenization boundaries (see
-:func:`onnxgen.demo.tokenizer.encode_documents`); validation text is tokenized as one piece per file.
+:func:`tools.demo_model.tokenizer.encode_documents`); validation text is tokenized as one piece per file.
 A second call with the same corpus and settings reuses the files.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxgen.demo.config import DemoConfig
-from onnxgen.demo.corpus import build_corpus
-from onnxgen.demo.tokenizer import encode_documents, save_pretrained, train_bpe
+from tools.demo_model.config import DemoConfig
+from tools.demo_model.corpus import build_corpus
+from tools.demo_model.tokenizer import encode_documents, save_pretrained, train_bpe
 
 
 @dataclass(frozen=True)

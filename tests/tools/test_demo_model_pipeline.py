@@ -1,0 +1,511 @@
+"""The demo model's training pipeline (tools/demo_model): data mixing, the fast Gated DeltaNet, the MTP head
+and its checkpoint tensors, the command line. Tests that need torch / transformers / onnxruntime-genai skip
+cleanly without them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from onnxgen.llm import default_model_dir
+
+
+def test_the_fast_gated_delta_rule_matches_transformers() -> None:
+    torch = pytest.importorskip("torch")
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    from tools.demo_model.gdn import chunk_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 70, 2, 16, generator=gen) for _ in range(2))
+    v = torch.randn(2, 70, 4, 8, generator=gen)
+    g = -torch.nn.functional.softplus(torch.randn(2, 70, 4, generator=gen))
+    beta = torch.rand(2, 70, 4, generator=gen)
+    state = torch.randn(2, 4, 16, 8, generator=gen)
+    kwargs = {"initial_state": state, "output_final_state": True, "use_qk_l2norm_in_kernel": True}
+    want_out, want_state = qwen.torch_chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
+    out, final = chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(final, want_state, atol=1e-5, rtol=1e-4)
+
+
+def test_the_fast_causal_convolution_matches_transformers_with_its_gradients() -> None:
+    torch = pytest.importorskip("torch")
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    from tools.demo_model.gdn import causal_conv1d_fn
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 12, 40, generator=gen, requires_grad=True)
+    weight = torch.randn(12, 4, generator=gen, requires_grad=True)
+    want = qwen.causal_conv1d_fn(x, weight, None, activation="silu")
+    (want_dx, want_dw) = torch.autograd.grad(want.square().sum(), (x, weight))
+    got = causal_conv1d_fn(x, weight, None, activation="silu")
+    (dx, dw) = torch.autograd.grad(got.square().sum(), (x, weight))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dx, want_dx, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(dw, want_dw, atol=1e-4, rtol=1e-5)
+    shifted = causal_conv1d_fn(torch.roll(x, 1, -1), weight, None, activation="silu")
+    assert not torch.allclose(
+        shifted[..., 1:], want[..., 1:]
+    )  # the output depends on the order of time steps
+
+
+def test_copy_windows_write_every_span_twice_in_a_row() -> None:
+    from tools.demo_model.data import copy_window
+
+    stream = np.arange(10_000, dtype=np.uint16)  # distinct ids: a span's place in the stream is its ids
+    row = copy_window(stream, 513, np.random.default_rng(3))
+    assert row.shape == (513,)
+    i = 0
+    while i < 513:  # each span is a run of consecutive ids followed by the same run
+        n = 1
+        while i + n < 513 and row[i + n] == row[i + n - 1] + 1:
+            n += 1
+        assert 8 <= n <= 96 or i + n == 513
+        second = row[i + n : i + 2 * n]
+        assert np.array_equal(second, row[i : i + len(second)])
+        i += 2 * n
+
+
+def test_quote_windows_repeat_one_long_span_two_to_four_times_inside_text() -> None:
+    from tools.demo_model.data import quote_window
+
+    stream = np.arange(60_000, dtype=np.uint16)  # distinct ids: ids seen twice in a row belong to the span
+    copies, lengths, gaps = set(), set(), set()
+    for seed in range(40):
+        row = quote_window(stream, 513, np.random.default_rng(seed))
+        assert row.shape == (513,)
+        ids, counts = np.unique(row, return_counts=True)
+        span = ids[counts >= 2]
+        assert 16 <= len(span) <= 513 // 3 and np.all(np.diff(span) == 1)  # one span of the stream
+        starts = np.flatnonzero(row == span[0])
+        for at in starts[:-1]:  # every copy but the last (which the row may cut) is the whole span
+            assert np.array_equal(row[at : at + len(span)], span)
+        copies.add(len(starts))
+        lengths.add(len(span))
+        gaps.update(int(b - a - len(span)) for a, b in itertools.pairwise(starts))
+    assert copies >= {2, 3} and copies <= {2, 3, 4}
+    assert 0 in gaps and max(gaps) > 16 and max(gaps) <= 64  # copies adjacent or apart
+    assert min(lengths) < 60 and max(lengths) > 120
+
+
+def test_training_batches_depend_on_seed_and_step_only_and_mix_in_copy_windows() -> None:
+    from tools.demo_model.data import batch_at
+
+    stream = np.arange(50_000, dtype=np.uint16)
+    a = batch_at(stream, 7, 64, 128, 0, repeat_share=0.25)
+    assert np.array_equal(a, batch_at(stream, 7, 64, 128, 0, repeat_share=0.25))
+    assert not np.array_equal(a, batch_at(stream, 8, 64, 128, 0, repeat_share=0.25))
+    plain = np.all(np.diff(a, axis=1) == 1, axis=1)  # a window of the stream counts up by one
+    assert 4 <= int((~plain).sum()) <= 32  # about a quarter of 64 rows are copy windows
+    assert np.all(np.diff(batch_at(stream, 7, 64, 128, 0), axis=1) == 1)  # share 0: stream windows only
+
+
+def test_random_copy_rows_repeat_spans_of_random_ordinary_ids() -> None:
+    from tools.demo_model.data import batch_at, random_copy_window
+
+    row = random_copy_window(513, (3, 4096), np.random.default_rng(5))
+    assert row.shape == (513,) and row.min() >= 3 and row.max() < 4096
+    assert len(np.unique(row)) > 100  # random ids, not a run of the stream
+    stream = np.arange(50_000, dtype=np.uint16)
+    a = batch_at(stream, 7, 64, 128, 0, repeat_share=0.25, random_share=0.25, id_range=(60_000, 61_000))
+    random_rows = np.all(a >= 60_000, axis=1)
+    assert 4 <= int(random_rows.sum()) <= 32  # about a quarter of 64 rows
+    copies = ~random_rows & ~np.all(np.diff(a, axis=1) == 1, axis=1)
+    assert 4 <= int(copies.sum()) <= 32
+
+
+def test_batches_mix_in_quote_windows_by_share() -> None:
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.data import batch_at
+
+    stream = np.arange(50_000, dtype=np.uint16)
+    a = batch_at(stream, 7, 64, 128, 0, quote_share=0.5)
+    quoted = ~np.all(np.diff(a, axis=1) == 1, axis=1)
+    assert 16 <= int(quoted.sum()) <= 48
+    for row in a[quoted]:
+        assert np.unique(row).size < row.size  # a span recurs
+    cfg = DemoConfig(steps=10, copy_phase_steps=5, quote_share=0.1, copy_phase_quote_share=0.25)
+    assert cfg.row_shares(9)[2] == 0.1 and cfg.row_shares(10)[2] == 0.25
+
+
+def test_the_dense_demo_config_has_every_layer_full_attention_and_is_not_installable() -> None:
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.train import _parser, config_from_args, main
+
+    cfg = config_from_args(_parser().parse_args(["--dense", "--steps", "30", "--copy-phase-steps", "20"]))
+    assert cfg.dense and cfg.total_steps == 50
+    assert cfg.layer_types() == ["full_attention"] * cfg.layers
+    assert cfg.text_config_kwargs()["layer_types"] == cfg.layer_types()
+    hybrid = DemoConfig().layer_types()
+    assert "linear_attention" in hybrid and hybrid.count("full_attention") == 2
+    with pytest.raises(SystemExit):
+        main(["--dense", "--install"])
+
+
+def test_prompt_lookup_replay_counts_drafts_and_acceptances() -> None:
+    from tools.demo_model.measure import simulate_prompt_lookup
+
+    # the repeated [1, 2] proposes [3, 4, 5] (trimmed so the last token stays the model's): all accepted
+    copied = simulate_prompt_lookup([1, 2, 3, 4, 5, 1, 2], [3, 4, 5, 9])
+    assert (copied.verify_steps, copied.drafted, copied.accepted) == (1, 3, 3)
+    # [7, 8] proposes [9, 7] but the model says 1; then nothing matches
+    missed = simulate_prompt_lookup([7, 8, 9, 7, 8], [1, 2, 3])
+    assert (missed.verify_steps, missed.drafted, missed.accepted) == (3, 2, 0)
+    assert missed.acceptance == 0.0 and copied.tokens_per_step == 4.0
+
+
+def test_the_training_conversations_render_like_the_bundled_chat_template() -> None:
+    from onnxgen.tokenizer import Tokenizer
+    from tools.demo_model.corpus import SYSTEM_PROMPT, chatml
+
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Hi"}]
+    rendered = Tokenizer.from_dir(default_model_dir()).apply_chat_template(
+        messages, add_generation_prompt=True
+    )
+    turns = [("system", SYSTEM_PROMPT), ("user", "Hi")]
+    assert rendered == chatml(turns) + "<|im_start|>assistant\n"
+
+
+def test_set_overrides_any_config_field_and_names_the_fields_when_it_cannot() -> None:
+    from tools.demo_model.train import _parser, config_from_args
+
+    cfg = config_from_args(_parser().parse_args(["--set", "mtp_weight=0", "--set", "intermediate=96"]))
+    assert cfg.mtp_weight == 0.0 and cfg.intermediate == 96
+    assert cfg.text_config_kwargs()["mtp_num_hidden_layers"] == 0
+    for bad in ("mtp_wieght=0", "intermediate", "intermediate=wide"):
+        with pytest.raises(SystemExit, match=r"intermediate|FIELD"):
+            config_from_args(_parser().parse_args(["--set", bad]))
+
+
+# a demo geometry small enough to train and export in seconds (the bundled tokenizer's 4096 ids)
+TINY = {
+    "hidden": 64,
+    "intermediate": 96,
+    "layers": 4,
+    "heads": 2,
+    "kv_heads": 1,
+    "head_dim": 32,
+    "lin_key_heads": 1,
+    "lin_value_heads": 2,
+    "lin_head_dim": 16,
+    "seq_len": 128,  # copy windows need spans of up to 96 ids
+    "batch": 2,
+}
+
+
+def _tiny_model(**overrides: Any) -> tuple[Any, Any]:
+    """A DemoModel of the tiny geometry whose head norms are not all zero (so ``1 + weight`` matters)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.model import DemoModel
+
+    config = DemoConfig(**TINY, **overrides)
+    model = DemoModel(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.mtp.named_parameters():
+            if "norm" in name:
+                param.copy_(0.3 * torch.randn(param.shape, generator=gen))
+            else:
+                param.mul_(10.0)  # beyond the 0.02 init: logits far from uniform
+        model.lm.model.embed_tokens.weight.mul_(20.0)
+    return config, model
+
+
+def test_the_mtp_reference_is_the_trained_heads_forward_with_and_without_a_kv_cache() -> None:
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.model import head_logits
+    from tools.demo_model.mtp import mtp_reference
+
+    config, model = _tiny_model()
+    ids = torch.randint(3, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = model.lm.model(input_ids=ids).last_hidden_state
+        want = head_logits(model.lm, model.mtp, hidden[:, :-1], ids[:, 1:])
+        weights, text = model.mtp.checkpoint_tensors(), config.text_config().to_dict()
+        embed = model.lm.model.embed_tokens.weight
+        got, _, _ = mtp_reference(weights, text, embed, hidden[:, :-1], ids[:, 1:])
+        first, _, past = mtp_reference(weights, text, embed, hidden[:, :15], ids[:, 1:16])
+        rest, _, _ = mtp_reference(weights, text, embed, hidden[:, 15:-1], ids[:, 16:], start=15, past=past)
+        # negative control: the hidden state first in the concatenation (the other order) is another head
+        h = config.hidden
+        swapped = dict(weights)
+        swapped["mtp.fc.weight"] = torch.cat(
+            [weights["mtp.fc.weight"][:, h:], weights["mtp.fc.weight"][:, :h]], 1
+        )
+        pairs = (weights["mtp.pre_fc_norm_embedding.weight"], weights["mtp.pre_fc_norm_hidden.weight"])
+        swapped["mtp.pre_fc_norm_embedding.weight"], swapped["mtp.pre_fc_norm_hidden.weight"] = pairs[::-1]
+        wrong, _, _ = mtp_reference(swapped, text, embed, hidden[:, :-1], ids[:, 1:])
+    assert want.abs().max() > 1.0
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.cat([first, rest], 1), want, atol=2e-5, rtol=1e-4)
+    assert (wrong - want).abs().max() > 0.1
+
+
+def test_the_head_at_position_t_reads_tokens_up_to_t_plus_1_only() -> None:
+    """Causal: changing token k changes the head's logits from position k - 1 on, none before."""
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.model import head_logits
+
+    _, model = _tiny_model()
+    ids = torch.randint(3, 4096, (1, 20), generator=torch.Generator().manual_seed(2))
+    changed = ids.clone()
+    changed[0, 12] = 7 if int(ids[0, 12]) != 7 else 8
+    with torch.no_grad():
+        a, b = (
+            head_logits(model.lm, model.mtp, model.lm.model(input_ids=x).last_hidden_state[:, :-1], x[:, 1:])
+            for x in (ids, changed)
+        )
+    differs = (a - b).abs().amax(-1)[0]
+    assert torch.all(differs[:11] == 0) and torch.all(differs[11:] > 0)
+
+
+def test_training_trains_the_head_and_an_interrupted_run_resumes_exactly(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.trainer import train
+
+    config = DemoConfig(**TINY, steps=3, copy_phase_steps=1, eval_every=2, eval_windows=2, warmup=1)
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_two(line: str) -> None:
+        if line.startswith("step=2 "):
+            raise Interrupt
+
+    whole = train(config, stream, stream[:200], tmp_path / "whole", log=lambda _: None)
+    with pytest.raises(Interrupt):
+        train(config, stream, stream[:200], tmp_path / "resumed", log=stop_at_two)
+    resumed = train(config, stream, stream[:200], tmp_path / "resumed", log=lambda _: None)
+    names = [n for n, _ in whole.named_parameters()]
+    assert any(n.startswith("mtp.layers.0.self_attn") for n in names)
+    for (name, a), (_, b) in zip(whole.named_parameters(), resumed.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
+    assert all("mtp_loss" in e for e in log) and "val_mtp_agree" in log[1]
+
+
+@pytest.mark.external
+def test_the_checkpoint_carries_the_head_that_onnxruntime_genai_exports_as_the_reference_computes(
+    tmp_path: Path,
+) -> None:
+    """The head's tensors travel in the checkpoint's safetensors in the naming onnxruntime-genai's builder
+    reads; the builder's mtp.onnx (an independent implementation) computes what :func:`mtp_reference`
+    does, over a prompt and over a chained step from the head's own hidden state and KV cache."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime_genai")
+    import onnxruntime as ort
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from onnxgen.testing.hf import export_with_genai_builder
+    from tools.demo_model.export import save_hf_checkpoint
+    from tools.demo_model.mtp import mtp_reference, read_mtp_tensors
+
+    config, model = _tiny_model()
+    tok = tmp_path / "tokenizer"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(default_model_dir() / name, tok / name)
+    hf = save_hf_checkpoint(model, config, tok, tmp_path / "hf")
+    head = read_mtp_tensors(hf)
+    assert head.keys() == model.mtp.checkpoint_tensors().keys()
+    for name, tensor in model.mtp.checkpoint_tensors().items():
+        assert torch.equal(head[name], tensor), name
+    reloaded = Qwen3_5ForConditionalGeneration.from_pretrained(hf).eval()  # transformers skips mtp.*
+    ids = torch.randint(3, 4096, (1, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, model.lm(input_ids=ids).logits)
+
+    out = export_with_genai_builder(hf, tmp_path / "onnx", "fp32")  # with its MTP head: mtp.onnx
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    decoder, mtp = (
+        ort.InferenceSession(str(out / name), options, providers=["CPUExecutionProvider"])
+        for name in ("model.onnx", "mtp.onnx")
+    )
+
+    def feeds(session: Any, tokens: np.ndarray, start: int, **given: np.ndarray) -> dict[str, np.ndarray]:
+        n = tokens.shape[1]
+        f = {"input_ids": tokens, "attention_mask": np.ones((1, start + n), np.int64)}
+        f["position_ids"] = np.broadcast_to(np.arange(start, start + n), (3, 1, n)).astype(np.int64)
+        for port in session.get_inputs():
+            if port.name.startswith("past") and port.name not in given:
+                shape = (
+                    [1, port.shape[1], 0, config.head_dim]
+                    if "key_values" in port.name
+                    else [1, *port.shape[1:]]
+                )
+                f[port.name] = np.zeros(shape, np.float32)
+        return f | given
+
+    x = ids.numpy()
+    hidden = decoder.run(["hidden_states"], feeds(decoder, x, 0))[0]
+    with torch.no_grad():
+        final = model.lm.model(input_ids=ids).last_hidden_state.numpy()
+    # the decoder's hidden state is the final norm's output (up to the chunked vs recurrent delta rule's
+    # rounding; the state before the norm differs by its scale)
+    np.testing.assert_allclose(hidden, final, atol=2e-3)
+    text, embed = config.text_config().to_dict(), model.lm.model.embed_tokens.weight.detach()
+    logits, key, value, state = mtp.run(None, feeds(mtp, x[:, 1:13], 0, hidden_states=hidden[:, :12]))
+    with torch.no_grad():
+        want, want_state, past = mtp_reference(
+            head, text, embed, torch.from_numpy(hidden[:, :12]), ids[:, 1:13]
+        )
+    np.testing.assert_allclose(logits, want.numpy(), atol=1e-4)
+    np.testing.assert_allclose(state, want_state.numpy(), atol=1e-4)
+    draft = logits[:, -1:].argmax(-1)  # chain: the head's own token and hidden state, its KV cache
+    chained = mtp.run(
+        ["logits"],
+        feeds(
+            mtp,
+            draft,
+            12,
+            hidden_states=state[:, -1:],
+            **{"past_key_values.0.key": key, "past_key_values.0.value": value},
+        ),
+    )[0]
+    with torch.no_grad():
+        want_chained, _, _ = mtp_reference(
+            head, text, embed, want_state[:, -1:], torch.from_numpy(draft), start=12, past=past
+        )
+    np.testing.assert_allclose(chained, want_chained.numpy(), atol=1e-4)
+
+
+def test_installing_copies_the_export_with_its_head_and_refuses_one_without(tmp_path: Path) -> None:
+    from tools.demo_model.export import BUNDLED_FILES, HEAD_FILES, install_default
+
+    export, target = tmp_path / "fp32", tmp_path / "default_model"
+    export.mkdir()
+    for name in BUNDLED_FILES:
+        (export / name).write_text(name)
+    tokenizer = {"model": {"type": "BPE", "vocab": {"a": 0, "é": 1}}, "added_tokens": []}
+    (export / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2))
+    target.mkdir()
+    (target / "stale.onnx").write_text("old")
+    install_default(export, target)
+    assert sorted(p.name for p in target.iterdir()) == sorted([*BUNDLED_FILES, "NOTICE.txt"])
+    assert (target / "mtp.onnx").read_text() == "mtp.onnx"
+    # the tokenizer is the same JSON, written without indentation
+    written = (target / "tokenizer.json").read_text()
+    assert json.loads(written) == tokenizer and "\n" not in written
+    for name in HEAD_FILES:
+        (export / name).unlink()
+        with pytest.raises(FileNotFoundError, match=name):
+            install_default(export, target)
+        (export / name).write_text(name)
+    assert (target / "mtp.onnx").is_file()  # a refused install leaves the bundled model as it was
+
+
+def test_head_only_training_moves_the_head_and_leaves_the_model_it_started_from_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``head_only``: the warm-started model is what the run returns, bit for bit, and the head trains; the
+    same run without ``head_only`` (the negative control) moves the model."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model import warmstart
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.model import DemoModel
+    from tools.demo_model.trainer import train
+
+    earlier = DemoModel(DemoConfig(**TINY, seed=7)).lm.state_dict()  # not seed 0's initialization
+
+    def load_earlier(model: Any, config: Any, export_dir: Path, train_ids: np.ndarray) -> dict[str, float]:
+        model.lm.load_state_dict(earlier)
+        return {"export_logit_diff": 0.0, "pruned_channels": 0}
+
+    monkeypatch.setattr(warmstart, "init_from_export", load_earlier)
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    base = {**TINY, "steps": 3, "copy_phase_steps": 0, "warmup": 1, "eval_every": 100, "eval_windows": 1}
+    base["init_from"] = str(tmp_path / "earlier")
+    quiet = lambda _: None  # noqa: E731
+
+    head_only = train(DemoConfig(**base, head_only=True), stream, stream[:200], tmp_path / "head", quiet)
+    for name, tensor in head_only.lm.state_dict().items():
+        assert torch.equal(tensor, earlier[name]), name
+    fresh_head = DemoModel(DemoConfig(**TINY)).mtp.state_dict()
+    assert any(not torch.equal(t, fresh_head[n]) for n, t in head_only.mtp.state_dict().items())
+
+    joint = train(DemoConfig(**base), stream, stream[:200], tmp_path / "joint", quiet)
+    assert any(not torch.equal(t, earlier[n]) for n, t in joint.lm.state_dict().items())
+
+    with pytest.raises(ValueError, match="init_from"):
+        train(DemoConfig(**TINY, head_only=True), stream, stream[:200], tmp_path / "none", quiet)
+
+
+def test_mlp_pruning_keeps_the_channels_that_carry_the_most_output() -> None:
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.warmstart import prune_mlp
+
+    gen = torch.Generator().manual_seed(0)
+    hidden, width = 8, 6
+    gate, up = torch.randn(width, hidden, generator=gen), torch.randn(width, hidden, generator=gen)
+    down = torch.randn(hidden, width, generator=gen)
+    down[:, [1, 4]] *= 1e-3  # channels 1 and 4 barely reach the output
+    p = "model.layers.0.mlp."
+    state = {p + "gate_proj.weight": gate, p + "up_proj.weight": up, p + "down_proj.weight": down}
+    x = torch.randn(32, hidden, generator=gen)
+    pruned = prune_mlp(state, 4, lambda layer: x)
+    keep = [0, 2, 3, 5]
+    assert torch.equal(pruned[p + "gate_proj.weight"], gate[keep])
+    assert torch.equal(pruned[p + "up_proj.weight"], up[keep])
+    assert torch.equal(pruned[p + "down_proj.weight"], down[:, keep])
+
+
+@pytest.mark.external
+def test_a_model_read_back_from_its_builder_export_is_the_model_that_was_exported(tmp_path: Path) -> None:
+    """The warm start's reading of an fp32 export (transposed Linear weights, fused q/k/v, ``1 + w``
+    norms, ``-exp(A_log)``) gives back the trained model's tensors; a narrower config prunes the MLP."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime_genai")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.export import export, save_hf_checkpoint
+    from tools.demo_model.model import DemoModel
+    from tools.demo_model.warmstart import init_from_export, state_dict_from_export
+
+    config, model = _tiny_model()
+    tok = tmp_path / "tokenizer"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(default_model_dir() / name, tok / name)
+    out = export(save_hf_checkpoint(model, config, tok, tmp_path / "hf"), tmp_path / "fp32", "fp32")
+    state = state_dict_from_export(out)
+    want = {k: v for k, v in model.lm.state_dict().items() if k != "lm_head.weight"}
+    assert state.keys() == want.keys()
+    for name, tensor in want.items():
+        torch.testing.assert_close(state[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+    # the export's mtp.onnx (onnxgen export-mtp over the tied embedding), fp32: the trained head's forward
+    from onnxgen.export.mtp import export_mtp
+    from onnxgen.model.mtp import find_mtp_head, mtp_head_io
+    from onnxgen.model.package import ModelPackage
+    from onnxgen.runtime.mtp_head import MTPHeadSession
+    from tools.demo_model.model import head_logits
+
+    export_mtp(tmp_path / "hf", out, "fp32")
+    package = ModelPackage.open(out)
+    head = MTPHeadSession(mtp_head_io(package, find_mtp_head(package)), threads=1)
+    ids = torch.randint(3, 4096, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        hidden = model.lm.model(input_ids=ids).last_hidden_state
+        want = head_logits(model.lm, model.mtp, hidden[:, :-1], ids[:, 1:])[0].numpy()
+    got, _ = head.forward(head.new_state(16), ids[:, 1:].numpy(), hidden[:, :-1].numpy())  # the last row's
+    assert np.abs(want[-1]).max() > 1.0
+    np.testing.assert_allclose(got, want[-1], rtol=1e-4, atol=1e-3)
+
+    stream = np.random.default_rng(0).integers(3, 4096, size=20_000).astype(np.uint16)
+    narrow = DemoConfig(**{**TINY, "intermediate": 64})
+    student = DemoModel(narrow)
+    info = init_from_export(student, narrow, out, stream)
+    assert info["pruned_channels"] == 32 and info["export_logit_diff"] < 1e-2  # logits of size ~100
+    assert student.lm.model.layers[0].mlp.gate_proj.weight.shape == (64, TINY["hidden"])

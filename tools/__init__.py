@@ -1,0 +1,1 @@
+"""Repository tools that are not part of the installed onnxgen package (run them from the repository root)."""
