@@ -1,4 +1,5 @@
-"""On/off switches read from the environment: ``ONNXGEN_FUSE``, ``ONNXGEN_FAST_OPS``, ``ONNXGEN_HUGE_PAGES``.
+"""On/off switches read from the environment: ``ONNXGEN_FUSE``, ``ONNXGEN_FAST_OPS``, ``ONNXGEN_HUGE_PAGES``,
+``ONNXGEN_CACHE``.
 
 Each takes ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case, surrounding spaces
 ignored); unset or empty leaves the decision to onnxgen's default. Any other value is refused with a
@@ -15,7 +16,8 @@ from onnxgen.errors import SettingError
 FUSE = "ONNXGEN_FUSE"  # onnxgen.graph.decode_fusions
 FAST_OPS = "ONNXGEN_FAST_OPS"  # onnxgen.graph.hybrid_ops
 HUGE_PAGES = "ONNXGEN_HUGE_PAGES"  # onnxgen.runtime.hugepages
-SWITCHES = (FUSE, FAST_OPS, HUGE_PAGES)
+CACHE = "ONNXGEN_CACHE"  # onnxgen.runtime.graph_cache: off keeps nothing on disk past the process
+SWITCHES = (FUSE, FAST_OPS, HUGE_PAGES, CACHE)
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
 
