@@ -5,16 +5,23 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent / "model"))
 from sigbuild import base_inputs, logits_port, qwen36_27b, sig_model, write_package
 
 from onnxgen.cli import main
+from onnxgen.generation.params import SamplingParams
 from onnxgen.llm import default_model_dir, load
+from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import build_model
+from onnxgen.validate import validate
 
 CONFIGS = {
     "config.json": {"eos_token_id": 248044, "max_position_embeddings": 262144},
@@ -122,13 +129,51 @@ def scan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_inspect_names_the_decode_plan_a_load_chooses_and_why(
     scan_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["inspect", str(scan_dir), "--json"]) == 0
+    assert main(["inspect", str(scan_dir), "--json", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["decode_plan"] == load(scan_dir, threads=1).decode_plan.plan.name == "inline"
+    llm = load(scan_dir, threads=1)
+    ran = llm.generate([5, 6, 7], SamplingParams(max_new_tokens=2)).stats["decode_plan"]
+    assert out["decode_plan"] == ran == llm.decode_plan.plan.name == "inline"
+    assert out["decode_plan_check"] == "passed"
     assert "3 Scans" in out["decode_plan_reason"] and "of a decode step" in out["decode_plan_reason"]
-    assert main(["inspect", str(scan_dir)]) == 0
+    assert "checked: its first step equals the Scan plan's bit for bit" in out["decode_plan_reason"]
+    assert main(["inspect", str(scan_dir), "--threads", "1"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("decode plan:"))
     assert line == f"decode plan:    inline ({out['decode_plan_reason']})"
+
+
+def _nudged_logits(rewrites: Callable[..., onnx.ModelProto]) -> Callable[..., onnx.ModelProto]:
+    """``DecoderSession.same_rewrites`` whose sibling adds 1e-6 to every logit: the inline plan then
+    differs from the Scan plan in the last bits, as a graph that rounds differently once inlined does."""
+
+    def rewrite(self: DecoderSession, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
+        graph = rewrites(self, graph, base_dir)
+        name = self.io.logits
+        producer = next(n for n in graph.graph.node if name in n.output)
+        producer.output[list(producer.output).index(name)] = f"{name}_raw"
+        graph.graph.initializer.append(numpy_helper.from_array(np.array(1e-6, np.float32), "nudge"))
+        graph.graph.node.append(helper.make_node("Add", [f"{name}_raw", "nudge"], [name]))
+        return graph
+
+    return rewrite
+
+
+def test_inspect_and_validate_name_the_scan_plan_where_the_inline_plans_check_fails(
+    scan_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(DecoderSession, "same_rewrites", _nudged_logits(DecoderSession.same_rewrites))
+    assert main(["inspect", str(scan_dir), "--json", "--threads", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    llm = load(scan_dir, threads=1)
+    ran = llm.generate([5, 6, 7], SamplingParams(max_new_tokens=2)).stats["decode_plan"]
+    assert out["decode_plan"] == ran == "scan" and out["decode_plan_check"] == "failed"
+    reason = out["decode_plan_reason"]
+    assert "the inline plan was chosen" in reason and "3 Scans" in reason
+    assert "differs from the Scan graph's on a first step" in reason and "decoding on the Scan plan" in reason
+    assert main(["inspect", str(scan_dir), "--threads", "1"]) == 0
+    assert f"decode plan:    scan ({reason})" in capsys.readouterr().out
+    report = validate(scan_dir, self_check=True, prompts=["5 6 7 8"], new_tokens=2, threads=1)
+    assert report.decode_plan == "scan" and report.to_json()["decode_plan_reason"] == reason
 
 
 def test_inspect_says_a_model_without_scans_decodes_on_its_main_graph(

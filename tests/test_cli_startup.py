@@ -80,3 +80,22 @@ def test_the_public_names_resolve_lazily_and_are_listed() -> None:
     assert out == ["3", "True", "onnxgen.llm"]
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         onnxgen.nope  # noqa: B018
+
+
+def test_a_load_and_a_generation_from_token_ids_import_no_server_template_or_grammar_library() -> None:
+    """What a load does not need is imported where it is used: the server's stack, jinja2 (chat templates),
+    llguidance (constraints), yaml (inference_metadata.yaml), onnx-ir (Scan graphs only)."""
+    lazy = ("fastapi", "starlette", "pydantic", "uvicorn", "jinja2", "llguidance", "yaml", "onnx_ir", "torch")
+    code = (
+        "import sys, onnxgen\nllm = onnxgen.load(threads=1)\n"
+        "llm.generate([1, 2, 3], max_new_tokens=2)\n"
+        f"print('MODULES', *sorted(m for m in {lazy!r} if m in sys.modules))\n"
+        "llm.chat([{'role': 'user', 'content': 'hi'}], max_new_tokens=1)\n"
+        "llm.generate('a', max_new_tokens=2, regex='[0-9]+')\n"
+        "print('AFTER', *sorted(m for m in ('jinja2', 'llguidance') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": SRC}, check=True
+    ).stdout.splitlines()
+    assert next(line for line in out if line.startswith("MODULES")) == "MODULES"
+    assert next(line for line in out if line.startswith("AFTER")) == "AFTER jinja2 llguidance"

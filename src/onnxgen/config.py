@@ -10,7 +10,9 @@ layer repeats the list of settings. :meth:`EngineConfig.from_env` is the only re
   unset or empty leaves the decision to onnxgen's default. Any other value is refused with a
   :class:`~onnxgen.errors.SettingError` naming the variable, so a typo never silently keeps the default;
 - ``ONNXGEN_MODEL``, ``ONNXGEN_CACHE_DIR``, ``ONNXGEN_API_KEY``: what to run, where the prepared graphs are
-  kept, the server's key (read by :func:`env_model`, :func:`env_cache_dir`, :func:`env_api_key`).
+  kept, the server's key (read by :func:`env_model`, :func:`env_cache_dir`, :func:`env_api_key`);
+- ``ONNXGEN_CACHE``: an on/off switch; off keeps no prepared graph on disk past the process
+  (:func:`env_cache_off`).
 
 A keyword given to :func:`onnxgen.load` (or a CLI flag) overrides the environment.
 """
@@ -31,6 +33,7 @@ FAST_OPS = "ONNXGEN_FAST_OPS"  # onnxgen.graph.hybrid_ops
 HUGE_PAGES = "ONNXGEN_HUGE_PAGES"  # onnxgen.runtime.hugepages
 MODEL = "ONNXGEN_MODEL"
 CACHE_DIR = "ONNXGEN_CACHE_DIR"
+CACHE = "ONNXGEN_CACHE"  # onnxgen.runtime.graph_cache: off keeps nothing on disk past the process
 API_KEY = "ONNXGEN_API_KEY"
 SWITCHES = {FUSE: "fuse", FAST_OPS: "fast_ops", HUGE_PAGES: "huge_pages"}  # variable -> field
 ON = ("1", "true", "yes", "on")
@@ -191,6 +194,11 @@ def env_model() -> str | None:
 def env_cache_dir() -> str | None:
     """``$ONNXGEN_CACHE_DIR``: where prepared session graphs are kept."""
     return _env_text(CACHE_DIR)
+
+
+def env_cache_off() -> bool:
+    """Whether ``$ONNXGEN_CACHE`` turns the on-disk cache of prepared graphs off."""
+    return env_switch(CACHE) is False
 
 
 def env_api_key() -> str | None:

@@ -9,20 +9,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
 import numpy as np
 import tokenizers
-from jinja2 import nodes
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers.decoders import DecodeStream
 
 from onnxgen.chat.messages import template_messages, template_tools
 from onnxgen.errors import TokenizerError
+
+if TYPE_CHECKING:
+    import jinja2
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -61,21 +60,30 @@ def _config_template(config: Mapping[str, Any]) -> str | None:
     return template if isinstance(template, str) else None
 
 
-class _GenerationTag(Extension):
-    """Accepts HF's ``{% generation %}...{% endgeneration %}`` blocks and renders their body as is."""
+@cache
+def _generation_tag() -> type:
+    """The jinja2 extension that accepts HF's ``{% generation %}...{% endgeneration %}`` blocks and renders
+    their body as is (made on first use: jinja2 is imported only where a chat template is compiled)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
 
-    tags = {"generation"}  # noqa: RUF012 (jinja2's Extension API)
+    class GenerationTag(Extension):
+        tags = {"generation"}  # noqa: RUF012 (jinja2's Extension API)
 
-    def parse(self, parser: Any) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+        def parse(self, parser: Any) -> nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
 
-    def _render_body(self, caller: Any) -> str:
-        return caller()
+        def _render_body(self, caller: Any) -> str:
+            return caller()
+
+    return GenerationTag
 
 
 def _raise_exception(message: str) -> None:
+    import jinja2
+
     raise jinja2.TemplateError(message)
 
 
@@ -101,8 +109,11 @@ def _plain_data(value: Any) -> Any:
 
 def compile_chat_template(source: str) -> jinja2.Template:
     """Compile a chat template the way HF transformers does, in an immutable sandbox."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[_generation_tag(), loopcontrols]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -226,6 +237,8 @@ class Tokenizer:
                     f"chat message {index} must be a mapping such as {{'role': ..., 'content': ...}} (got {message!r})"
                 )
         chat = template_messages(messages)
+        import jinja2  # imported by the compile above
+
         try:
             return template.render(
                 messages=_plain_data(chat),
@@ -247,6 +260,8 @@ class Tokenizer:
                     f"no chat template found (looked at {looked}); add a {TEMPLATE_FILE} file or a "
                     f'"chat_template" entry to {CONFIG_FILE}, or encode a plain prompt instead'
                 )
+            import jinja2
+
             try:
                 self._compiled = compile_chat_template(self.chat_template)
             except jinja2.TemplateSyntaxError as e:

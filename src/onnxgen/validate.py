@@ -106,6 +106,8 @@ class Report:
     reference: str
     thresholds: Thresholds
     prompts: list[PromptReport] = field(default_factory=list)
+    decode_plan: str = ""  # the plan the export's decode steps ran on
+    decode_plan_reason: str = ""
 
     @property
     def top1(self) -> float:
@@ -155,6 +157,8 @@ class Report:
             "max_abs": self.max_abs,
             "mean_kl": self.mean_kl,
             "prompts": [asdict(p) for p in self.prompts],
+            "decode_plan": self.decode_plan,
+            "decode_plan_reason": self.decode_plan_reason,
         }
 
 
@@ -359,6 +363,8 @@ def validate(
         continuation, ref_logits = ref(ids, new_tokens)
         got = export_logits(llm, ids, continuation)
         report.prompts.append(compare(ref_logits, got, len(ids)))
+    ran = llm.decode_plan.plan.settle()  # the decode steps above ran the check, where there is one
+    report.decode_plan, report.decode_plan_reason = ran.plan, ran.reason
     return report
 
 
@@ -368,6 +374,8 @@ def format_report(report: Report) -> str:
         f", max|Δ| <= {t.max_abs}" if t.max_abs else ""
     )
     lines = [f"reference: {report.reference}", f"thresholds ({t.kind}): {limits}"]
+    if report.decode_plan:
+        lines.append(f"decode plan: {report.decode_plan} ({report.decode_plan_reason})")
     for i, p in enumerate(report.prompts):
         parts = "never" if p.greedy_parts_at is None else f"at new token {p.greedy_parts_at}"
         lines.append(

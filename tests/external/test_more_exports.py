@@ -6,6 +6,7 @@ export and fails on one with a weight perturbed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from onnx import numpy_helper
 
 import onnxgen
 from conftest import MOBIUS, MORE_FAMILIES, genai_greedy, hf_greedy, mobius_id
+from onnxgen.cli import main as cli_main
 from onnxgen.runtime.batch import BatchState
 from onnxgen.validate import validate
 
@@ -119,3 +121,34 @@ def test_validate_passes_an_fp32_export_against_its_checkpoint_and_fails_a_pertu
     failures = bad.failures()
     assert failures and any("mean KL" in f for f in failures)
     assert any("first top-1 miss at position" in f for f in failures)
+
+
+def test_inspect_names_the_plan_a_mobius_onnx_standard_export_decodes_on_and_it_matches_the_scan_plan(
+    tiny_exports: TinyExports, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mobius ``--ep onnx-standard`` writes the Gated DeltaNet as plain Scans, so auto picks the inline plan.
+    Its first-step check must compare real numbers (this checkpoint's token 0 gives NaN logits, which once
+    made the check fail on NaN != NaN), `inspect` names the plan generation then reports, and the inline
+    plan's logits equal the Scan plan's bit for bit over a teacher-forced run."""
+    export = tiny_exports.mobius("qwen3_5_text", "onnx-standard", False)
+    assert cli_main(["inspect", str(export.onnx_dir), "--json", "--threads", "1"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    auto = onnxgen.load(export.onnx_dir, threads=1)
+    ran = auto.generate(PROMPT, GREEDY)
+    assert info["decode_plan"] == ran.stats["decode_plan"] == "inline"
+    assert info["decode_plan_check"] == "passed" and "bit for bit" in info["decode_plan_reason"]
+    scan = onnxgen.load(export.onnx_dir, threads=1, decode_plan="scan")
+    assert scan.generate(PROMPT, GREEDY).token_ids == ran.token_ids
+    fed = ran.token_ids[:10]
+    inline_logits = _teacher_forced(auto, fed)
+    np.testing.assert_array_equal(inline_logits, _teacher_forced(scan, fed))
+    assert np.isfinite(inline_logits).all()
+
+
+def _teacher_forced(llm: onnxgen.LLM, fed: list[int]) -> np.ndarray:
+    """The logits after the prompt and after each of ``fed``, fed one token per step."""
+    session = llm.session
+    state = session.new_state(len(PROMPT) + len(fed))
+    rows = [session.forward(state, np.asarray([PROMPT]), 1)[0, -1]]
+    rows += [session.forward(state, np.asarray([[t]]), 1)[0, -1] for t in fed]
+    return np.stack(rows)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -219,8 +219,8 @@ def test_a_sibling_whose_first_step_differs_from_the_scan_plan_is_not_used(
 ) -> None:
     probe = plans._probe
 
-    def skewed(main: DecoderSession, session: ort.InferenceSession) -> dict[str, np.ndarray]:
-        out = probe(main, session)
+    def skewed(main: DecoderSession, session: ort.InferenceSession, token: int) -> dict[str, np.ndarray]:
+        out = probe(main, session, token)
         if session is not main.session:
             out[main.io.logits] = np.nextafter(out[main.io.logits], np.float32(np.inf))
         return out
@@ -230,3 +230,39 @@ def test_a_sibling_whose_first_step_differs_from_the_scan_plan_is_not_used(
         result = inline_llm.generate(PROMPT, SamplingParams(max_new_tokens=3))
     assert result.stats["decode_plan"] == "scan"
     assert "differs from the Scan graph" in caplog.records[0].getMessage()
+
+
+def _with_nan(where: str) -> Callable[..., dict[str, np.ndarray]]:
+    """``plans._probe`` whose outputs hold NaN in the same places for both sessions: in the logits, or in
+    the first recurrent state's first row."""
+    probe = plans._probe
+
+    def nan_probe(main: DecoderSession, session: ort.InferenceSession, token: int) -> dict[str, np.ndarray]:
+        out = probe(main, session, token)
+        name = main.io.logits if where == "logits" else main.io.state_pairs[0].output
+        out[name] = out[name].copy()
+        out[name].reshape(-1)[: 1 if where == "state" else None] = np.nan
+        return out
+
+    return nan_probe
+
+
+def test_the_inline_check_compares_nan_as_equal_but_refuses_a_probe_whose_logits_are_not_finite(
+    scan_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NaN the two plans share is no difference (a state slot a graph leaves unwritten); logits that are
+    NaN prove nothing, so the check fails safe (the Scan plan) and says why."""
+    monkeypatch.setattr(plans, "_probe", _with_nan("state"))
+    llm = onnxgen.load(scan_dir, threads=1)
+    assert llm.decode_plan.plan.settle().plan == "inline"
+    monkeypatch.setattr(plans, "_probe", _with_nan("logits"))
+    llm = onnxgen.load(scan_dir, threads=1)
+    settled = llm.decode_plan.plan.settle()
+    assert settled.plan == "scan" and "logits for token" in settled.reason and "not finite" in settled.reason
+    assert llm.generate(PROMPT, SamplingParams(max_new_tokens=2)).stats["decode_plan"] == "scan"
+
+
+def test_the_inline_check_feeds_a_token_from_the_middle_of_the_vocabulary(inline_llm: LLM) -> None:
+    """Token 0 is often padding with a zero embedding (NaN through an L2 norm without epsilon)."""
+    vocab = inline_llm.session.vocab_size
+    assert plans._probe_token(inline_llm.session) == vocab // 2 > 0

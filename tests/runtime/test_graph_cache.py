@@ -265,3 +265,18 @@ def test_every_setting_and_io_difference_that_changes_the_graph_changes_the_key(
     assert len(keys) == 8
     noted = dataclasses.replace(io, notes=(*io.notes, "a note"))
     assert graph_cache.cache_key(path, graph, noted, base) == graph_cache.cache_key(path, graph, io, base)
+
+
+def test_with_the_cache_switched_off_nothing_is_kept_past_the_process_and_the_logits_are_the_same(
+    int4_dirs: dict[str, Path], cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept = decode(open_session(int4_dirs["hybrid-genai"]))
+    assert any(graph_cache.cached_graphs(cache_dir))
+    before = sorted(p.name for p in graph_cache.cached_graphs(cache_dir))
+    monkeypatch.setenv("ONNXGEN_CACHE", "off")
+    session = open_session(int4_dirs["hybrid-genai"])
+    folder = session.prepared.graph_path.parent  # type: ignore[union-attr]
+    assert session.prepared.cache == "miss" and not folder.is_relative_to(cache_dir)
+    assert folder.is_relative_to(graph_cache._process_folder())  # removed when the process exits
+    assert sorted(p.name for p in graph_cache.cached_graphs(cache_dir)) == before
+    np.testing.assert_array_equal(decode(session), kept)

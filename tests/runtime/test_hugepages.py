@@ -10,7 +10,7 @@ import pytest
 
 import onnxgen
 from onnxgen.config import HUGE_PAGES
-from onnxgen.runtime import hugepages
+from onnxgen.runtime import hugepages, memory
 from onnxgen.testing import build_model
 
 SMAPS = """\
@@ -134,3 +134,20 @@ def test_sessions_with_and_without_huge_pages_compute_the_same_logits(
     ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]])
     got = [llm.session.forward(llm.session.new_state(16), ids) for llm in (with_pages, without)]
     np.testing.assert_array_equal(got[0], got[1])
+
+
+def test_resident_bytes_from_pagemap_agree_with_smaps() -> None:
+    """collapse_new_memory counts residency through pagemap for the new mappings only; smaps is the
+    reference it replaces."""
+    buf = _private_anonymous(16 << 20)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    data[: 5 << 20] = 1  # 5 MiB of 16 written
+    address = data.ctypes.data
+    mine = next(m for m in memory.mappings(smaps=True) if m.start <= address < m.end)
+    try:
+        counted = memory.resident_bytes([mine])
+    except OSError:
+        pytest.skip("/proc/self/pagemap cannot be read here")
+    assert counted == [mine.rss] and 5 << 20 <= mine.rss < 6 << 20
+    del data
+    buf.close()

@@ -1,5 +1,6 @@
 """``onnxgen inspect [MODEL] [--json] [--memory]``: a model's export family, derived I/O topology and
-decode plan; with ``--memory`` it loads the model and one request and says where the memory went."""
+decode plan (the model is loaded only where the inline plan's check must run to settle it); with
+``--memory`` it loads the model and one request and says where the memory went."""
 
 from __future__ import annotations
 
@@ -25,22 +26,37 @@ def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:  # typ
     p.add_argument("--json", action="store_true", help="print one JSON object")
     g = p.add_argument_group("memory (--memory loads the model and runs one greedy request)")
     g.add_argument("--memory", action="store_true", help="show where a loaded model's memory is")
-    g.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="intra-op threads of a load (--memory, the inline plan's check; default: all cores)",
+    )
     g.add_argument("--prompt-tokens", type=int, default=16, help="prompt of the request (default 16)")
     g.add_argument("--new-tokens", type=int, default=16, help="tokens it generates (default 16)")
     p.set_defaults(run=_run)
 
 
-def decode_plan_summary(package: ModelPackage) -> dict[str, str]:
-    """The plan ``load(model)`` (``decode_plan="auto"``) chooses for single-token steps, and why; from the
-    graph alone (no weights loaded, no session made)."""
+def decode_plan_summary(model: Path, package: ModelPackage, threads: int | None = None) -> dict[str, str]:
+    """The plan ``load(model)`` (``decode_plan="auto"``) runs single-token steps on, and why. From the graph
+    alone where that settles it; where the inline plan is chosen, the model is loaded and the inline plan's
+    first-step check run as the first decode step would (:meth:`DecodePlan.settle`), so the plan named is
+    the one the runtime uses, the Scan plan where the check fails."""
     from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
 
     choice = choose_decode_plan("auto", summarize_scans(package.graph))
-    reason = choice.reason
-    if choice.plan == "inline":  # what the runtime checks before it uses the sibling
-        reason += "; used where its first step equals the Scan plan's bit for bit, else the Scan plan"
-    return {"decode_plan": choice.plan, "decode_plan_reason": reason}
+    if choice.plan != "inline":
+        return {
+            "decode_plan": choice.plan,
+            "decode_plan_reason": choice.reason,
+            "decode_plan_check": "not needed",
+        }
+    from onnxgen import load
+
+    plan = load(model, threads=threads).decode_plan.plan
+    settled = plan.settle()
+    check = plan.check
+    verdict = "not run" if check is None else "passed" if check.equal else "failed"
+    return {"decode_plan": settled.plan, "decode_plan_reason": settled.reason, "decode_plan_check": verdict}
 
 
 def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
@@ -188,12 +204,13 @@ def _run(args: argparse.Namespace) -> int:
     from onnxgen.model.inspect import describe, format_text
     from onnxgen.model.package import ModelPackage
 
-    package = ModelPackage.open(resolve_model(args.model))
+    model = resolve_model(args.model)
+    package = ModelPackage.open(model)
     summary = describe(package)
-    summary.update(decode_plan_summary(package))
     summary.update(fast_ops_summary(package))
     summary.update(fusions_summary(package))
     summary.update(mtp_summary(package))
     summary.update(prefix_cache_summary(package))
+    summary.update(decode_plan_summary(model, package, args.threads))
     print(json.dumps(summary, indent=2) if args.json else format_text(summary))
     return 0

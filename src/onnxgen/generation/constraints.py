@@ -28,9 +28,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from copy import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import llguidance as llg
 import numpy as np
 
 from onnxgen.errors import GenerationError
@@ -38,6 +37,9 @@ from onnxgen.generation.params import SamplingParams, SamplingParamsError
 from onnxgen.generation.processors import Seqs, SequenceView
 from onnxgen.generation.reasoning_gate import Literal, after_reasoning, quoted
 from onnxgen.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # llguidance is imported where a request sets a constraint, not by every load
+    import llguidance as llg
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _HINTS = {
@@ -58,6 +60,10 @@ def grammar_source(params: SamplingParams, literal: Literal = quoted) -> tuple[s
 
     ``literal`` gives the grammar syntax of a reasoning tag (a special-token reference or a string)."""
     kind = params.constraint
+    if kind not in ("json_schema", "regex", "grammar", "tool_grammar"):
+        return None
+    import llguidance as llg
+
     try:
         if kind == "json_schema":
             grammar = llg.LLMatcher.grammar_from_json_schema(str(params.json_schema), defaults=JSON_OPTIONS)
@@ -126,6 +132,8 @@ def check_constraint(params: SamplingParams) -> None:
     """Compile the constraint without a tokenizer (cheap); raise :class:`ConstraintError` if it is invalid."""
     source = grammar_source(params)
     if source is not None:
+        import llguidance as llg
+
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(source[1])
         if is_error:
             raise _compile_error(source[0], messages[0])
@@ -373,6 +381,8 @@ class ConstraintCompiler:
             if template is not None:
                 self._compiled.move_to_end(source)
                 return self._constraint(template, kind, grammar)
+        import llguidance as llg
+
         template = llg.LLMatcher(ll_tokenizer, grammar, log_level=0)
         if template.is_error():
             raise _compile_error(kind, template.get_error())
@@ -414,6 +424,8 @@ class ConstraintCompiler:
             )
         with self._lock:
             if self._ll_tokenizer is None:
+                import llguidance as llg
+
                 backend = copy(self.tokenizer.backend)
                 backend.no_padding()
                 backend.no_truncation()

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from onnxgen.errors import ConfigError, ModelPackageError
 
 # inference_metadata may be YAML or JSON; the first one found wins (and a second one is noted).
@@ -38,17 +36,23 @@ def read_config(path: Path) -> dict[str, Any]:
     its top level is not a mapping.
     """
     text = _read_text(path)
-    try:
-        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; fix or remove the file"
-        ) from e
-    except yaml.YAMLError as e:
-        detail = " ".join(str(e).split())
-        raise ConfigError(f"{path} is not valid YAML: {detail}; fix or remove the file") from e
-    if data is None and path.suffix in (".yaml", ".yml"):
-        data = {}
+    if path.suffix in (".yaml", ".yml"):
+        import yaml  # only for YAML files (most packages have none; a load does not pay for the import)
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            detail = " ".join(str(e).split())
+            raise ConfigError(f"{path} is not valid YAML: {detail}; fix or remove the file") from e
+        if data is None:
+            data = {}
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; fix or remove the file"
+            ) from e
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path} must hold a mapping at its top level, not {type(data).__name__}; fix or remove the file"

@@ -44,7 +44,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from onnxgen.config import env_cache_dir
+from onnxgen.config import env_cache_dir, env_cache_off
 from onnxgen.errors import UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
 from onnxgen.graph.hidden_state import expose_hidden_state
@@ -145,19 +145,30 @@ class SessionGraph:
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """``cache_dir``, else ``$ONNXGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxgen``, else ``~/.cache/onnxgen``."""
+    """``cache_dir``, else a folder of this process only (removed at exit) where ``$ONNXGEN_CACHE`` is off,
+    else ``$ONNXGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxgen``, else ``~/.cache/onnxgen``."""
     if cache_dir is not None:
         return Path(cache_dir)
+    if env_cache_off():
+        return _process_folder()
     if env_cache_dir():
         return Path(str(env_cache_dir()))
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxgen"
 
 
-_FALLBACK: list[Path] = []  # a per-process folder where the cache cannot be written
+_PROCESS: list[Path] = []  # this process's own cache folder, made on first use
+
+
+def _process_folder() -> Path:
+    """A cache folder for this process only, removed when it exits."""
+    if not _PROCESS:
+        _PROCESS.append(Path(tempfile.mkdtemp(prefix="onnxgen-cache-")))
+        atexit.register(shutil.rmtree, _PROCESS[0], True)
+    return _PROCESS[0]
 
 
 def _writable_root(cache_dir: str | Path | None) -> Path:
-    """The graphs folder of the cache; a temporary folder (removed at exit) where it cannot be made."""
+    """The graphs folder of the cache; this process's own folder (removed at exit) where it cannot be made."""
     root = cache_root(cache_dir) / "graphs"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -165,16 +176,16 @@ def _writable_root(cache_dir: str | Path | None) -> Path:
             return root
     except OSError:
         pass
-    if not _FALLBACK:
-        _FALLBACK.append(Path(tempfile.mkdtemp(prefix="onnxgen-graphs-")))
-        atexit.register(shutil.rmtree, _FALLBACK[0], True)
+    fallback = _process_folder() / "graphs"
+    if not fallback.is_dir():
+        fallback.mkdir(parents=True)
         log.warning(
             "the cache folder %s cannot be written; prepared graphs go to %s for this process only "
             "(set ONNXGEN_CACHE_DIR to a writable folder to keep them)",
             root,
-            _FALLBACK[0],
+            fallback,
         )
-    return _FALLBACK[0]
+    return fallback
 
 
 def _file_identity(path: Path, hashed: bool) -> bytes:

@@ -86,28 +86,42 @@ def _aligned(start: int, end: int) -> tuple[int, int]:
 def collapse_new_memory(before: dict[int, tuple[Mapping, int]]) -> int:
     """Collapse into huge pages the anonymous mappings that are new or grew since ``before`` (an
     :func:`anonymous_mappings` result; a grown one, such as the heap, whole), where mostly resident: now,
-    or on a background thread when they hold more than ``SYNC_LIMIT`` bytes. Returns the bytes asked to
-    be collapsed (0 where huge pages are unavailable)."""
+    or on a background thread when they span more than ``SYNC_LIMIT`` bytes (then their residency is
+    read there too: for gigabytes of heap that read alone takes a tenth of a second). Returns the bytes
+    asked to be collapsed, or handed to the background thread (0 where huge pages are unavailable)."""
     if not available():
         return 0
-    ranges = []
-    for start, (mapping, resident) in anonymous_mappings().items():
+    grown = []  # new or grown since ``before``, from /proc/self/maps (cheap)
+    for start, (mapping, _) in anonymous_mappings(resident=False).items():
         old = before.get(start)
-        if old is not None and old[0].end >= mapping.end:
-            continue
-        if resident >= MIN_POPULATED * (mapping.end - mapping.start):
-            lo, hi = _aligned(mapping.start, mapping.end)
-            if hi - lo >= HUGE:
-                ranges.append((lo, hi))
-    total = sum(hi - lo for lo, hi in ranges)
-    if total > SYNC_LIMIT:
-        worker = threading.Thread(target=_collapse_all, args=(ranges,), name="onnxgen-hugepages", daemon=True)
+        if old is None or old[0].end < mapping.end:
+            grown.append(mapping)
+    extent = sum(hi - lo for lo, hi in (_aligned(m.start, m.end) for m in grown) if hi > lo)
+    if extent > SYNC_LIMIT:
+        worker = threading.Thread(
+            target=_collapse_populated, args=(grown,), name="onnxgen-hugepages", daemon=True
+        )
         with _LOCK:
             _WORKERS.append(worker)
         worker.start()
-    else:
-        _collapse_all(ranges)
-    return total
+        return extent
+    return _collapse_populated(grown)
+
+
+def _collapse_populated(grown: list[Mapping]) -> int:
+    """Collapse those of ``grown`` that are mostly resident; the bytes collapsed."""
+    try:  # pagemap for these mappings only (smaps would walk every mapping, the weight files' too)
+        resident = memory.resident_bytes([memory.Mapping(m.start, m.end, m.name) for m in grown])
+    except OSError:
+        now = anonymous_mappings()
+        resident = [now[m.start][1] if m.start in now else 0 for m in grown]
+    ranges = []
+    for mapping, count in zip(grown, resident, strict=True):
+        if count >= MIN_POPULATED * (mapping.end - mapping.start):
+            lo, hi = _aligned(mapping.start, mapping.end)
+            if hi - lo >= HUGE:
+                ranges.append((lo, hi))
+    return _collapse_all(ranges)
 
 
 def wait(timeout: float | None = None) -> bool:

@@ -146,6 +146,24 @@ def _written(candidates: list[Mapping]) -> set[tuple[int, int]]:
     return {(m.start, m.end) for m, n in zip(candidates, counts, strict=True) if n}
 
 
+def resident_bytes(candidates: list[Mapping]) -> list[int]:
+    """Resident bytes of each of ``candidates`` (present bit of ``/proc/self/pagemap``): what
+    ``/proc/self/smaps`` says, for these mappings only (smaps walks every mapping of the process, the
+    weight files' included, which at real sizes takes a tenth of a second). Raises OSError where pagemap
+    cannot be read."""
+    if not candidates:
+        return []
+    fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        data = b"".join(os.pread(fd, (m.end - m.start) // PAGE * 8, m.start // PAGE * 8) for m in candidates)
+    finally:
+        os.close(fd)
+    present = (np.frombuffer(data, dtype=np.uint64) >> np.uint64(63)).astype(np.int64)
+    starts = np.cumsum([0] + [(m.end - m.start) // PAGE for m in candidates[:-1]])
+    counts = np.add.reduceat(present, starts) if present.size else np.zeros(len(candidates), np.int64)
+    return [int(n) * PAGE for n in counts]
+
+
 def rss_bytes() -> int | None:
     """Resident bytes of this process now (``VmRSS``), None where unreadable."""
     try:

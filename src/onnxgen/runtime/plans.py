@@ -13,7 +13,9 @@ Weights are held once. Each onnxruntime session prepacks MatMul weights into its
 sessions hold them twice. The inline plan instead runs both sessions from one optimized copy of the model
 (:func:`optimized_copy`) whose prepacked weights onnxruntime saved to a data file: both sessions map that file,
 so the pages are shared and nothing is repacked. The sibling is checked bit for bit against the main session
-on a first step before it is used.
+on a first step before it is used; where they differ the Scan plan runs instead. :func:`settle_decode_plan`
+is the one rule that turns the choice and that check into the plan that runs: the runtime routes by it and
+``onnxgen inspect`` reports it.
 """
 
 from __future__ import annotations
@@ -82,6 +84,30 @@ class PlanChoice:
     requested: str
     plan: str  # "main" | "scan" | "inline"
     reason: str
+
+
+@dataclass(frozen=True)
+class InlineCheck:
+    """The inline sibling's first step against the main session's: equal bit for bit, or why it is not used
+    (its outputs differ, or it could not be made)."""
+
+    equal: bool
+    detail: str
+
+
+def settle_decode_plan(choice: PlanChoice, check: InlineCheck | None) -> PlanChoice:
+    """The plan single-token steps run on: ``choice``, or the Scan plan where ``choice`` is the inline plan
+    and its first-step check failed (``check`` None: not run yet, the choice stands)."""
+    if choice.plan != "inline" or check is None:
+        return choice
+    if check.equal:
+        return PlanChoice(choice.requested, "inline", f"{choice.reason}; checked: {check.detail}")
+    return PlanChoice(
+        choice.requested,
+        "scan",
+        f"the inline plan was chosen ({choice.reason}) but is not used: {check.detail}; decoding on the "
+        "Scan plan",
+    )
 
 
 def summarize_scans(graph: onnx.ModelProto) -> ScanSummary:
@@ -226,14 +252,20 @@ class DecodePlan:
         self._lock = threading.Lock()  # one build when forwards of several states start at once
         self._main: DecoderSession | None = None
         self.sibling: ort.InferenceSession | None = None
-        self.failed: str | None = None
+        self.check: InlineCheck | None = None  # the sibling's first-step check, once it ran
 
     @property
     def name(self) -> str:
-        """The plan single-token steps run on: ``"inline"``, ``"scan"`` or ``"main"``."""
-        if self.choice.plan == "inline" and self.failed is not None:
-            return "scan"
-        return self.choice.plan
+        """The plan single-token steps run on: ``"inline"``, ``"scan"`` or ``"main"`` (for the inline plan,
+        what its check decided; the choice itself before the first single-token step)."""
+        return settle_decode_plan(self.choice, self.check).plan
+
+    def settle(self) -> PlanChoice:
+        """The plan single-token steps run on and why, running the inline plan's check now where it has
+        not run yet (the first single-token step would run it)."""
+        if self.choice.plan == "inline" and self._inline_path is not None and self._main is not None:
+            self._ensure_sibling()
+        return settle_decode_plan(self.choice, self.check)
 
     def attach(self, session: DecoderSession) -> None:
         """Route ``session``'s forwards through this plan."""
@@ -245,21 +277,29 @@ class DecodePlan:
         main = self._main
         if main is None:
             raise RuntimeError("DecodePlan.attach() the plan to its DecoderSession first")
-        if tokens != 1 or self._inline_path is None or self.failed is not None:
+        if tokens != 1 or self._inline_path is None or (self.check is not None and not self.check.equal):
             return main.current()
         if self.sibling is None:
-            with self._lock:
-                if self.sibling is None and self.failed is None:
-                    try:
-                        self.sibling = build_sibling(main, self._inline_path)
-                    except Exception as e:
-                        self.failed = str(e)
-                        message = "the inline decode plan is unavailable, decoding on the Scan plan: %s"
-                        if self.choice.requested == "inline":  # asked for: said once per model
-                            warn_once(self._inline_path, "inline", message, e)
-                        else:  # auto's pick: the Scan plan it falls back on is what was asked for
-                            log.info(message, e)
+            self._ensure_sibling()
         return self.sibling if self.sibling is not None else main.current()
+
+    def _ensure_sibling(self) -> None:
+        """Build the inline sibling and check it against the main session, once."""
+        assert self._main is not None and self._inline_path is not None
+        with self._lock:
+            if self.check is not None:
+                return
+            try:
+                self.sibling = build_sibling(self._main, self._inline_path)
+            except Exception as e:
+                self.check = InlineCheck(False, str(e))
+                message = "the inline decode plan is unavailable, decoding on the Scan plan: %s"
+                if self.choice.requested == "inline":  # asked for: said once per model
+                    warn_once(self._inline_path, "inline", message, e)
+                else:  # auto's pick: the Scan plan it falls back on is what was asked for
+                    log.info(message, e)
+            else:
+                self.check = InlineCheck(True, "its first step equals the Scan plan's bit for bit")
 
 
 def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSession:
@@ -274,11 +314,24 @@ def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSessi
         opts.add_session_config_entry(FOLDER_KEY, str(inline_path.parent))
     providers = main.session.get_providers()
     sibling = ort.InferenceSession(inlined.SerializeToString(), sess_options=opts, providers=providers)
-    ref, got = _probe(main, main.session), _probe(main, sibling)
+    token = _probe_token(main)
+    ref, got = _probe(main, main.session, token), _probe(main, sibling, token)
+    if not np.isfinite(ref[main.io.logits]).all():
+        raise UnsupportedModelError(
+            f"the first-step check could not run: the Scan graph's logits for token {token} are not finite"
+        )
     for name, value in ref.items():
-        if value.shape != got[name].shape or not np.array_equal(value, got[name]):
+        # NaN where both have NaN counts as equal (a state slot a graph never writes may hold NaN)
+        if value.shape != got[name].shape or not np.array_equal(
+            value, got[name], equal_nan=value.dtype.kind == "f"
+        ):
+            gap = (
+                f" by up to {float(np.max(np.abs(value.astype(np.float64) - got[name]))):.3g}"
+                if value.shape == got[name].shape and value.dtype.kind == "f"
+                else ""
+            )
             raise UnsupportedModelError(
-                f"the inlined graph's {name!r} differs from the Scan graph's on a first step; "
+                f"the inlined graph's {name!r} differs from the Scan graph's on a first step{gap}; "
                 "run this model with decode_plan='scan' (--decode-plan scan)"
             )
     return sibling
@@ -292,13 +345,20 @@ def _has_config(opts: ort.SessionOptions, key: str) -> bool:
     return True
 
 
-def _probe(main: DecoderSession, session: ort.InferenceSession) -> dict[str, np.ndarray]:
-    """Every output of ``session`` for token 0 on an empty decode state."""
+def _probe_token(main: DecoderSession) -> int:
+    """The token the check feeds: one from the middle of the vocabulary. Token 0 is often padding, whose
+    embedding row some checkpoints leave at zero, and a zero vector through an L2 norm without epsilon gives
+    NaN everywhere, which would make the check compare nothing."""
+    return max(main.vocab_size // 2, 1) if main.vocab_size > 0 else 1
+
+
+def _probe(main: DecoderSession, session: ort.InferenceSession, token: int) -> dict[str, np.ndarray]:
+    """Every output of ``session`` for ``token`` on an empty decode state."""
     from onnxgen.runtime.session import _Binder  # session imports this module
 
     state = main.new_state(1)
     binding = session.io_binding()
-    main._bind_step_inputs(_Binder(binding), 0, np.zeros((1, 1), dtype=np.int64), 1)
+    main._bind_step_inputs(_Binder(binding), 0, np.full((1, 1), token, dtype=np.int64), 1)
     step = state.prepare(1)
     names = [n for n, _ in step.outputs] + [main.io.logits]
     for n, v in step.inputs:
