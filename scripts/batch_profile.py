@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_profile import split_runs  # noqa: E402
+from op_profile import split_runs
 
 
 def with_accuracy_level(model: Path, level: int, folder: Path) -> Path:
@@ -79,7 +79,9 @@ def open_session(model: Path, threads: int, profile_prefix: str | None) -> objec
     return DecoderSession(package.model_path, package.io, threads=threads, options=opts, verify=False)
 
 
-def time_steps(session: object, rows: int, prompt: list[int], steps: int, min_rows: int) -> tuple[float, float]:
+def time_steps(
+    session: object, rows: int, prompt: list[int], steps: int, min_rows: int
+) -> tuple[float, float]:
     """Median wall seconds and onnxruntime seconds of a decode step over ``rows`` rows."""
     from onnxgen.runtime.batch import BatchState
 
@@ -161,10 +163,14 @@ def main(argv: list[str] | None = None) -> int:
                 results[name][n].append(time_steps(session, n, prompt, args.steps, args.min_rows))
             for c in chunks:
                 chunk_times[name][c].append(time_chunk(session, c))
-    print(f"model {args.model}, {args.threads} threads, {args.prompt}-token rows, medians of {args.rounds} rounds")
+    print(
+        f"model {args.model}, {args.threads} threads, {args.prompt}-token rows, medians of {args.rounds} rounds"
+    )
     for name in sessions:
         print(f"\n{name}")
-        print(f"{'rows':>5} {'step ms':>9} {'ms/row':>8} {'vs 1 row':>9} {'in ORT ms':>10} {'outside ms':>11}")
+        print(
+            f"{'rows':>5} {'step ms':>9} {'ms/row':>8} {'vs 1 row':>9} {'in ORT ms':>10} {'outside ms':>11}"
+        )
         one = statistics.median(w for w, _ in results[name][rows[0]])
         for n in rows:
             wall = statistics.median(w for w, _ in results[name][n])
@@ -183,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in rows:
                 time_steps(session, n, prompt, args.steps, args.min_rows)
             tables = op_table(Path(session.session.end_profiling()), rows, args.steps)  # type: ignore[attr-defined]
-            ops = sorted({op for t in tables.values() for op in t}, key=lambda op: -tables[rows[-1]].get(op, 0))
+            ops = sorted(
+                {op for t in tables.values() for op in t}, key=lambda op: -tables[rows[-1]].get(op, 0)
+            )
             print(f"\n{name}: kernel us per decode step (median step), by op type")
             print(f"{'op':34}" + "".join(f"{f'{n} rows':>11}" for n in rows))
             for op in ops:

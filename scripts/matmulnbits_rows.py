@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     opts.intra_op_num_threads = args.threads
     opts.inter_op_num_threads = 1
     sessions = {
-        f: ort.InferenceSession(chain(f, args.layers, args.hidden, args.inner), opts, ["CPUExecutionProvider"])
+        f: ort.InferenceSession(
+            chain(f, args.layers, args.hidden, args.inner), opts, ["CPUExecutionProvider"]
+        )
         for f in forms
     }
     inputs = {m: np.random.default_rng(m).standard_normal((m, args.hidden), dtype=np.float32) for m in rows}
