@@ -79,6 +79,11 @@ def open_session(model: Path, threads: int, profile_prefix: str | None) -> objec
     return DecoderSession(package.model_path, package.io, threads=threads, options=opts, verify=False)
 
 
+def token_ids(count: int, vocab: int) -> list[int]:
+    """``count`` spread-out token ids below ``min(vocab, 1001)``."""
+    return [(7919 * i + 13) % (min(vocab, 1001) - 1) + 1 for i in range(count)]
+
+
 def time_steps(
     session: object, rows: int, prompt: list[int], steps: int, min_rows: int
 ) -> tuple[float, float]:
@@ -97,7 +102,7 @@ def time_steps(
         for t in range(steps + 2):
             timer.seconds = 0.0
             start = time.perf_counter()
-            batch.step([(7 * t + r) % 1000 + 1 for r in range(rows)])
+            batch.step([prompt[(7 * t + r) % len(prompt)] for r in range(rows)])
             if t >= 2:  # two warm-up steps
                 walls.append(time.perf_counter() - start)
                 inside.append(timer.seconds)
@@ -108,7 +113,7 @@ def time_steps(
 
 def time_chunk(session: object, tokens: int, repeats: int = 3) -> float:
     state = session.new_state(tokens + 2)  # type: ignore[attr-defined]
-    ids = np.array([[(7919 * i + 13) % 1000 + 1 for i in range(tokens)]])
+    ids = np.array([token_ids(tokens, session.vocab_size)])  # type: ignore[attr-defined]
     times = []
     for _ in range(repeats):
         state.reset()
@@ -149,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     chunks = [int(c) for c in args.chunks.split(",") if c]
-    prompt = [(7919 * i + 13) % 1000 + 1 for i in range(args.prompt)]
     folder = Path(tempfile.mkdtemp(prefix="batch-profile-"))
     variants = {"as exported": args.model}
     for level in [int(x) for x in args.accuracy_levels.split(",") if x]:
         variants[f"accuracy_level {level}"] = with_accuracy_level(args.model, level, folder)
     sessions = {name: open_session(path, args.threads, None) for name, path in variants.items()}
+    prompt = token_ids(args.prompt, next(iter(sessions.values())).vocab_size)  # type: ignore[attr-defined]
     results: dict[str, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     chunk_times: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for _ in range(args.rounds):
