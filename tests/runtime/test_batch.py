@@ -246,6 +246,40 @@ def test_with_two_min_rows_a_sequence_gets_the_same_logits_alone_or_beside_anoth
     np.testing.assert_array_equal(lone, beside)
 
 
+def in_a_block(session: DecoderSession, rows: int, position: int, own_token: int = 7) -> np.ndarray:
+    """Logits of one sequence over 6 steps, decoded as row ``position`` of ``rows`` (the others: other
+    prompts), fed ``own_token + t`` at step ``t``."""
+    prompts = [[(37 * i + 11 * k) % 300 + 3 for i in range(5 + k)] for k in range(rows)]
+    order = list(range(1, rows))
+    order.insert(position, 0)
+    batch = BatchState(session, rows, CAPACITY, min_rows=2)
+    for k in order:
+        batch.admit(prefill(session, prompts[k])[0])  # type: ignore[arg-type]
+    out = []
+    for t in range(6):
+        tokens = [7 + t] * rows
+        tokens[position] = own_token + t
+        out.append(batch.step(tokens)[position])
+    return np.stack(out)
+
+
+def test_with_int8_activations_a_sequence_gets_the_same_logits_in_any_block_of_two_to_eight_rows(
+    tmp_path: Path,
+) -> None:
+    """Blocks of any size (odd ones too: a kernel that tiles rows in pairs computes a left-over row apart)
+    and any position in them give a sequence the same bits, so the server's 8-row steps keep it
+    batch-invariant; the last check shows the compared row is the sequence's own (another token there
+    changes it)."""
+    session = open_session(int8_activation_model(tmp_path / "int8"))
+    reference = in_a_block(session, 2, 0)
+    for rows in range(2, 9):
+        for position in (0, rows // 2, rows - 1):
+            np.testing.assert_array_equal(
+                in_a_block(session, rows, position), reference, f"{rows} rows, row {position}"
+            )
+    assert not np.array_equal(in_a_block(session, 5, 2, own_token=9), reference)
+
+
 def test_with_one_min_row_int8_kernels_compute_a_lone_row_differently(tmp_path: Path) -> None:
     """Why the padding exists (the negative control of the test above). Which kernels onnxruntime picks
     depends on the CPU: with AVX2 only (AMD EPYC Milan here) a lone row goes through another kernel than a
