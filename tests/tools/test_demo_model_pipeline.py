@@ -524,7 +524,9 @@ def test_the_head_cache_holds_the_frozen_decoders_hidden_states_and_is_rebuilt_w
     config, model = _tiny_model(head_rows=6, eval_windows=2)
     stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
     messages: list[str] = []
-    train, val = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append)
+    made = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append)
+    train, val = made.train, made.val
+    assert made.generated is None
     rows = training_rows(config, stream)
     assert rows.shape == (6, config.seq_len + 1) and np.array_equal(train.ids, rows)
     assert np.array_equal(training_rows(dataclasses.replace(config, head_rows=8), stream)[:6], rows)
@@ -535,16 +537,39 @@ def test_the_head_cache_holds_the_frozen_decoders_hidden_states_and_is_rebuilt_w
     np.testing.assert_allclose(train.hidden, want, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(val.hidden, want_val, atol=1e-4, rtol=1e-4)
 
-    again, _ = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append)
+    again = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append).train
     assert any("reusing" in m for m in messages) and np.array_equal(again.hidden, train.hidden)
 
     with torch.no_grad():
         model.lm.model.layers[0].mlp.down_proj.weight.mul_(3.0)
         changed = model.lm.model(input_ids=torch.from_numpy(rows[:, :-1])).last_hidden_state.numpy()
-    rebuilt, _ = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append)
+    rebuilt = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append).train
     assert any("rebuilding" in m for m in messages)
     assert np.abs(changed - want).max() > 1e-2
     np.testing.assert_allclose(rebuilt.hidden, changed, atol=1e-4, rtol=1e-4)
+
+
+def test_the_generated_rows_are_the_decoders_greedy_continuations_with_their_states(tmp_path: Path) -> None:
+    """``head_generated``: rows of a training prompt and the decoder's greedy continuation (each generated
+    token is the argmax after the tokens before it), with the decoder's states over them; a quarter as many
+    held-out ones."""
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.headcache import caches
+
+    config, model = _tiny_model(
+        head_rows=2, eval_windows=1, head_generated=4, head_prompt=8, head_new_tokens=6
+    )
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    made = caches(model.lm, config, stream, stream[:400], tmp_path, lambda _: None)
+    assert made.generated is not None and made.generated_val is not None
+    rows = made.generated.ids
+    assert rows.shape == (4, 14) and made.generated_val.ids.shape == (1, 14)
+    with torch.no_grad():
+        out = model.lm(input_ids=torch.from_numpy(rows[:, :-1]), output_hidden_states=False)
+        hidden = model.lm.model(input_ids=torch.from_numpy(rows[:, :-1])).last_hidden_state.numpy()
+    assert np.array_equal(out.logits[:, 7:].argmax(-1).numpy(), rows[:, 8:])
+    assert any(np.array_equal(row[:8], stream[i : i + 8]) for row in rows for i in range(stream.size - 8))
+    np.testing.assert_allclose(made.generated.hidden, hidden, atol=1e-4, rtol=1e-4)
 
 
 def test_the_heads_loss_distills_the_decoders_next_token_distribution_or_the_text() -> None:
@@ -612,6 +637,9 @@ def test_head_only_training_from_the_cache_resumes_exactly(tmp_path: Path) -> No
         head_rows=4,
         head_batch=3,
         head_context=40,
+        head_generated=2,
+        head_prompt=8,
+        head_new_tokens=8,
     )
 
     class Interrupt(Exception):
@@ -640,4 +668,4 @@ def test_head_only_training_from_the_cache_resumes_exactly(tmp_path: Path) -> No
         assert torch.equal(tensor, earlier[name]), name
     assert (tmp_path / "whole" / "head_cache" / "train" / "hidden.npy").is_file()
     log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in log] == [1, 2, 3, 4] and "val_mtp_agree" in log[1]
+    assert [e["step"] for e in log] == [1, 2, 3, 4] and "val_gen_agree" in log[1]

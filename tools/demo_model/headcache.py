@@ -23,6 +23,7 @@ state at ``t+1``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -155,14 +156,70 @@ def _sha(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Caches:
+    """What head-only training reads: text rows (``train``) and held-out windows (``val``), and, with
+    ``head_generated``, the decoder's own greedy continuations of training and held-out prompts."""
+
+    train: HiddenCache
+    val: HiddenCache
+    generated: HiddenCache | None = None
+    generated_val: HiddenCache | None = None
+
+
+def greedy_export(export_dir: Path) -> Any:
+    """``(prompt ids, n) -> n greedy ids`` of the export on onnxgen (prompt lookup drafts: same tokens)."""
+    import onnxgen
+
+    llm = onnxgen.load(export_dir, threads=1, speculative=True)
+
+    def run(prompt: list[int], new_tokens: int) -> list[int]:
+        params = onnxgen.SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        return list(llm.generate(prompt, params, speculative=onnxgen.PromptLookup()).token_ids)
+
+    return run
+
+
+def greedy_torch(lm: Any) -> Any:
+    """``(prompt ids, n) -> n greedy ids`` of the torch decoder (a full forward per token: small models)."""
+    import torch
+
+    def run(prompt: list[int], new_tokens: int) -> list[int]:
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                ids.append(int(lm(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+        return ids[len(prompt) :]
+
+    return run
+
+
+def generated_rows(
+    greedy: Any, stream: np.ndarray, count: int, prompt_len: int, new_tokens: int, seed: int, log: Any = print
+) -> np.ndarray:
+    """``[count, prompt_len + new_tokens]``: prompts of ``prompt_len`` ids at seeded places of ``stream``,
+    each followed by the decoder's greedy continuation (what the head reads when it drafts)."""
+    rng = np.random.default_rng([seed, 2])
+    starts = rng.integers(0, stream.size - prompt_len, size=count)
+    rows, t0 = [], time.time()
+    for i, start in enumerate(starts):
+        prompt = stream[start : start + prompt_len].astype(np.int64).tolist()
+        rows.append(prompt + greedy(prompt, new_tokens))
+        if i % 32 == 31:
+            log(f"head cache: {i + 1}/{count} greedy continuations ({time.time() - t0:.0f} s)")
+    return np.asarray(rows, dtype=np.int64)
+
+
 def caches(
     lm: Any, config: DemoConfig, train_ids: np.ndarray, val_ids: np.ndarray, work: Path, log: Any = print
-) -> tuple[HiddenCache, HiddenCache]:
-    """The training cache (:func:`training_rows`) and the validation one (every validation window, or the
-    first ``eval_windows``), under ``work/head_cache/{train,val}``: from the export ``config.init_from``
-    when it has one, else from the torch decoder ``lm``."""
+) -> Caches:
+    """The caches under ``work/head_cache/``: the training rows (:func:`training_rows`), the validation
+    windows (every one, or the first ``eval_windows``), and with ``head_generated`` the decoder's greedy
+    continuations of that many training prompts and of a quarter as many held-out ones. From the export
+    ``config.init_from`` when it has one, else from the torch decoder ``lm``."""
     export = Path(config.init_from) if config.init_from else None
-    if export is not None and (export / "model.onnx").is_file():
+    on_export = export is not None and (export / "model.onnx").is_file()
+    if on_export:
         forward, digest = export_forward(export), "onnx:" + export_digest(export)
     else:
         forward, digest = (lambda rows: final_hidden(lm, rows)), "torch:" + decoder_digest(lm)
@@ -174,20 +231,49 @@ def caches(
         "shares": list(config.row_shares(0)),
         "quote": [config.quote_span, config.quote_gap],
     }
-    rows = training_rows(config, train_ids)
-    train = build_cache(forward, digest, rows, work / CACHE_DIR / "train", settings, log)
+    root = work / CACHE_DIR
+    train = build_cache(forward, digest, training_rows(config, train_ids), root / "train", settings, log)
     windows = val_windows(val_ids, config.seq_len, config.eval_windows)
-    val = build_cache(forward, digest, windows, work / CACHE_DIR / "val", {"seq_len": config.seq_len}, log)
-    return train, val
+    val = build_cache(forward, digest, windows, root / "val", {"seq_len": config.seq_len}, log)
+    if config.head_generated <= 0:
+        return Caches(train, val)
+    made = {"prompt": config.head_prompt, "new_tokens": config.head_new_tokens, "seed": config.seed}
+    caches_made = []
+    for name, stream, count in (
+        ("generated", train_ids, config.head_generated),
+        ("generated_val", val_ids, max(1, config.head_generated // 4)),
+    ):
+        key = {**made, "rows": count, "stream_sha256": _sha(stream)}
+        rows = _reuse_rows(root / name, key, digest)
+        if rows is None:
+            greedy = greedy_export(export) if on_export else greedy_torch(lm)  # type: ignore[arg-type]
+            rows = generated_rows(
+                greedy, stream, count, config.head_prompt, config.head_new_tokens, config.seed, log
+            )
+        caches_made.append(build_cache(forward, digest, rows, root / name, key, log))
+    return Caches(train, val, *caches_made)
 
 
-def crops(cache: HiddenCache, step: int, config: DemoConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Step ``step``'s training crops, drawn from ``(seed, step)`` alone: ``hidden [b, n + 1, H]`` (the
+def _reuse_rows(directory: Path, key: dict[str, Any], digest: str) -> np.ndarray | None:
+    """The rows of a cache made under ``key`` by decoder ``digest`` (generating them again is the cost)."""
+    meta = directory / "meta.json"
+    if not meta.is_file():
+        return None
+    written = json.loads(meta.read_text())
+    if written.get("decoder_sha256") != digest or {k: written.get(k) for k in key} != key:
+        return None
+    return np.load(directory / "ids.npy")
+
+
+def crops(
+    cache: HiddenCache, step: int, config: DemoConfig, stream: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Step ``step``'s ``head_batch`` training crops, drawn from ``(seed, step, stream)`` alone: ``hidden [b, n + 1, H]`` (the
     decoder's states at positions ``o .. o + n``) and ``ids [b, n + 2]`` (tokens ``o .. o + n + 1``), with
     ``n = min(head_context, seq_len - 1)``."""
     seq = cache.hidden.shape[1]
     n = min(config.head_context, seq - 1)
-    rng = np.random.default_rng([config.seed, step, 1])
+    rng = np.random.default_rng([config.seed, step, 1 + stream])
     rows = rng.integers(0, cache.hidden.shape[0], size=config.head_batch)
     starts = rng.integers(0, seq - n, size=config.head_batch)
     hidden = np.stack([cache.hidden[r, o : o + n + 1] for r, o in zip(rows, starts, strict=True)])
@@ -238,12 +324,33 @@ def evaluate_cached(model: Any, cache: HiddenCache, distill: float, batch: int =
     return {"val_mtp_loss": total / count, "val_mtp_agree": agree / count, "val_mtp_correct": correct / count}
 
 
+def _step_losses(model: Any, caches: Caches, step: int, config: DemoConfig) -> tuple[Any, Any, Any]:
+    """Step ``step``'s losses, drafts and greedy targets (flattened): ``head_batch`` crops of the text
+    rows, or half of them from the greedy continuations when there are some."""
+    import torch
+
+    parts = [(caches.train, config)]
+    if caches.generated is not None:
+        half = max(1, config.head_batch // 2)
+        parts = [
+            (caches.train, dataclasses.replace(config, head_batch=config.head_batch - half)),
+            (caches.generated, dataclasses.replace(config, head_batch=half)),
+        ]
+    out = []
+    for i, (cache, part) in enumerate(parts):
+        hidden, ids = crops(cache, step, part, stream=i)
+        losses, drafts, greedy = head_losses(
+            model, torch.from_numpy(hidden), torch.from_numpy(ids), part.head_distill
+        )
+        out.append((losses.flatten(), drafts.flatten(), greedy.flatten()))
+    return tuple(torch.cat(x) for x in zip(*out, strict=True))  # type: ignore[return-value]
+
+
 def train_head(
     model: Any,
     opt: Any,
     config: DemoConfig,
-    train: HiddenCache,
-    val: HiddenCache,
+    caches: Caches,
     start: int,
     work: Path,
     learning_rate: Any,
@@ -260,10 +367,7 @@ def train_head(
     for step in range(start, config.total_steps):
         for group in opt.param_groups:
             group["lr"] = learning_rate(config, step)
-        hidden, ids = crops(train, step, config)
-        losses, drafts, greedy = head_losses(
-            model, torch.from_numpy(hidden), torch.from_numpy(ids), config.head_distill
-        )
+        losses, drafts, greedy = _step_losses(model, caches, step, config)
         loss = losses.mean()
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.mtp.parameters(), config.grad_clip)
@@ -282,9 +386,11 @@ def train_head(
             entry.update(elapsed_s=round(elapsed, 1), positions_per_s=round(positions / elapsed))
         if done % config.eval_every == 0 or done == config.total_steps:
             model.eval()
-            entry.update(
-                {k: round(v, 4) for k, v in evaluate_cached(model, val, config.head_distill).items()}
-            )
+            scores = evaluate_cached(model, caches.val, config.head_distill)
+            if caches.generated_val is not None:
+                on_generated = evaluate_cached(model, caches.generated_val, config.head_distill)
+                scores["val_gen_agree"] = on_generated["val_mtp_agree"]
+            entry.update({k: round(v, 4) for k, v in scores.items()})
             model.train()
             save(done)
         elif done % 50 == 0:

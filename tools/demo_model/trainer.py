@@ -129,9 +129,9 @@ def train(
     if config.head_only:  # the frozen decoder runs once, over the cached rows
         from tools.demo_model.headcache import caches, train_head
 
-        train_cache, val_cache = caches(model.lm, config, train_ids, val_ids, work, log)
+        cached = caches(model.lm, config, train_ids, val_ids, work, log)
         save = lambda done: _save(model, opt, config, done, work / CHECKPOINT)  # noqa: E731
-        train_head(model, opt, config, train_cache, val_cache, start, work, learning_rate, save, log)
+        train_head(model, opt, config, cached, start, work, learning_rate, save, log)
         model.eval()
         return model
     record = (work / "train_log.jsonl").open("a")
