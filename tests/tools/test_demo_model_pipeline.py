@@ -4,6 +4,7 @@ cleanly without them."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shutil
@@ -427,6 +428,7 @@ def test_head_only_training_moves_the_head_and_leaves_the_model_it_started_from_
     monkeypatch.setattr(warmstart, "init_from_export", load_earlier)
     stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
     base = {**TINY, "steps": 3, "copy_phase_steps": 0, "warmup": 1, "eval_every": 100, "eval_windows": 1}
+    base.update(head_rows=4, head_batch=2, head_context=32)
     base["init_from"] = str(tmp_path / "earlier")
     quiet = lambda _: None  # noqa: E731
 
@@ -509,3 +511,161 @@ def test_a_model_read_back_from_its_builder_export_is_the_model_that_was_exporte
     info = init_from_export(student, narrow, out, stream)
     assert info["pruned_channels"] == 32 and info["export_logit_diff"] < 1e-2  # logits of size ~100
     assert student.lm.model.layers[0].mlp.gate_proj.weight.shape == (64, TINY["hidden"])
+
+
+def test_the_head_cache_holds_the_frozen_decoders_hidden_states_and_is_rebuilt_when_it_changes(
+    tmp_path: Path,
+) -> None:
+    """The cached states are the decoder's final-norm output over each row; a second run reuses them, and a
+    decoder whose weights changed (the negative control) gets a new cache with its own states."""
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.headcache import caches, training_rows
+
+    config, model = _tiny_model(head_rows=6, eval_windows=2)
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    messages: list[str] = []
+    made = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append)
+    train, val = made.train, made.val
+    assert made.generated is None
+    rows = training_rows(config, stream)
+    assert rows.shape == (6, config.seq_len + 1) and np.array_equal(train.ids, rows)
+    assert np.array_equal(training_rows(dataclasses.replace(config, head_rows=8), stream)[:6], rows)
+    with torch.no_grad():
+        want = model.lm.model(input_ids=torch.from_numpy(rows[:, :-1])).last_hidden_state.numpy()
+        want_val = model.lm.model(input_ids=torch.from_numpy(val.ids[:, :-1])).last_hidden_state.numpy()
+    assert train.hidden.shape == want.shape and val.ids.shape == (2, config.seq_len + 1)
+    np.testing.assert_allclose(train.hidden, want, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(val.hidden, want_val, atol=1e-4, rtol=1e-4)
+
+    again = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append).train
+    assert any("reusing" in m for m in messages) and np.array_equal(again.hidden, train.hidden)
+
+    with torch.no_grad():
+        model.lm.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+        changed = model.lm.model(input_ids=torch.from_numpy(rows[:, :-1])).last_hidden_state.numpy()
+    rebuilt = caches(model.lm, config, stream, stream[:400], tmp_path, messages.append).train
+    assert any("rebuilding" in m for m in messages)
+    assert np.abs(changed - want).max() > 1e-2
+    np.testing.assert_allclose(rebuilt.hidden, changed, atol=1e-4, rtol=1e-4)
+
+
+def test_the_generated_rows_are_the_decoders_greedy_continuations_with_their_states(tmp_path: Path) -> None:
+    """``head_generated``: rows of a training prompt and the decoder's greedy continuation (each generated
+    token is the argmax after the tokens before it), with the decoder's states over them; a quarter as many
+    held-out ones."""
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.headcache import caches
+
+    config, model = _tiny_model(
+        head_rows=2, eval_windows=1, head_generated=4, head_prompt=8, head_new_tokens=6
+    )
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    made = caches(model.lm, config, stream, stream[:400], tmp_path, lambda _: None)
+    assert made.generated is not None and made.generated_val is not None
+    rows = made.generated.ids
+    assert rows.shape == (4, 14) and made.generated_val.ids.shape == (1, 14)
+    with torch.no_grad():
+        out = model.lm(input_ids=torch.from_numpy(rows[:, :-1]), output_hidden_states=False)
+        hidden = model.lm.model(input_ids=torch.from_numpy(rows[:, :-1])).last_hidden_state.numpy()
+    assert np.array_equal(out.logits[:, 7:].argmax(-1).numpy(), rows[:, 8:])
+    assert any(np.array_equal(row[:8], stream[i : i + 8]) for row in rows for i in range(stream.size - 8))
+    np.testing.assert_allclose(made.generated.hidden, hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_the_heads_loss_distills_the_decoders_next_token_distribution_or_the_text() -> None:
+    """``head_distill=1``: KL to the decoder's distribution at ``t+1`` (the lm_head over the cached state),
+    blind to the text's token after next, zero for a head that reproduces the decoder; ``0``: the text's
+    cross-entropy. The greedy target is the decoder's own argmax at ``t+1``."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from tools.demo_model.headcache import head_losses
+    from tools.demo_model.model import head_logits
+
+    _, model = _tiny_model()
+    ids = torch.randint(3, 4096, (2, 18), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        hidden = model.lm.model(input_ids=ids[:, :-1]).last_hidden_state  # [2, 17, H]
+        distilled, drafts, greedy = head_losses(model, hidden, ids, 1.0)
+        other = ids.clone()  # another text token after the last position: the head's target only
+        other[:, -1] = (other[:, -1] + 1) % 4096
+        same, _, _ = head_losses(model, hidden, other, 1.0)
+        text, _, _ = head_losses(model, hidden, ids, 0.0)
+        text_other, _, _ = head_losses(model, hidden, other, 0.0)
+        logits = head_logits(model.lm, model.mtp, hidden[:, :-1], ids[:, 1:-1])
+        decoder = model.lm(input_ids=ids[:, :-1]).logits[:, 1:]
+    assert distilled.shape == (2, 16)
+    assert torch.equal(distilled, same) and not torch.equal(text[:, -1], text_other[:, -1])
+    assert torch.equal(greedy, decoder.argmax(-1)) and torch.equal(drafts, logits.argmax(-1))
+    want_text = F.cross_entropy(logits.flatten(0, 1), ids[:, 2:].flatten(), reduction="none").view(2, 16)
+    torch.testing.assert_close(text, want_text)
+    want_kl = F.kl_div(logits.log_softmax(-1), decoder.log_softmax(-1), log_target=True, reduction="none")
+    torch.testing.assert_close(distilled, want_kl.sum(-1), atol=1e-5, rtol=1e-4)
+    assert float(distilled.min()) > 0.01  # an untrained head is not the decoder
+
+
+def test_head_only_training_from_the_cache_resumes_exactly(tmp_path: Path) -> None:
+    """Head-only steps read crops of the cached states drawn from (seed, step): an interrupted run resumes
+    to the same head. At a constant rate a run of 4 steps resumes from a longer run's checkpoint (the
+    weights after step N do not depend on the planned length); with a decaying rate (the negative
+    control) it refuses to."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model import warmstart
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.model import DemoModel
+    from tools.demo_model.trainer import train
+
+    earlier = DemoModel(DemoConfig(**TINY, seed=7)).lm.state_dict()
+
+    def load_earlier(model: Any, config: Any, export_dir: Path, train_ids: np.ndarray) -> dict[str, float]:
+        model.lm.load_state_dict(earlier)
+        return {"export_logit_diff": 0.0, "pruned_channels": 0}
+
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    config = DemoConfig(
+        **TINY,
+        steps=4,
+        copy_phase_steps=0,
+        warmup=1,
+        lr=2e-3,
+        min_lr=2e-3,
+        eval_every=2,
+        eval_windows=1,
+        head_only=True,
+        init_from=str(tmp_path / "earlier"),
+        head_rows=4,
+        head_batch=3,
+        head_context=40,
+        head_generated=2,
+        head_prompt=8,
+        head_new_tokens=8,
+    )
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_two(line: str) -> None:
+        if line.startswith("step=2 "):
+            raise Interrupt
+
+    quiet = lambda _: None  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(warmstart, "init_from_export", load_earlier)
+        whole = train(config, stream, stream[:200], tmp_path / "whole", quiet)
+        longer = dataclasses.replace(config, steps=6)
+        with pytest.raises(Interrupt):
+            train(longer, stream, stream[:200], tmp_path / "resumed", log=stop_at_two)
+        resumed = train(config, stream, stream[:200], tmp_path / "resumed", quiet)
+        decaying = dataclasses.replace(config, min_lr=1e-4)
+        with pytest.raises(Interrupt):
+            train(dataclasses.replace(decaying, steps=6), stream, stream[:200], tmp_path / "cos", stop_at_two)
+        with pytest.raises(RuntimeError, match="other settings"):
+            train(decaying, stream, stream[:200], tmp_path / "cos", quiet)
+    for (name, a), (_, b) in zip(whole.mtp.named_parameters(), resumed.mtp.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    for name, tensor in whole.lm.state_dict().items():
+        assert torch.equal(tensor, earlier[name]), name
+    assert (tmp_path / "whole" / "head_cache" / "train" / "hidden.npy").is_file()
+    log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [1, 2, 3, 4] and "val_gen_agree" in log[1]

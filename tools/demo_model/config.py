@@ -46,6 +46,19 @@ class DemoConfig:
     # train the MTP head alone on the ``init_from`` model, which stays as it is (its export is reused byte
     # for byte): a head for an existing model at a fraction of a joint step's cost
     head_only: bool = False
+    # head_only trains from the frozen decoder's hidden states, computed once over ``head_rows`` training
+    # rows (tools.demo_model.headcache); a step is ``head_batch`` crops of ``head_context`` positions
+    head_rows: int = 1024
+    head_context: int = 256
+    head_batch: int = 32
+    # the head's target: the decoder's next-token distribution (KL, this weight) and the text's token
+    # (cross-entropy, 1 - this weight); greedy speculation accepts the decoder's choice
+    head_distill: float = 1.0
+    # rows of the decoder's own greedy continuations (``head_new_tokens`` after a ``head_prompt``-token
+    # training prompt): what the head reads when it drafts; half of each step's crops when > 0
+    head_generated: int = 0
+    head_prompt: int = 128
+    head_new_tokens: int = 128
     seed: int = 0
     steps: int = 6800
     # then a copy phase at a constant rate: copy-heavy rows sharpen copying of real text (the 4.7M model

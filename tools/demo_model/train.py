@@ -104,8 +104,11 @@ def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) 
     t_train = time.time()
     model = train(config, streams.train, streams.val, out / "train", log)
     train_s = time.time() - t_train
-    with fast_gated_delta_rule():  # the training's own Gated DeltaNet kernels: same loss, less time
-        val_loss = evaluate(model.lm, streams.val, config.seq_len, None)
+    if config.head_only:  # the decoder is init_from's, unchanged: its held-out loss is that export's
+        val_loss = float("nan")
+    else:
+        with fast_gated_delta_rule():  # the training's own Gated DeltaNet kernels: same loss, less time
+            val_loss = evaluate(model.lm, streams.val, config.seq_len, None)
     hf_dir = save_hf_checkpoint(model, config, streams.tokenizer_dir, out / "hf")
     if config.head_only:  # the decoder is the one training started from
         sizes = {"fp32": directory_size(reuse_export(Path(config.init_from), hf_dir, out / "fp32"))}
@@ -119,8 +122,8 @@ def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) 
         "parameters": sum(p.numel() for p in model.lm.parameters()),
         "mtp_parameters": sum(p.numel() for p in model.mtp.parameters()) if model.mtp is not None else 0,
         "data": streams.meta,
-        "val_loss": round(val_loss, 4),
-        "val_perplexity": round(math.exp(val_loss), 2),
+        "val_loss": None if config.head_only else round(val_loss, 4),
+        "val_perplexity": None if config.head_only else round(math.exp(val_loss), 2),
         "export_bytes": sizes,
         "train_seconds": round(train_s),
         "total_seconds": round(time.time() - started),

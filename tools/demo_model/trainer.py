@@ -126,6 +126,14 @@ def train(
         log(f"train: starting from {config.init_from} ({info})")
     opt = _optimizer(model, config)
     start = _resume(model, opt, config, work / CHECKPOINT, log)
+    if config.head_only:  # the frozen decoder runs once, over the cached rows
+        from tools.demo_model.headcache import caches, train_head
+
+        cached = caches(model.lm, config, train_ids, val_ids, work, log)
+        save = lambda done: _save(model, opt, config, done, work / CHECKPOINT)  # noqa: E731
+        train_head(model, opt, config, cached, start, work, learning_rate, save, log)
+        model.eval()
+        return model
     record = (work / "train_log.jsonl").open("a")
     model.train()
     t0, tokens = time.time(), 0
@@ -194,13 +202,23 @@ def _save(model: Any, opt: Any, config: DemoConfig, step: int, path: Path) -> No
     tmp.replace(path)
 
 
+def _constant_rate(config: DemoConfig) -> bool:
+    return config.copy_phase_steps == 0 and config.lr == config.min_lr
+
+
 def _resume(model: Any, opt: Any, config: DemoConfig, path: Path, log: Any) -> int:
     import torch
 
     if not path.is_file():
         return 0
     state = torch.load(path, weights_only=False)
-    if state["config"] != config.to_dict():
+    written, wanted = dict(state["config"]), config.to_dict()
+    # at a constant rate the weights after step N do not depend on the planned length: a run of N steps
+    # resumes from a longer one's checkpoint at N
+    constant = _constant_rate(config) and _constant_rate(DemoConfig(**written))
+    if constant and state["step"] <= config.total_steps:
+        written["steps"] = wanted["steps"]
+    if written != wanted:
         raise RuntimeError(f"{path} was written with other settings; delete it or train with those settings")
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
