@@ -196,22 +196,92 @@ def test_cuts_stop_where_checkpoints_are_taken(dirs: dict[str, Path]) -> None:
     assert dense.prefix_cache.cuts(30, 16, 21) == [30]
 
 
-def test_chat_turns_resume_from_the_previous_turn(dirs: dict[str, Path]) -> None:
+CHAT_TURNS = ["hello there, how are you", "and then what happened?", "tell me one more thing"]
+
+
+def test_chat_turns_resume_after_the_previous_reply_and_decode_as_without_the_cache(
+    dirs: dict[str, Path],
+) -> None:
+    """Each turn resumes after the previous reply and its end-of-turn tokens, as the template renders them
+    (``cache_turn``): only the new message is prefilled, and the greedy tokens are plain decoding's, for
+    ``chat`` and ``stream_chat``. Without ``cache_turn`` the same turns resume before the reply: this
+    random model's replies do not encode back to the ids it generated."""
+    for name in ("hybrid-genai-split", "genai-dense-split", "hybrid-scan-split"):
+        pair = Pair(dirs[name])
+        off = onnxgen.load(dirs[name], threads=1, prefix_cache_mb=16, checkpoint_interval=INTERVAL)
+        tok = pair.cached.tokenizer
+        assert tok is not None
+        params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+        history: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
+        for turn, text in enumerate(CHAT_TURNS):
+            history.append({"role": "user", "content": text})
+            prompt = pair.cached.chat_prompt(history)
+            want = pair.plain.chat(history, params)
+            if turn == 1:  # the streamed path closes the turn too (once the last event was taken)
+                events = list(pair.cached.stream_chat(history, params))
+                ids = [t for e in events for t in e.token_ids]
+                got_text = "".join(e.text for e in events)
+                stats = events[-1].stats or {}
+            else:
+                got = pair.cached.chat(history, params)
+                ids, got_text, stats = got.token_ids, got.text, got.stats
+            base = off.chat(history, params, cache_turn=False)
+            assert ids == want.token_ids == base.token_ids, (name, turn)
+            assert stats["next_turn_prefill_tokens"] > 0
+            if turn:
+                # the previous prompt and reply are resumed: what is prefilled is at most this message
+                # as a conversation of its own renders it (header, text, end of turn, generation prompt)
+                alone = len(pair.cached.chat_prompt([{"role": "user", "content": text}]))
+                prefilled = len(prompt) - stats["cached_tokens"]
+                assert len(tok.encode(text, add_special_tokens=False)) <= prefilled <= alone, (name, turn)
+                # without cache_turn the reply (re-encoded) is prefilled again
+                assert len(prompt) - base.stats["cached_tokens"] > prefilled, (name, turn)
+            history.append({"role": "assistant", "content": got_text})
+
+
+def test_a_corrupted_closed_turn_changes_the_next_reply(dirs: dict[str, Path]) -> None:
+    """Negative control: the next turn is decoded from the state the closed turn cached (its tokens' KV
+    rows, a hybrid's checkpoint): corrupting it changes the reply."""
+    from onnxgen.chat.continuation import next_turn_prefix
+
     for name in ("hybrid-genai-split", "genai-dense-split"):
         pair = Pair(dirs[name])
-        params = SamplingParams(max_new_tokens=8)
-        history: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
-        before = 0  # the previous turn's prompt length
-        for text in ["hello there", "and then?", "one more"]:
-            history.append({"role": "user", "content": text})
-            want = pair.plain.chat(history, params)
-            got = pair.cached.chat(history, params)
-            assert got.token_ids == want.token_ids
-            # at least the previous turn's whole prompt is resumed (its reply too where the template renders
-            # the reply's text back to the tokens generated; this random model's bytes do not round-trip)
-            assert got.stats["cached_tokens"] >= before - 1 > 0 or not before
-            before = len(pair.cached.chat_prompt(history))
-            history.append({"role": "assistant", "content": got.text})
+        tok = pair.cached.tokenizer
+        assert tok is not None
+        params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+        history = [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": CHAT_TURNS[0]},
+        ]
+        reply = pair.cached.chat(history, params).text
+        closed = next_turn_prefix(tok, history, {"role": "assistant", "content": reply})
+        assert pair.cache.holds(closed)
+        node = pair.cache._walk(np.asarray(closed)).path[-1][0]
+        assert node.end == len(closed)
+        # (this random hybrid's recurrent states fade over the new message's ~20 tokens: its attention
+        # layers' rows of the closed turn are corrupted too)
+        noise = np.random.default_rng(0)
+        if pair.cache.hybrid:
+            assert node.checkpoint is not None
+            node.checkpoint = [noise.normal(0, 10, a.shape).astype(a.dtype) for a in node.checkpoint]
+        node.kv = [noise.normal(0, 10, a.shape).astype(a.dtype) for a in node.kv]
+        history += [{"role": "assistant", "content": reply}, {"role": "user", "content": CHAT_TURNS[1]}]
+        got = pair.cached.chat(history, params)
+        assert got.stats["cached_tokens"] == len(closed)
+        assert got.token_ids != pair.plain.chat(history, params).token_ids, name
+
+
+def test_extend_cache_runs_only_what_is_missing(dirs: dict[str, Path]) -> None:
+    for name in ("hybrid-genai-split", "genai-dense-split"):
+        pair = Pair(dirs[name])
+        prompt = SYSTEM + tokens(11, 9)
+        assert pair.cached.generator.extend_cache(prompt) == len(prompt)
+        assert pair.cache.holds(prompt)
+        assert pair.cached.generator.extend_cache(prompt) == 0  # already cached
+        longer = [*prompt, *tokens(12, 5)]
+        assert pair.cached.generator.extend_cache(longer) == 5  # resumes at the end of the first
+        # what was run is what a plain prefill gives
+        assert pair.same([*longer, 9]) == len(longer)
 
 
 def test_a_budget_of_zero_is_off_and_a_negative_one_is_refused(dirs: dict[str, Path]) -> None:

@@ -269,6 +269,17 @@ class PrefixCache:
                 self._stats.hit_lookups += hit.tokens > 0
             return hit
 
+    def holds(self, tokens: Sequence[int] | np.ndarray) -> bool:
+        """Whether the state after all of ``tokens`` is cached: their KV rows, and for a hybrid a
+        checkpoint after the last one (a probe: no counters, no recency)."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        with self._lock:
+            walk = self._walk(ids)
+            if walk.matched < len(ids) or not walk.path:
+                return False
+            node, common = walk.path[-1]
+            return not self.hybrid or (common == len(node.key) and node.checkpoint is not None)
+
     def restore(self, hit: Hit, state: DecodeState) -> None:
         """Load ``hit`` into ``state`` (an empty decode state, batch 1): its KV rows and checkpoint,
         copied, so the state then holds the first ``hit.tokens`` tokens exactly as they were cached."""
