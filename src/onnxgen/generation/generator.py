@@ -98,7 +98,7 @@ class TokenLoop:
     def resume(self, cache: PrefixCache) -> None:
         """Load the longest usable cached prefix of the prompt into the (empty) state; the prefill then
         runs the rest only, caching the prefixes :meth:`PrefixCache.cuts` names on the way."""
-        hit = cache.lookup(self.ids[: self.n])
+        hit = cache.lookup(self.ids[: self.n], whole=True)
         cache.restore(hit, self.state)
         self.cache, self.hit, self.cached_tokens = cache, hit, hit.tokens
 
