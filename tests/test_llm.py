@@ -64,13 +64,15 @@ def test_detokenize_false_streams_the_same_token_ids_without_text_or_detokenizin
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("detokenize=False must not build a detokenizer")
 
-    monkeypatch.setattr("onnxgen.generation.generator.IncrementalDetokenizer", refuse)
+    monkeypatch.setattr("onnxgen.engine.sequence.IncrementalDetokenizer", refuse)
     ids_only = list(hybrid.stream(PROMPT, dataclasses.replace(params, detokenize=False)))
     assert [e.token_ids for e in ids_only] == [e.token_ids for e in with_text]
     assert all(e.text == "" for e in ids_only)
     assert ids_only[-1].finish_reason == with_text[-1].finish_reason == "length"
     result = hybrid.generate(PROMPT, dataclasses.replace(params, detokenize=False))
     assert result.text == "" and result.token_ids == [t for e in with_text for t in e.token_ids]
+    (batched,) = hybrid.generate([PROMPT], dataclasses.replace(params, detokenize=False))  # the engine too
+    assert batched.text == "" and batched.token_ids == result.token_ids
 
 
 def test_chat_renders_the_chat_template_around_the_messages(

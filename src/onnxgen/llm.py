@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, overload
 
+import numpy as np
 import onnx
 
 from onnxgen.cache.prefix import PrefixCache
@@ -19,6 +20,10 @@ from onnxgen.chat.deltas import ChatDelta
 from onnxgen.chat.output import ChatOutput
 from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.chat.tools import ToolCall
+from onnxgen.config import EngineConfig
+from onnxgen.engine.batch_run import run_batch
+from onnxgen.engine.engine import Engine
+from onnxgen.engine.limits import BatchLimits
 from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SAMPLING_FIELDS, SamplingParams, resolve_params
@@ -52,23 +57,12 @@ class LLM:
     Each takes a :class:`~onnxgen.SamplingParams` or its fields as keywords.
     """
 
-    def __init__(
-        self,
-        package: ModelPackage,
-        *,
-        threads: int | None = None,
-        providers: Sequence[str] | None = None,
-        decode_plan: str = "auto",
-        huge_pages: bool | None = None,
-        speculative: bool = False,
-        fast_ops: bool | None = None,
-        fuse: bool | None = None,
-        prefix_cache_mb: float = 0,
-        checkpoint_interval: int | None = None,
-    ) -> None:
+    def __init__(self, package: ModelPackage, config: EngineConfig | None = None) -> None:
         self.package = package
         self.io = package.io
-        self.decode_plan = prepare_decode_plan(package, decode_plan, providers=providers)
+        self.config = config = config if config is not None else EngineConfig()
+        providers = config.providers
+        self.decode_plan = prepare_decode_plan(package, config.decode_plan, providers=providers)
         # an MTP head beside the model: the session also outputs the final hidden state the head reads
         self._mtp_missing = (
             f"MTP speculation needs the model's MTP head: {package.root} has no mtp.onnx; write it with "
@@ -85,13 +79,13 @@ class LLM:
             self.session = DecoderSession(
                 self.decode_plan.model_path,
                 self.io,
-                threads=threads,
+                threads=config.threads,
                 providers=providers,
                 graph=self.decode_plan.graph,
-                huge_pages=huge_pages,
-                verify_now=speculative,
-                fast_ops=fast_ops,
-                fuse=fuse,
+                huge_pages=config.huge_pages,
+                verify_now=config.speculative,
+                fast_ops=config.fast_ops,
+                fuse=config.fuse,
                 hidden_state=self.mtp_path is not None,
             )
             self.tokenizer: Tokenizer | None = tokenizer.result()
@@ -113,9 +107,11 @@ class LLM:
             final_stats=lambda: {"decode_plan": self.decode_plan.plan.name},  # which plan ran the steps
             export=f"the export {package.model_path}",
             mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
-            prefix_cache=PrefixCache.from_mb(self.io, prefix_cache_mb, checkpoint_interval),
+            prefix_cache=PrefixCache.from_mb(self.io, config.prefix_cache_mb, config.checkpoint_interval),
         )
         package.release_graph()
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
         self._drafts: dict[str, LLM] = {}
         self._checked_drafts: set[LLM] = set()
 
@@ -238,14 +234,33 @@ class LLM:
         self._checked_drafts.add(draft)
 
     # -- generation -------------------------------------------------------------------------------
+    @overload
     def generate(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         speculative: Speculative | None = None,
         **sampling: Any,
-    ) -> GenerationResult:
-        """Complete ``prompt`` (text, or token ids) and return the whole result.
+    ) -> GenerationResult: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: list[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        speculative: Speculative | None = None,
+        **sampling: Any,
+    ) -> list[GenerationResult]: ...
+
+    def generate(
+        self,
+        prompt: Prompt | list[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        speculative: Speculative | None = None,
+        **sampling: Any,
+    ) -> GenerationResult | list[GenerationResult]:
+        """Complete ``prompt`` (text, or token ids) and return the whole result; given a list of prompts,
+        their results in the same order, decoded together as a continuous batch (:meth:`generate_batch`).
 
         ``params`` says how to sample and when to stop; its fields may be given as keywords instead
         (``llm.generate("hi", max_new_tokens=5, temperature=0.7)``; not both). Defaults: greedy, 64 new
@@ -253,9 +268,59 @@ class LLM:
         :class:`~onnxgen.MTP`) drafts tokens that one forward verifies: greedy output is unchanged, sampled
         output keeps its distribution. Raises :class:`~onnxgen.OnnxgenError` subclasses on bad input.
         """
-        params = resolve_params(params, sampling, "generate")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int | np.integer):
+            if isinstance(params, SamplingParams | None):
+                params = resolve_params(params, sampling, "generate")
+            elif sampling:
+                raise TypeError("generate() got a list of params and sampling keywords; pass one of them")
+            return self.generate_batch(prompt, params, speculative)
+        if not isinstance(params, SamplingParams | None):
+            raise GenerationError(
+                "one prompt takes one SamplingParams; give a list of prompts for a list of them"
+            )
+        resolved = resolve_params(params, sampling, "generate")
         draft = self._draft_session(speculative)
-        return self.generator.generate(self.encode(prompt), params, speculative, draft)
+        single = cast(Prompt, prompt)
+        return self.generator.generate(self.encode(single), resolved, speculative, draft)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        speculative: Speculative | None = None,
+    ) -> list[GenerationResult]:
+        """The completions of ``prompts``, in their order, decoded as a continuous batch through the
+        :class:`~onnxgen.engine.engine.Engine` (rows join as others finish, up to ``max_batch`` at once).
+
+        ``params``: one for every prompt, or a list with one per prompt. Every prompt is checked before
+        any runs; a prompt that fails while decoding (its constraint, say) ends with finish reason
+        ``"error"`` and the message in ``stats["error"]``, and the others go on. Each sequence gets the
+        tokens it gets alone (rows never depend on their company)."""
+        if speculative is not None:
+            raise GenerationError(
+                "speculative decoding runs one prompt at a time; generate each prompt on its own, or leave "
+                "speculative out for a batch"
+            )
+        many = (
+            [params or SamplingParams()] * len(prompts) if not isinstance(params, Sequence) else list(params)
+        )
+        if len(many) != len(prompts):
+            raise GenerationError(
+                f"{len(many)} SamplingParams for {len(prompts)} prompts; give one per prompt"
+            )
+        with self._engine_lock:
+            engine = self.engine()
+            ids = [self.encode(p) for p in prompts]
+            for prompt_ids, p in zip(ids, many, strict=True):  # every request checked before any runs
+                self.generator.admit(prompt_ids, p, engine.limits.max_model_len)
+            return run_batch(engine, ids, many)
+
+    def engine(self) -> Engine:
+        """The batching engine on this model's session, made on first use (its limits from ``config``)."""
+        if self._engine is None:
+            limits = BatchLimits.resolve(self.config, self.package, self.session)
+            self._engine = Engine(self.generator, limits)
+        return self._engine
 
     def stream(
         self,
@@ -466,52 +531,15 @@ def draft_threads(target_threads: int) -> int:
     return max(1, default_threads() - target_threads + 1)
 
 
-def load(
-    model: str | Path | None = None,
-    *,
-    threads: int | None = None,
-    providers: Sequence[str] | None = None,
-    decode_plan: str = "auto",
-    huge_pages: bool | None = None,
-    speculative: bool = False,
-    fast_ops: bool | None = None,
-    fuse: bool | None = None,
-    prefix_cache_mb: float = 0,
-    checkpoint_interval: int | None = None,
-) -> LLM:
+def load(model: str | Path | None = None, config: EngineConfig | None = None, **overrides: Any) -> LLM:
     """Open a model directory (or the bundled default model when ``model`` is None) and get it ready.
 
-    ``decode_plan`` (``"auto"``, ``"scan"`` or ``"inline"``) picks how single-token steps of a Scan-based
-    hybrid run; see :mod:`onnxgen.runtime.plans`. ``huge_pages`` (default: on unless the environment sets
-    ``ONNXGEN_HUGE_PAGES=0``) backs the weights with transparent huge pages on Linux, which makes decode
-    steps faster and loading slower (:mod:`onnxgen.runtime.hugepages`). ``speculative=True`` says the
-    model will verify drafts: a hybrid's session is made on the verify plan's graph at once, instead of on
-    the plain graph first and again at the first speculative verify (which then takes as long as a load);
-    plain decoding works either way. ``fast_ops`` runs a hybrid's ``GatedRMSNorm`` and SiLU-fused
-    ``CausalConvWithState`` on onnxruntime's vectorized CPU kernels: the same math rounded differently
-    (fp32 logits move by ~1e-6 to 1e-5), a quarter less prefill time on the bundled model
-    (:mod:`onnxgen.graph.hybrid_ops`). Default (None): on, unless ``ONNXGEN_FAST_OPS`` says 0 or 1, or the
-    export quantizes activations to int8 (MatMulNBits ``accuracy_level`` 4: there the rounding differences
-    become quantization steps and greedy tokens leave onnxruntime-genai's); False runs the export's ops as
-    they are, as onnxruntime-genai does. ``fuse`` (default: on, unless ``ONNXGEN_FUSE=0``) merges
-    projections that read one input into one int4 MatMulNBits and a fused QKV's query/key RMSNorms into
-    one, on the CPU: fewer kernel launches per decode step, the same output bits
-    (:mod:`onnxgen.graph.decode_fusions`). ``prefix_cache_mb`` (default 0: off) keeps up to that many MiB of
-    prompts' and replies' KV rows and recurrent-state checkpoints, so a request that shares a prefix with
-    an earlier one (a system prompt, a chat's history) prefills only the rest; ``checkpoint_interval``
-    (default 256) is how many tokens of a long prefill run between two checkpoints of a hybrid's states
-    (docs/prefix-cache.md).
+    The engine's settings are ``config`` (default: :meth:`EngineConfig.from_env`, the environment's
+    ``ONNXGEN_*`` settings) with ``overrides`` on top: any :class:`~onnxgen.config.EngineConfig` field by
+    name (``threads``, ``providers``, ``decode_plan``, ``huge_pages``, ``speculative``, ``fast_ops``,
+    ``fuse``, ``prefix_cache_mb``, ...), None meaning "not given". A bad name or value raises
+    :class:`~onnxgen.errors.SettingError` naming it.
     """
+    config = (config if config is not None else EngineConfig.from_env()).replace(**overrides)
     package = ModelPackage.open(model if model is not None else default_model_dir())
-    return LLM(
-        package,
-        threads=threads,
-        providers=providers,
-        decode_plan=decode_plan,
-        huge_pages=huge_pages,
-        speculative=speculative,
-        fast_ops=fast_ops,
-        fuse=fuse,
-        prefix_cache_mb=prefix_cache_mb,
-        checkpoint_interval=checkpoint_interval,
-    )
+    return LLM(package, config)

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import onnxgen
 from onnxgen.graph.hybrid_ops import rewrite_hybrid_ops
 from onnxgen.model import ModelPackage
 from onnxgen.runtime.session import DecoderSession
@@ -142,7 +143,7 @@ def test_sessions_run_fast_ops_by_default_with_the_exports_logits_and_tokens(
     exported = DecoderSession(path, io, threads=1, fast_ops=False)
     assert not exported.fast_ops.rewritten
     monkeypatch.setenv("ONNXGEN_FAST_OPS", "0")
-    assert not DecoderSession(path, io, threads=1).fast_ops.rewritten
+    assert not onnxgen.load(fused_dir, threads=1).session.fast_ops.rewritten
     prompt = [5, 17, 3, 42, 8, 99, 23, 7]
     got, got_rows = _greedy(fast, prompt, 24)
     want, want_rows = _greedy(exported, prompt, 24)
@@ -182,8 +183,8 @@ def test_by_default_the_pass_skips_exports_that_quantize_activations_to_int8(
         assert auto or "int8 activations" in session.fast_ops.off
         assert DecoderSession(path, io, threads=1, fast_ops=True).fast_ops.rewritten
         assert not DecoderSession(path, io, threads=1, fast_ops=False).fast_ops.rewritten
-        monkeypatch.setenv("ONNXGEN_FAST_OPS", "1")
-        assert DecoderSession(path, io, threads=1).fast_ops.rewritten
+        monkeypatch.setenv("ONNXGEN_FAST_OPS", "1")  # EngineConfig.from_env reads it for load()
+        assert onnxgen.load(model_dir, threads=1).session.fast_ops.rewritten
         monkeypatch.setenv("ONNXGEN_FAST_OPS", "0")
-        assert not DecoderSession(path, io, threads=1).fast_ops.rewritten
+        assert not onnxgen.load(model_dir, threads=1).session.fast_ops.rewritten
         monkeypatch.delenv("ONNXGEN_FAST_OPS")

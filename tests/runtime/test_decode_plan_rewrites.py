@@ -18,6 +18,7 @@ import onnxgen
 import onnxgen.llm
 from onnxgen.cli import build_parser
 from onnxgen.cli import main as cli_main
+from onnxgen.config import EngineConfig
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import TinySpec, build_model
 
@@ -106,16 +107,16 @@ def test_asking_for_the_inline_plan_on_a_graph_without_a_scan_says_so(
 def test_generate_chat_and_serve_pass_the_decode_plan_and_fast_ops_flags_to_load(
     scan_fused: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], expected: dict[str, Any]
 ) -> None:
-    seen: list[dict[str, Any]] = []
+    seen: list[EngineConfig] = []
     real = onnxgen.llm.load
 
-    def spy(model: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return real(model, **kwargs)
+    def spy(model: Any, config: EngineConfig, **kwargs: Any) -> Any:
+        seen.append(config.replace(**kwargs))
+        return real(model, config, **kwargs)
 
     monkeypatch.setattr(onnxgen.llm, "load", spy)
     assert cli_main(["generate", str(scan_fused), "hi", "-n", "2", "--json", *flags]) == 0
-    assert {k: seen[-1][k] for k in expected} == expected
+    assert {k: getattr(seen[-1], k) for k in expected} == expected
     parser = build_parser()
     for command in ("chat", "serve"):
         args = parser.parse_args([command, str(scan_fused), *flags])

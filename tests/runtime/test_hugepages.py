@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import onnxgen
+from onnxgen.config import HUGE_PAGES
 from onnxgen.runtime import hugepages
 from onnxgen.testing import build_model
 
@@ -126,7 +127,7 @@ def test_sessions_with_and_without_huge_pages_compute_the_same_logits(
 ) -> None:
     model = build_model(tmp_path / "m", "hybrid-genai")
     with_pages = onnxgen.load(model, huge_pages=True)
-    monkeypatch.setenv(hugepages.ENV, "0")
+    monkeypatch.setenv(HUGE_PAGES, "0")
     without = onnxgen.load(model)
     assert with_pages.session._huge_pages
     assert not without.session._huge_pages  # the environment turns the default off

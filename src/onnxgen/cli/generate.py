@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from onnxgen.cli.speculative import add_speculative_flags, format_speculative_stats, speculative_from_args
+from onnxgen.config import MODEL, THREADS, EngineConfig, env_model, env_threads
 from onnxgen.errors import GenerationError, ModelPackageError
 from onnxgen.generation.params import SamplingParams, SamplingParamsError
 from onnxgen.runtime.plan_names import DECODE_PLANS
@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # onnx and onnxruntime load after the arguments are parsed (m
     from onnxgen.generation.generator import GenerationResult, StreamEvent
     from onnxgen.llm import LLM
 
-MODEL_ENV = "ONNXGEN_MODEL"
-THREADS_ENV = "ONNXGEN_THREADS"
+MODEL_ENV = MODEL
+THREADS_ENV = THREADS
 
 # flag dest -> SamplingParams field (same names); unset flags keep the SamplingParams defaults.
 _SAMPLING_FIELDS = (
@@ -210,26 +210,22 @@ def sampling_params(args: argparse.Namespace, defaults: dict[str, Any] | None = 
 
 def resolve_threads(value: int | None) -> int | None:
     """``--threads``, else ``$ONNXGEN_THREADS``, else None (the runtime's default)."""
-    source = "--threads"
-    if value is None:
-        env = os.environ.get(THREADS_ENV, "").strip()
-        if not env:
-            return None
-        source = f"${THREADS_ENV}"
-        try:
-            value = int(env)
-        except ValueError:
-            raise ValueError(
-                f"{source} must be an integer >= 1 (got {env!r}); unset it or give a count"
-            ) from None
-    if value < 1:
-        raise ValueError(f"{source} must be an integer >= 1 (got {value}); omit it to use all cores")
-    return value
+    if value is not None and value < 1:
+        raise ValueError(f"--threads must be an integer >= 1 (got {value}); omit it to use all cores")
+    return value if value is not None else env_threads()
+
+
+def engine_config(args: argparse.Namespace, **settings: Any) -> EngineConfig:
+    """The engine settings of the runtime flags (:func:`add_runtime_flags`) over the environment's, with
+    ``settings`` (other :class:`EngineConfig` fields) on top."""
+    names = ("decode_plan", "fast_ops", "prefix_cache_mb", "checkpoint_interval")
+    flags = {name: getattr(args, name, None) for name in names}
+    return EngineConfig.from_env(threads=resolve_threads(args.threads), **flags, **settings)
 
 
 def resolve_model(model: str | None) -> str | Path:
     """MODEL, else ``$ONNXGEN_MODEL``, else the bundled default model."""
-    chosen = model or os.environ.get(MODEL_ENV, "").strip()
+    chosen = model or env_model()
     if chosen:
         return chosen
     from onnxgen.llm import default_model_dir
@@ -247,7 +243,7 @@ def load_llm(args: argparse.Namespace, speculative: bool = False, log: TextIO | 
     """Load the model the flags name; with ``log`` (a terminal), say what is loading and how long it took
     there (``[onnxgen] loading NAME ... 0.42 s``)."""
     model = resolve_model(args.model)
-    threads = resolve_threads(args.threads)
+    config = engine_config(args, speculative=speculative)
     if log is not None:
         log.write(f"[onnxgen] loading {model_label(model)} ... ")
         log.flush()
@@ -255,15 +251,7 @@ def load_llm(args: argparse.Namespace, speculative: bool = False, log: TextIO | 
     try:
         from onnxgen.llm import load  # onnx and onnxruntime: most of a small model's start-up
 
-        llm = load(
-            model,
-            threads=threads,
-            speculative=speculative,
-            decode_plan=args.decode_plan,
-            fast_ops=args.fast_ops,
-            prefix_cache_mb=getattr(args, "prefix_cache_mb", 0),
-            checkpoint_interval=getattr(args, "checkpoint_interval", None),
-        )
+        llm = load(model, config)
     except BaseException:
         if log is not None:
             log.write("\n")

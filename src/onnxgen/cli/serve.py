@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -24,13 +23,14 @@ from onnxgen.cli.generate import (
     resolve_model,
     resolve_threads,
 )
+from onnxgen.config import API_KEY, env_api_key
 from onnxgen.errors import ModelPackageError, OnnxgenError
 from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
 if TYPE_CHECKING:
     from onnxgen.server.security import SecurityConfig
 
-API_KEY_ENV = "ONNXGEN_API_KEY"
+API_KEY_ENV = API_KEY
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -144,18 +144,20 @@ def _engine_spec(
 ) -> EngineSpec:
     return EngineSpec(
         str(model),
-        resolve_threads(args.threads),
-        args.max_batch,
-        args.max_queue,
-        args.max_model_len,
-        args.prefill_chunk,
-        fixed_rows,
-        args.served_model_name,
-        security,
-        args.log_prompts,
-        args.tool_call_parser,
-        args.prefix_cache_mb,
-        args.checkpoint_interval,
+        threads=resolve_threads(args.threads),
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_model_len=args.max_model_len,
+        prefill_chunk=args.prefill_chunk,
+        min_rows=fixed_rows,
+        served_model_name=args.served_model_name,
+        security=security,
+        log_prompts=args.log_prompts,
+        tool_parser=args.tool_call_parser,
+        prefix_cache_mb=args.prefix_cache_mb,
+        checkpoint_interval=args.checkpoint_interval,
+        decode_plan=args.decode_plan,
+        fast_ops=args.fast_ops,
     )
 
 
@@ -205,27 +207,26 @@ def _run(args: argparse.Namespace) -> int:
 
     from onnxgen.chat.parsers import tool_parser_for
     from onnxgen.server.loading import LoadingResponder
-    from onnxgen.server.scheduler import SchedulerConfig
     from onnxgen.server.security import SecurityConfig
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
-    sizes = (args.max_batch, args.max_queue, args.max_model_len or DEFAULT_MAX_MODEL_LEN, args.prefill_chunk)
-    SchedulerConfig(*sizes, fixed_rows or 1)  # a bad size is an error before the port and the model
-    tool_parser_for(args.tool_call_parser)  # so is an unknown tool-call format
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    tool_parser_for(args.tool_call_parser)  # an unknown tool-call format is an error before the model
+    api_key = args.api_key if args.api_key is not None else env_api_key()
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
-    model = Path(resolve_model(args.model))
+    spec = _engine_spec(args, Path(resolve_model(args.model)), fixed_rows, security)
+    spec.scheduler_config()  # a bad size is an error before the port and the model
+    model = Path(spec.model)
     if not model.exists():
         raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
     _check_scale_flags(args)
     if args.ray:
-        return _run_on_ray(args, _engine_spec(args, model.resolve(), fixed_rows, security))
+        return _run_on_ray(args, dataclasses.replace(spec, model=str(model.resolve())))
     sock = bind(args.host, args.port)
     try:
         with LoadingResponder(sock):  # /health and every route answer 503 until the app serves
-            app, config = load_app(_engine_spec(args, model, fixed_rows, security), _say)
+            app, sizes = load_app(spec, _say)
         port = sock.getsockname()[1]
         url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
         if args.host not in LOOPBACK and api_key is None:
@@ -234,8 +235,8 @@ def _run(args: argparse.Namespace) -> int:
         uvicorn_level = "warning" if args.log_level == "info" else args.log_level
         server = _Uvicorn(
             uvicorn.Config(app, log_level=uvicorn_level, access_log=False),
-            f"listening on {url} (batch {config.max_batch}, at least {config.min_rows} "
-            f"row{'s' if config.min_rows != 1 else ''} a step, {config.max_model_len} tokens per sequence)",
+            f"listening on {url} (batch {sizes.max_batch}, at least {sizes.min_rows} "
+            f"row{'s' if sizes.min_rows != 1 else ''} a step, {sizes.max_model_len} tokens per sequence)",
         )
         server.run(sockets=[sock])
     finally:

@@ -9,25 +9,25 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Ids
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from onnxgen.cache.prefix import Hit, PrefixCache, prefill_with_checkpoints
+from onnxgen.engine.sequence import Sequence, TextStream
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
-from onnxgen.generation.logprobs import TokenLogprob, choose_scored
+from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import SequenceView, TokenChoice, apply_chain, build_chain
-from onnxgen.generation.sampling import Sampler, check_model_logits
+from onnxgen.generation.sampling import check_model_logits
 from onnxgen.generation.speculative import MTP, PromptLookup, Speculative
-from onnxgen.generation.stopping import StopChecker, StopStringMatcher
 from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
-from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
+from onnxgen.tokenizer import Tokenizer
 
 
 @dataclass
@@ -57,36 +57,26 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
-class TokenLoop:
-    """Chooses tokens one forward at a time for one sequence; counts forwards and times them."""
+class TokenLoop(Sequence):
+    """Chooses tokens one forward at a time for one sequence, alone on ``state``; counts forwards and
+    times them."""
 
     def __init__(
         self,
         session: DecoderSession,
         state: DecodeState,
-        prompt: Sequence[int],
+        prompt: Ids[int],
         params: SamplingParams,
-        eos_ids: Sequence[int],
+        eos_ids: Ids[int],
         constraint: Constraint | None = None,
         export: str = "the model",
     ) -> None:
+        super().__init__(prompt, params, eos_ids, constraint)
         self.session = session
         self.export = export  # named by the error when the prompt's logits are not finite
         self.state = state
-        self.params = params
-        self.constraint = constraint
-        self.prompt_len = len(prompt)
-        self.ids = np.zeros(len(prompt) + params.max_new_tokens, dtype=np.int64)
-        self.ids[: len(prompt)] = prompt
-        self.n = len(prompt)
-        self.chain = build_chain(params, eos_ids, constraint)
-        self.sampler = None if params.is_greedy else Sampler(params.seed)
-        self.choose = TokenChoice(self.chain, self.sampler)
-        self.checker = StopChecker(params, eos_ids)
         self.forward_passes = 0
         self.prefill_s = 0.0
-        # the log-probability of each emitted token, in order (only when the request asks for them)
-        self.scores: list[TokenLogprob] | None = [] if params.logprobs else None
         self.cache: PrefixCache | None = None  # set by resume(): the prefill runs from the cached prefix
         self.hit: Hit | None = None
         self.cached_tokens = 0
@@ -123,36 +113,11 @@ class TokenLoop:
         check_model_logits(logits, self.export)
         return logits
 
-    def _check(self, token: int) -> str | None:
-        """The finish reason after ``token`` (already in ``ids``): the constraint complete, eos, or length."""
-        if self.constraint is not None and self.constraint.complete(self.ids[self.prompt_len : self.n]):
-            return "stop"
-        return self.checker.check(token, self.n - self.prompt_len)
-
-    def _select(self, logits: np.ndarray) -> int:
-        return self.choose(self.ids[: self.n], self.prompt_len, logits)
-
-    def _process(self, row: np.ndarray, prefix_len: int) -> np.ndarray:
-        """``row`` through the processor chain, as the token after ``ids[:prefix_len]`` sees it."""
-        if not self.chain:
-            return row
-        return apply_chain(self.chain, SequenceView(self.ids[:prefix_len], self.prompt_len), row)
-
-    def _pick(self, logits: np.ndarray) -> int:
-        """:meth:`_select`, recording the token's log-probability when the request asks for it."""
-        if self.scores is None:
-            return self._select(logits)
-        token, score = choose_scored(self.choose, self.params, self.ids[: self.n], self.prompt_len, logits)
-        self.scores.append(score)
-        return token
-
     def _scored_tokens(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
         """:meth:`_decode` for a request that asks for log-probabilities (one score a token)."""
         while True:
-            token = self._pick(logits)
-            self.ids[self.n] = token
-            self.n += 1
-            reason = self._check(token)
+            token = self.select(logits)
+            reason = self.append(token)
             yield token, reason
             if reason is not None:
                 return
@@ -177,7 +142,7 @@ class TokenLoop:
             self.ids,
             self.session.step,
             self.state,
-            self._check,
+            self.check,
             self.choose.raw_argmax,
             self.choose.by_chain,
         )
@@ -202,7 +167,7 @@ class Generator:
         self,
         session: DecoderSession,
         tokenizer: Tokenizer | None,
-        eos_ids: Sequence[int],
+        eos_ids: Ids[int],
         context_length: int | None,
         final_stats: Callable[[], dict[str, Any]] | None = None,
         export: str = "the model",
@@ -225,7 +190,7 @@ class Generator:
         self._state: DecodeState | None = None
         self._state_lock = threading.Lock()  # requests on other threads each check out their own state
 
-    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+    def check_prompt(self, prompt_ids: Ids[int]) -> None:
         if len(prompt_ids) == 0:
             raise GenerationError("the prompt is empty; give at least one token (or non-empty text)")
         vocab = self.session.vocab_size
@@ -241,11 +206,12 @@ class Generator:
                 "(prompt plus at least one new token); shorten the prompt"
             )
 
-    def _budget(self, prompt_len: int, params: SamplingParams) -> SamplingParams:
-        """Clip max_new_tokens to what the context has room for."""
-        if self.context_length is None or prompt_len + params.max_new_tokens <= self.context_length:
+    def budget(self, prompt_len: int, params: SamplingParams, limit: int | None = None) -> SamplingParams:
+        """Clip max_new_tokens to what the context (and ``limit`` tokens a sequence, where given) has room for."""
+        limits = [n for n in (self.context_length, limit) if n is not None]
+        if not limits or prompt_len + params.max_new_tokens <= min(limits):
             return params
-        room = self.context_length - prompt_len
+        room = min(limits) - prompt_len
         return SamplingParams(
             **{**params.__dict__, "max_new_tokens": room, "min_new_tokens": min(params.min_new_tokens, room)}
         )
@@ -268,7 +234,7 @@ class Generator:
 
     def _loop(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Ids[int],
         params: SamplingParams,
         speculative: Speculative | None,
         draft: Generator | None,
@@ -329,26 +295,39 @@ class Generator:
 
     def stream(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Ids[int],
         params: SamplingParams,
         speculative: Speculative | None = None,
         draft: Generator | None = None,
     ) -> Iterator[StreamEvent]:
         """Events of one request; a bad prompt raises here, before the first event is asked for."""
+        params, constraint = self.admit(prompt_ids, params)
+        if isinstance(speculative, MTP):
+            self._mtp()  # no head, or one that does not fit the model: raises here
+        return self._events(prompt_ids, params, speculative, draft, constraint)
+
+    def admit(
+        self, prompt_ids: Ids[int], params: SamplingParams, limit: int | None = None
+    ) -> tuple[SamplingParams, Constraint | None]:
+        """Check a request (its prompt, stop strings and constraint) before it runs: ``params`` clipped to
+        the room left (:meth:`budget`) and its compiled constraint. Raises, naming what is wrong."""
         self.check_prompt(prompt_ids)
+        if limit is not None and len(prompt_ids) >= limit:
+            raise GenerationError(
+                f"the prompt has {len(prompt_ids)} tokens but a batched sequence holds {limit} (prompt plus "
+                "at least one new token); shorten the prompt or raise max_model_len"
+            )
         if params.stop and self.tokenizer is None:
             raise GenerationError(
                 f"stop strings {list(params.stop)!r} are matched on decoded text, but this model has no "
                 "tokenizer; put its tokenizer.json beside model.onnx, or stop on token ids (eos) instead"
             )
         constraint = self.constraints.compile(params)  # an invalid schema/regex/grammar raises here
-        if isinstance(speculative, MTP):
-            self._mtp()  # no head, or one that does not fit the model: raises here
-        return self._events(prompt_ids, self._budget(len(prompt_ids), params), speculative, draft, constraint)
+        return self.budget(len(prompt_ids), params, limit), constraint
 
     def _events(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Ids[int],
         params: SamplingParams,
         speculative: Speculative | None,
         draft: Generator | None,
@@ -357,34 +336,19 @@ class Generator:
         start = time.perf_counter()
         loop = self._loop(prompt_ids, params, speculative, draft, constraint)
         try:  # (one generator, not two: what runs per token runs with caches the forward evicted)
-            detok = (
-                IncrementalDetokenizer(self.tokenizer, prompt_ids)
-                if self.tokenizer is not None and params.detokenize
-                else None
-            )
-            stops = StopStringMatcher(params.stop) if params.stop else None
+            text = TextStream.of(self.tokenizer, prompt_ids, params)
             generated: list[int] = []
             first = end = start
             for token, reason in loop.tokens():
                 if not generated:
                     first = time.perf_counter()
                 generated.append(token)
-                text = ""
-                if detok is not None:
-                    piece = detok.feed(token)
-                    if reason is not None:
-                        piece += detok.flush()
-                    if stops is not None:
-                        match = stops.feed(piece)
-                        piece = match.text
-                        if match.stopped:
-                            reason = "stop"
-                        elif reason is not None:
-                            piece += stops.flush()
-                    text = piece
+                piece = ""
+                if text is not None:
+                    piece, reason = text.feed(token, reason)
                 scores = None if loop.scores is None else [loop.scores[len(generated) - 1]]
                 if reason is None:
-                    yield StreamEvent([token], text, logprobs=scores)
+                    yield StreamEvent([token], piece, logprobs=scores)
                     continue
                 end = time.perf_counter()
                 self._cache_reply(loop)
@@ -396,7 +360,7 @@ class Generator:
                     stats.update(loop.constraint.stats())
                 if self.final_stats is not None:
                     stats.update(self.final_stats())
-                yield StreamEvent([token], text, reason, stats, scores)
+                yield StreamEvent([token], piece, reason, stats, scores)
                 return
         finally:
             self.give_back(loop.state)
@@ -445,7 +409,7 @@ class Generator:
 
     def generate(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Ids[int],
         params: SamplingParams,
         speculative: Speculative | None = None,
         draft: Generator | None = None,

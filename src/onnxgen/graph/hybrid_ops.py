@@ -20,24 +20,22 @@ set would move them, and greedy tokens stay the export's unless two logits are t
 activations' quantization turns such differences into whole quantization steps: on the 60M Qwen3.5 int4
 export the logits moved by up to 0.15 (of ~4) and greedy tokens left onnxruntime-genai's at the second
 token. So by default (:func:`wanted`) the pass runs on graphs without such nodes; ``load(...,
-fast_ops=True)`` (or ``ONNXGEN_FAST_OPS=1``) runs it anyway, ``fast_ops=False`` (``ONNXGEN_FAST_OPS=0``)
+fast_ops=True)`` (or ``ONNXGEN_FAST_OPS=1``, read by :class:`onnxgen.config.EngineConfig`) runs it anyway,
+``fast_ops=False`` (``ONNXGEN_FAST_OPS=0``)
 never. float32 only (the fused kernels compute fp16 in float32 internally; no rewrite for them).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxgen.env import FAST_OPS, env_switch
 from onnxgen.graph.state_window import attribute
 
 MS = "com.microsoft"
-ENV = FAST_OPS
 _SILU = (b"silu", b"swish")
 _REWRITTEN = ("GatedRMSNorm", "CausalConvWithState")
 
@@ -53,13 +51,10 @@ def int8_activations(model: onnx.ModelProto) -> bool:
 
 
 def wanted(model: onnx.ModelProto, requested: bool | None) -> tuple[bool, str]:
-    """Whether to run the pass on ``model``: ``requested``, else ``$ONNXGEN_FAST_OPS`` (0 / 1), else on
+    """Whether to run the pass on ``model``: ``requested`` (from ``EngineConfig.fast_ops``), else on
     unless a MatMulNBits quantizes its activations to int8; and why not when not."""
     if requested is not None:
         return requested, "" if requested else "fast_ops=False"
-    env = env_switch(ENV)
-    if env is not None:
-        return env, "" if env else f"{ENV}={os.environ[ENV].strip()}"
     if int8_activations(model):
         return False, (
             "a MatMulNBits computes on int8 activations (accuracy_level 4), which would turn the pass's "

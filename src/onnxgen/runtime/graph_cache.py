@@ -44,7 +44,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from onnxgen.env import FAST_OPS
+from onnxgen.config import env_cache_dir
 from onnxgen.errors import UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
 from onnxgen.graph.hidden_state import expose_hidden_state
@@ -72,7 +72,7 @@ class PassSettings:
 
     last_logits: bool = True  # add the logits-to-keep input
     on_cpu: bool = True  # CPU provider: fast ops, fusions, in-place states and length masks apply
-    fast_ops: bool | None = None  # None: the pass decides (and $ONNXGEN_FAST_OPS)
+    fast_ops: bool | None = None  # None: the pass decides
     fuse: bool = True
     hidden_state: bool = False  # output the final hidden state (what an MTP head reads)
 
@@ -148,8 +148,8 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     """``cache_dir``, else ``$ONNXGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxgen``, else ``~/.cache/onnxgen``."""
     if cache_dir is not None:
         return Path(cache_dir)
-    if os.environ.get("ONNXGEN_CACHE_DIR"):
-        return Path(os.environ["ONNXGEN_CACHE_DIR"])
+    if env_cache_dir():
+        return Path(str(env_cache_dir()))
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxgen"
 
 
@@ -196,7 +196,7 @@ def cache_key(model_path: Path, graph: onnx.ModelProto, io: DecoderIO, settings:
         h.update(location.encode() + b"=" + _file_identity(model_path.parent / location, hashed=False))
     # the whole derived I/O (ports, KV layout, static cache, states; not its notes): passes and analyses read it
     derived = replace(io, notes=())
-    h.update(repr((asdict(settings), os.environ.get(FAST_OPS, ""), derived)).encode())
+    h.update(repr((asdict(settings), derived)).encode())
     return h.hexdigest()[:24]
 
 

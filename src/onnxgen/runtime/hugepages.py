@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxgen.env import HUGE_PAGES, env_switch
 from onnxgen.runtime import memory
 
 log = logging.getLogger(__name__)
@@ -42,12 +41,6 @@ MADV_COLLAPSE = 25
 MIN_POPULATED = 0.75  # share of a mapping that must be resident before it is collapsed
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 SYNC_LIMIT = 256 << 20  # bytes collapsed while loading; more is collapsed on a background thread
-ENV = HUGE_PAGES  # "0" / "off" turns the default off (``onnxgen.load(..., huge_pages=)`` overrides)
-
-
-def default_enabled() -> bool:
-    """On unless ``$ONNXGEN_HUGE_PAGES`` turns it off (:func:`onnxgen.env.env_switch`)."""
-    return env_switch(ENV) is not False
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxgen.env import FUSE, check_switches, env_switch
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.decode_fusions import fuse_for_decode
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
@@ -216,12 +215,11 @@ class DecoderSession:
         fuse: bool | None = None,
         hidden_state: bool = False,
     ) -> None:
-        check_switches()  # a typo in ONNXGEN_FUSE / _FAST_OPS / _HUGE_PAGES fails here, not silently
         self.io = io
         providers = list(providers or ["CPUExecutionProvider"])
         on_cpu = providers[0] == "CPUExecutionProvider"
         # back the weights with transparent huge pages (onnxgen.runtime.hugepages); host memory only
-        self._huge_pages = (hugepages.default_enabled() if huge_pages is None else huge_pages) and on_cpu
+        self._huge_pages = huge_pages is not False and on_cpu
         self.threads = threads or default_threads()
         opts = options or make_session_options(self.threads)
         model_path = Path(model_path)
@@ -234,7 +232,7 @@ class DecoderSession:
             last_logits=last_logits,
             on_cpu=on_cpu,
             fast_ops=fast_ops,
-            fuse=on_cpu and (fuse if fuse is not None else env_switch(FUSE) is not False),
+            fuse=on_cpu and fuse is not False,
             hidden_state=hidden_state,
         )
         self._settings = settings

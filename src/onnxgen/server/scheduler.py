@@ -1,16 +1,13 @@
-"""Continuous batching: one worker thread runs the model; the asyncio side only queues and streams.
+"""The server's worker: one thread drives the :class:`~onnxgen.engine.engine.Engine`; the asyncio side only
+queues and streams.
 
-Each iteration of the worker:
+Each iteration of the worker
 
-1. retires the rows of cancelled requests (client gone), freeing their slots;
-2. prefills waiting prompts alone (batch 1, in chunks of at most ``prefill_chunk`` tokens per
-   iteration so running rows keep streaming), samples each choice's first token and copies the
-   prefilled KV and recurrent states into a free batch row per choice;
-3. runs one batched decode step over every running row and retires the rows that finished.
-
-With the model's prefix cache (:mod:`onnxgen.cache.prefix`), a prompt's prefill starts from its longest
-cached prefix, stops at the cache's checkpoints (caching each), and a finished row's sequence is cached
-from the batch row before it is retired.
+1. ends the requests of gone clients (their rows are freed, their queue places given back);
+2. hands the engine the jobs submitted since (each prompt's choices, prefilled once);
+3. runs one engine step (chunked prefill from the prefix cache's longest hit, one batched decode forward,
+   retirement: :mod:`onnxgen.engine.scheduler`) and pushes each request the deltas it got, updating the
+   metrics and, once a prompt is prefilled, the request's count of cached prompt tokens.
 
 The wait queue is bounded: :meth:`Scheduler.submit` raises :class:`QueueFull` when it is full.
 """
@@ -20,66 +17,33 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
 
-import numpy as np
-
+from onnxgen.engine.engine import Engine, RequestOutput
+from onnxgen.engine.limits import BatchLimits
 from onnxgen.errors import OnnxgenError
-from onnxgen.generation.constraints import ConstraintError
-from onnxgen.generation.sampling import check_model_logits
 from onnxgen.llm import LLM
-from onnxgen.runtime.batch import BatchState
 from onnxgen.server.metrics import ServerMetrics
 from onnxgen.server.sequence import Delta, Handle, Job, SequenceRun
 
 log = logging.getLogger(__name__)
+
+SchedulerConfig = BatchLimits  # the server's name for them
 
 
 class QueueFull(OnnxgenError):
     """The server's wait queue is full; the client should retry later."""
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """How many sequences decode together and how much may wait.
-
-    Attributes:
-        max_batch: batch rows, i.e. choices decoded together.
-        max_queue: prompts that may wait for a row before new requests are refused.
-        max_model_len: tokens per row (prompt + generated).
-        prefill_chunk: prompt tokens per prefill forward (also the budget between two decode steps); at
-            least 2, so that no prefill forward but a one-token prompt's runs the single-token path.
-        min_rows: every decode step runs at least this many rows (idle ones pad it), so that kernels
-            that compute one row differently from several (int4 MatMulNBits with int8 activations)
-            give a sequence the same tokens whether it decodes alone or beside others.
-    """
-
-    max_batch: int = 16
-    max_queue: int = 64
-    max_model_len: int = 2048
-    prefill_chunk: int = 512
-    min_rows: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows"):
-            value, least = getattr(self, name), 2 if name in ("max_model_len", "prefill_chunk") else 1
-            if not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least} (got {value!r})")
-
-
 class Scheduler:
-    """Queues jobs, prefills them one at a time and decodes every running row in one forward per step."""
+    """Queues jobs and runs the engine on its own thread, one step at a time."""
 
     def __init__(self, llm: LLM, config: SchedulerConfig, metrics: ServerMetrics) -> None:
         self.llm = llm
         self.config = config
         self.metrics = metrics
-        self.batch = BatchState(llm.session, config.max_batch, config.max_model_len, config.min_rows)
-        self._prefill_state = llm.session.new_state(config.max_model_len)
-        self._rows: list[tuple[Job, SequenceRun]] = []  # aligned with the batch rows
-        self._waiting: deque[Job] = deque()
-        self._prefill: Job | None = None
+        self.engine = Engine(llm.generator, config)
+        self._jobs: dict[int, Job] = {}  # the engine's requests (by id(job))
+        self._incoming: list[Job] = []  # submitted, not yet handed to the engine
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -100,13 +64,14 @@ class Scheduler:
     def submit(self, jobs: list[Job]) -> None:
         """Queue ``jobs`` (the prompts of one request) or raise :class:`QueueFull`."""
         with self._cv:
-            if len(self._waiting) + len(jobs) > self.config.max_queue:
+            waiting = len(self._incoming) + len(self.engine.scheduler.waiting)
+            if waiting + len(jobs) > self.config.max_queue:
                 raise QueueFull(
-                    f"the server's queue is full ({len(self._waiting)} prompts waiting, at most "
+                    f"the server's queue is full ({waiting} prompts waiting, at most "
                     f"{self.config.max_queue}); retry later"
                 )
-            self._waiting.extend(jobs)
-            self.metrics.queue_depth.set(len(self._waiting))
+            self._incoming.extend(jobs)
+            self.metrics.queue_depth.set(waiting + len(jobs))
             self._cv.notify()
 
     def wake(self) -> None:
@@ -118,7 +83,7 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and not (self._waiting or self._prefill or self.batch.n):
+                while not self._stopping and not (self._incoming or self.engine.has_unfinished()):
                     self._cv.wait()
                 if self._stopping:
                     break
@@ -130,201 +95,94 @@ class Scheduler:
         self._fail_all("the server is shutting down")
 
     def _iteration(self) -> None:
-        self._retire_cancelled()
-        self._prefill_some()
-        if self.batch.n:
-            self._decode_step()
-        self.metrics.rows(self.batch.n, self.batch.free_rows)
+        self._end_cancelled()
+        self._take_incoming()
+        scheduler = self.engine.scheduler
+        prefilled = scheduler.prefilled_tokens
+        scheduler.last_decode = (0, 0.0)
+        outputs = self.engine.step()
+        self.metrics.prompt_tokens.inc(scheduler.prefilled_tokens - prefilled)
+        rows, seconds = scheduler.last_decode
+        if rows:
+            self.metrics.batch_size.observe(rows)
+            self.metrics.step_seconds.observe(seconds)
+        self._push(outputs)
+        self.metrics.rows(scheduler.batch.n, scheduler.batch.free_rows)
+        self.metrics.queue_depth.set(len(scheduler.waiting) + len(self._incoming))
 
-    def _next_job(self) -> Job | None:
+    def _take_incoming(self) -> None:
         with self._cv:
-            if any(job.cancelled for job in self._waiting):  # gone clients give their queue places back
-                for job in [job for job in self._waiting if job.cancelled]:
-                    self._finish_unstarted(job, "cancelled")
-                self._waiting = deque(job for job in self._waiting if not job.cancelled)
-            job = None
-            if self._waiting and len(self._waiting[0].runs) <= self.batch.free_rows:
-                job = self._waiting.popleft()
-            self.metrics.queue_depth.set(len(self._waiting))
-            return job
-
-    def _prefill_some(self) -> None:
-        budget = self.config.prefill_chunk
-        while budget > 0:
-            if self._prefill is None:
-                self._prefill = self._next_job()
-                if self._prefill is None:
-                    return
-                self._prefill_state.reset()
-                self._resume(self._prefill)
-            job = self._prefill
+            jobs, self._incoming = self._incoming, []
+        for job in jobs:
             if job.cancelled:
-                self._prefill = None
-                self._finish_unstarted(job, "cancelled")
+                self._count_finished(job.runs, "cancelled")
                 continue
-            take = self._chunk(job)
-            ids = np.asarray([job.prompt[job.offset : job.offset + take]], dtype=np.int64)
             try:
-                logits = self.llm.session.forward(self._prefill_state, ids, 1)[0, -1]
-                if job.offset + take == len(job.prompt):
-                    check_model_logits(logits, self.llm.generator.export)
-            except OnnxgenError as e:
-                self._prefill = None
-                self._fail(job, job.runs, str(e))
+                self.engine.add_sequences(id(job), list(job.runs))
+            except OnnxgenError as e:  # refused by the engine: this job fails, the others go on
+                self._count_finished(job.runs, "error")
+                job.handle.push([Delta(run.index, -1, "", "error", str(e)) for run in job.runs])
                 continue
-            job.offset += take
-            budget -= take
-            self.metrics.prompt_tokens.inc(take)
-            if job.cuts and job.offset == job.cuts[0]:
-                job.cuts.pop(0)
-                self._cache_prefix(job.prompt[: job.offset])
-            if job.offset == len(job.prompt):
-                self._prefill = None
-                self._start(job, logits)
+            self._jobs[id(job)] = job
 
-    def _resume(self, job: Job) -> None:
-        """Start ``job``'s prefill from its longest cached prefix (restored into the prefill state)."""
-        cache = self.llm.prefix_cache
-        if cache is None:
-            return
-        try:
-            hit = cache.lookup(job.prompt)
-            cache.restore(hit, self._prefill_state)
-        except Exception:  # the cache must never fail a request: prefill it all instead
-            log.exception("prefix cache lookup failed; prefilling the whole prompt")
-            self._prefill_state.reset()
-            job.handle.cached_tokens = job.handle.cached_tokens or 0
-            return
-        job.offset = hit.tokens
-        job.cuts = cache.cuts(len(job.prompt), hit.tokens, hit.matched)
-        job.handle.cached_tokens = (job.handle.cached_tokens or 0) + hit.tokens
+    def _end_cancelled(self) -> None:
+        """Gone clients' requests: their rows freed and their queue places given back (no deltas)."""
+        for key, job in list(self._jobs.items()):
+            if job.cancelled:
+                self.engine.abort(key)
+                self._count_finished([r for r in job.runs if r.finish_reason == "abort"], "cancelled")
+                del self._jobs[key]
 
-    def _cache_prefix(self, tokens: list[int]) -> None:
-        cache = self.llm.prefix_cache
-        if cache is None:
-            return
-        try:
-            cache.insert_state(tokens, self._prefill_state)
-        except Exception:  # the cache must never fail a request
-            log.exception("caching a prompt prefix failed; it is not cached")
-
-    def _cache_row(self, row: int, run: SequenceRun) -> None:
-        """Cache a finished row's sequence (the tokens its state has run) before it is retired."""
-        cache = self.llm.prefix_cache
-        length = int(self.batch.lengths[row])
-        if cache is None or not 0 < length <= run.n:
-            return
-        try:
-            cache.insert_arrays(run.ids[:length], self.batch.row_kv(row), self.batch.row_states(row))
-        except Exception:
-            log.exception("caching a finished sequence failed; it is not cached")
-
-    def _chunk(self, job: Job) -> int:
-        """The next prefill chunk of ``job``: cut at fixed offsets (multiples of ``prefill_chunk``) whatever
-        else the iteration prefills, and never a lone last token (a one-token forward takes the
-        single-token path, which rounds differently): where one would be left, the last cut moves back
-        by one, or with chunks of 2 the last chunk takes 3."""
-        end = job.cuts[0] if job.cuts else len(job.prompt)  # (stop at the prefix cache's next checkpoint)
-        chunk, left = self.config.prefill_chunk, end - job.offset
-        if left <= chunk:
-            return left
-        if left == chunk + 1:
-            return chunk - 1 if chunk > 2 else left
-        return chunk
-
-    def _start(self, job: Job, logits: np.ndarray) -> None:
-        """Sample each choice's first token and give every unfinished choice a batch row."""
-        deltas = []
-        for run in job.runs:
-            delta = self._choose(run, logits)
-            self.metrics.ttft.observe(run.last_token_at - job.arrived)
-            deltas.append(delta)
-            if delta.finish_reason is None:
-                self.batch.admit(self._prefill_state)
-                self._rows.append((job, run))
-            else:
-                self._finished(job, run, delta.finish_reason)
-        self.metrics.generation_tokens.inc(len(deltas))
-        job.handle.push(deltas)
-
-    def _choose(self, run: SequenceRun, logits: np.ndarray) -> Delta:
-        try:
-            return run.add(run.select(logits))
-        except OnnxgenError as e:  # e.g. every token masked by the request's own filters
-            run.finish_reason = "error"
-            return Delta(run.index, -1, "", "error", str(e), isinstance(e, ConstraintError))
-
-    def _decode_step(self) -> None:
-        n = self.batch.n
-        start = time.perf_counter()
-        try:
-            logits = self.batch.step([run.last_token for _, run in self._rows])
-        except OnnxgenError as e:
-            for job, run in list(self._rows):
-                self._fail(job, [run], str(e))
-            return
-        self.metrics.batch_size.observe(n)
-        self.metrics.step_seconds.observe(time.perf_counter() - start)
+    def _push(self, outputs: list[RequestOutput]) -> None:
         pushes: dict[Handle, list[Delta]] = {}
-        for row, (job, run) in enumerate(self._rows):
-            previous = run.last_token_at
-            delta = self._choose(run, logits[row])
-            self.metrics.per_token.observe(run.last_token_at - previous)
-            pushes.setdefault(job.handle, []).append(delta)
-        self.metrics.generation_tokens.inc(n)
-        for row in reversed(range(n)):
-            job, run = self._rows[row]
-            if run.finish_reason is not None:
-                self._cache_row(row, run)
-                self._retire(row)
-                self._finished(job, run, run.finish_reason)
+        for out in outputs:
+            job = self._jobs[int(out.request_id)]
+            run = job.runs[out.index]
+            if not job.started and self.llm.prefix_cache is not None:
+                job.started = True  # (before its first deltas: usage reads the count at the end)
+                job.handle.cached_tokens = (job.handle.cached_tokens or 0) + run.cached_tokens
+            pushes.setdefault(job.handle, []).append(self._delta(job, run, out))
         for handle, deltas in pushes.items():
             handle.push(deltas)
+        for key in [key for key, job in self._jobs.items() if not self.engine.sequences(key)]:
+            del self._jobs[key]
 
-    # -- endings ----------------------------------------------------------------------------------------
-    def _retire(self, row: int) -> None:
-        self.batch.retire(row)
-        last = self._rows.pop()
-        if row < len(self._rows):
-            self._rows[row] = last
-
-    def _retire_cancelled(self) -> None:
-        for row in reversed(range(self.batch.n)):
-            job, run = self._rows[row]
-            if job.cancelled:
-                self._retire(row)
-                self._finished(job, run, "cancelled")
-
-    def _finished(self, job: Job, run: SequenceRun, reason: str) -> None:
-        self.metrics.finished.labels(reason).inc()
-        if reason != "cancelled":
+    def _delta(self, job: Job, run: SequenceRun, out: RequestOutput) -> Delta:
+        """``out`` as the delta of choice ``run``, with the metrics it brings."""
+        if out.error is not None:
+            self._count_finished([run], "error")
+            return Delta(run.index, -1, "", "error", out.error, run.client_error)
+        self.metrics.generation_tokens.inc()
+        # a choice prefilled in this step got two tokens in it: its first (at first_token_at), then one
+        if run.emitted == 0:
+            self.metrics.ttft.observe(run.first_token_at - job.arrived)
+            run.previous_at = run.first_token_at
+        else:
+            self.metrics.per_token.observe(run.last_token_at - run.previous_at)
+            run.previous_at = run.last_token_at
+        run.emitted += 1
+        if out.finish_reason is not None:
+            self._count_finished([run], out.finish_reason)
             self.metrics.e2e.observe(time.perf_counter() - job.arrived)
+        logprob = out.logprobs[0] if out.logprobs else None
+        return Delta(run.index, out.token_ids[0], out.text, out.finish_reason, logprob=logprob)
 
-    def _finish_unstarted(self, job: Job, reason: str) -> None:
-        for _ in job.runs:
+    def _count_finished(self, runs: list[SequenceRun], reason: str) -> None:
+        for _ in runs:
             self.metrics.finished.labels(reason).inc()
 
-    def _fail(self, job: Job, runs: list[SequenceRun], message: str) -> None:
-        """End ``runs`` of ``job`` with an error delta (rows they hold are retired)."""
-        for row in reversed(range(self.batch.n)):
-            if self._rows[row][0] is job and self._rows[row][1] in runs:
-                self._retire(row)
-        for run in runs:
-            run.finish_reason = "error"
-            self.metrics.finished.labels("error").inc()
-        job.handle.push([Delta(run.index, -1, "", "error", message) for run in runs])
-
     def _fail_all(self, message: str) -> None:
-        in_flight: dict[int, tuple[Job, list[SequenceRun]]] = {}
-        for job, run in self._rows:
-            in_flight.setdefault(id(job), (job, []))[1].append(run)
-        if self._prefill is not None:
-            in_flight[id(self._prefill)] = (self._prefill, self._prefill.runs)
-            self._prefill = None
+        """End every request with an error delta (the engine failed, or the server is stopping)."""
         with self._cv:
-            while self._waiting:
-                job = self._waiting.popleft()
-                in_flight[id(job)] = (job, job.runs)
+            incoming, self._incoming = self._incoming, []
             self.metrics.queue_depth.set(0)
-        for job, runs in in_flight.values():
-            self._fail(job, runs, message)
+        jobs = [*self._jobs.items(), *((id(job), job) for job in incoming)]
+        self._jobs.clear()
+        for key, job in jobs:
+            self.engine.abort(key)
+            runs = [run for run in job.runs if run.finish_reason in (None, "abort")]
+            for run in runs:
+                run.finish_reason = "error"
+            self._count_finished(runs, "error")
+            if runs:
+                job.handle.push([Delta(run.index, -1, "", "error", message) for run in runs])

@@ -1,25 +1,19 @@
-"""One choice of one request while it decodes, and the request groups the scheduler queues.
-
-Every sequence owns its whole selection and stopping chain: processors built from its own
-:class:`SamplingParams` (with its own constraint state under a ``response_format``), its own seeded
-:class:`Sampler`, token stop checks, incremental detokenizer and stop-string matcher. Rows of a batch share nothing but the forward.
-"""
+"""One choice of one request while it decodes (a :class:`~onnxgen.engine.sequence.Sequence`), and the
+request groups the scheduler queues."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence as Ids
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from onnxgen.engine.sequence import Sequence, TextStream
 from onnxgen.generation.constraints import Constraint
-from onnxgen.generation.logprobs import TokenLogprob, choose_scored
+from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.processors import TokenChoice, build_chain
-from onnxgen.generation.sampling import Sampler
-from onnxgen.generation.stopping import StopChecker, StopStringMatcher, StopStrings
-from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
+from onnxgen.generation.stopping import StopStrings
+from onnxgen.tokenizer import Tokenizer
 
 
 @dataclass
@@ -51,76 +45,25 @@ class Handle:
         self.cached_tokens: int | None = None
 
 
-class SequenceRun:
-    """Token selection, stop checks and streamed text for one choice."""
+class SequenceRun(Sequence):
+    """One choice of a request: a :class:`Sequence` whose tokens the server streams as :class:`Delta` s."""
 
     def __init__(
         self,
         index: int,
-        prompt: Sequence[int],
+        prompt: Ids[int],
         params: SamplingParams,
-        eos_ids: Sequence[int],
+        eos_ids: Ids[int],
         tokenizer: Tokenizer,
         constraint: Constraint | None = None,
         stops: StopStrings | None = None,
     ) -> None:
         """``stops``: ``params.stop`` compiled once for every choice of the request (else compiled here)."""
+        text = TextStream(tokenizer, prompt, (stops or params.stop) if params.stop else None)
+        super().__init__(prompt, params, eos_ids, constraint, text)
         self.index = index
-        self.params = params
-        self.prompt_len = len(prompt)
-        self.ids = np.zeros(len(prompt) + params.max_new_tokens, dtype=np.int64)
-        self.ids[: len(prompt)] = prompt
-        self.n = len(prompt)
-        self.constraint = constraint  # response_format: a grammar state of this choice alone
-        self.chain = build_chain(params, eos_ids, constraint)
-        self.sampler = None if params.is_greedy else Sampler(params.seed)
-        self.choose = TokenChoice(self.chain, self.sampler)
-        self.checker = StopChecker(params, eos_ids)
-        self.detok = IncrementalDetokenizer(tokenizer, prompt)
-        self.stops = StopStringMatcher(stops or params.stop) if params.stop else None
-        self.finish_reason: str | None = None
-        self.last_token_at = 0.0
-        self._score: TokenLogprob | None = None  # of the token :meth:`select` chose last
-
-    @property
-    def generated(self) -> int:
-        return self.n - self.prompt_len
-
-    @property
-    def last_token(self) -> int:
-        return int(self.ids[self.n - 1])
-
-    def select(self, logits: np.ndarray) -> int:
-        """The next token from this choice's logits row (processors are out-of-place); with
-        ``params.logprobs`` its log-probability goes with the delta :meth:`add` returns."""
-        if not self.params.logprobs:
-            return self.choose(self.ids[: self.n], self.prompt_len, logits)
-        token, self._score = choose_scored(
-            self.choose, self.params, self.ids[: self.n], self.prompt_len, logits
-        )
-        return token
-
-    def add(self, token: int) -> Delta:
-        """Append ``token``; return its delta (the finish reason set when the choice is done)."""
-        self.ids[self.n] = token
-        self.n += 1
-        self.last_token_at = time.perf_counter()
-        reason = self.checker.check(token, self.generated)
-        if self.constraint is not None and self.constraint.complete(self.ids[self.prompt_len : self.n]):
-            reason = "stop"  # the output is complete under the schema: nothing but eos may follow
-        piece = self.detok.feed(token)
-        if reason is not None:
-            piece += self.detok.flush()
-        if self.stops is not None:
-            match = self.stops.feed(piece)
-            piece = match.text
-            if match.stopped:
-                reason = "stop"
-            elif reason is not None:
-                piece += self.stops.flush()
-        self.finish_reason = reason
-        score, self._score = self._score, None
-        return Delta(self.index, token, piece, reason, logprob=score)
+        self.emitted = 0  # deltas pushed
+        self.previous_at = 0.0  # when the token of the last pushed delta was chosen
 
 
 @dataclass
@@ -131,8 +74,7 @@ class Job:
     prompt: list[int]
     runs: list[SequenceRun]
     arrived: float = field(default_factory=time.perf_counter)
-    offset: int = 0  # prompt tokens prefilled so far (prefill runs in chunks between decode steps)
-    cuts: list[int] = field(default_factory=list)  # prefix-cache checkpoints still ahead of the prefill
+    started: bool = False  # whether its prefill ended (its cached tokens are counted then)
 
     @property
     def cancelled(self) -> bool:

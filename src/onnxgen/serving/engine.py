@@ -8,15 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnxgen.config import DEFAULT_MAX_MODEL_LEN, EngineConfig
 from onnxgen.server.security import SecurityConfig
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from onnxgen.engine.limits import BatchLimits
     from onnxgen.llm import LLM
-    from onnxgen.server.scheduler import SchedulerConfig
-
-DEFAULT_MAX_MODEL_LEN = 2048
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,7 @@ class EngineSpec:
         tool_parser: tool-call format (None: chosen from the chat template), as ``--tool-call-parser``.
         prefix_cache_mb, checkpoint_interval: the prefix cache's budget (0: off) and the tokens between
             two state checkpoints of a long prefill, as ``--prefix-cache-mb`` / ``--checkpoint-interval``.
+        decode_plan, fast_ops: as ``--decode-plan`` / ``--fast-ops`` (:class:`~onnxgen.config.EngineConfig`).
     """
 
     model: str
@@ -50,55 +50,56 @@ class EngineSpec:
     tool_parser: str | None = None
     prefix_cache_mb: float = 0.0
     checkpoint_interval: int | None = None
+    decode_plan: str = "auto"
+    fast_ops: bool | None = None
 
-    def scheduler_config(self, min_rows: int = 1) -> SchedulerConfig:
-        """The scheduler's limits (checked here, before anything loads)."""
-        from onnxgen.server.scheduler import SchedulerConfig
-
-        max_len = self.max_model_len or DEFAULT_MAX_MODEL_LEN
-        return SchedulerConfig(
-            self.max_batch, self.max_queue, max_len, self.prefill_chunk, self.min_rows or min_rows
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings: this spec's over the environment's (:meth:`EngineConfig.from_env`)."""
+        return EngineConfig.from_env(
+            threads=self.threads,
+            decode_plan=self.decode_plan,
+            fast_ops=self.fast_ops,
+            max_batch=self.max_batch,
+            max_queue=self.max_queue,
+            max_model_len=self.max_model_len,
+            prefill_chunk=self.prefill_chunk,
+            min_rows=self.min_rows,
+            prefix_cache_mb=self.prefix_cache_mb,
+            checkpoint_interval=self.checkpoint_interval,
         )
 
+    def scheduler_config(self, min_rows: int = 1) -> BatchLimits:
+        """The scheduler's limits (checked here, before anything loads)."""
+        from onnxgen.engine.limits import BatchLimits
 
-def load_app(
-    spec: EngineSpec, say: Callable[[str], None] = lambda _: None
-) -> tuple[FastAPI, SchedulerConfig]:
+        c = self.engine_config()
+        max_len = c.max_model_len or DEFAULT_MAX_MODEL_LEN
+        return BatchLimits(c.max_batch, c.max_queue, max_len, c.prefill_chunk, c.min_rows or min_rows)
+
+
+def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> tuple[FastAPI, BatchLimits]:
     """Load the model (saying so, with the time it took), check its outputs, and build the app."""
+    from onnxgen.engine.limits import BatchLimits
     from onnxgen.llm import load  # the runtime: imported when a model loads, not with the CLI
-    from onnxgen.runtime.batch import invariant_min_rows
     from onnxgen.server.app import create_app
-    from onnxgen.server.scheduler import SchedulerConfig
 
+    config = spec.engine_config()
     spec.scheduler_config()  # a bad size is an error before the model loads
     say(f"loading {spec.model}")
     start = time.perf_counter()
-    llm = load(
-        Path(spec.model),
-        threads=spec.threads,
-        prefix_cache_mb=spec.prefix_cache_mb,
-        checkpoint_interval=spec.checkpoint_interval,
-    )
-    context = llm.package.context_length
-    max_len = spec.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
-    if context is not None and max_len > context:
-        raise ValueError(
-            f"--max-model-len {max_len} exceeds the model's context of {context} tokens; lower it"
-        )
+    llm = load(Path(spec.model), config)
     check_outputs(llm)
-    min_rows = spec.min_rows or invariant_min_rows(llm.package.graph, llm.session)  # probes this CPU
-    llm.package.release_graph()  # read again for that probe only
-    config = SchedulerConfig(spec.max_batch, spec.max_queue, max_len, spec.prefill_chunk, min_rows)
+    limits = BatchLimits.resolve(config, llm.package, llm.session)  # the context; this CPU's probe
     app = create_app(
         llm,
-        config,
+        limits,
         spec.served_model_name,
         spec.security,
         log_prompts=spec.log_prompts,
         tool_parser=spec.tool_parser,
     )
     say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
-    return app, config
+    return app, limits
 
 
 def check_outputs(llm: LLM) -> None:

@@ -158,10 +158,10 @@ class SpeculativeLoop(TokenLoop):
     def _emit(self, token: int) -> str | None:
         self.ids[self.n] = token
         self.n += 1
-        return self._check(token)
+        return self.check(token)
 
     def tokens(self) -> Iterator[tuple[int, str | None]]:
-        token = self._pick(self._prefill())
+        token = self.select(self._prefill())
         reason = self._emit(token)
         yield token, reason
         while reason is None:
@@ -185,7 +185,7 @@ class SpeculativeLoop(TokenLoop):
                 if self.budget is not None:
                     self.budget.observe_forward(1, time.perf_counter() - started)
                 self.forward_passes += 1
-                emitted = [self._pick(logits)]
+                emitted = [self.select(logits)]
             else:
                 started = time.perf_counter()
                 emitted = self._verify(drafts, q)
@@ -225,7 +225,7 @@ class SpeculativeLoop(TokenLoop):
                 lambda i: self.choose(self.ids[: n + i], self.prompt_len, logits[i]), drafts
             )
         else:
-            rows = [self._process(logits[i], n + i) for i in range(k + 1)]
+            rows = [self.process(logits[i], n + i) for i in range(k + 1)]
             j, token = accept_sampled(rows, drafts, q, self.sampler)
         if self.scores is not None:  # before any other forward: ``logits`` is a view of the verify buffer
             self._score_verified([*drafts[:j], token], logits, n)
@@ -261,5 +261,5 @@ class SpeculativeLoop(TokenLoop):
         """Record the log-probability of each token a verify emitted (row i scores the i-th)."""
         assert self.scores is not None
         for i, token in enumerate(emitted):
-            row = logits[i] if self.params.logprobs_mode == "raw" else self._process(logits[i], n + i)
+            row = logits[i] if self.params.logprobs_mode == "raw" else self.process(logits[i], n + i)
             self.scores.append(token_logprob(row, token, self.params.top_logprobs))

@@ -1,0 +1,198 @@
+"""EngineConfig: every setting of an engine in one frozen, validated value, and the environment's share.
+
+:func:`onnxgen.load`, the CLI and the server build one :class:`EngineConfig` and pass it down whole, so no
+layer repeats the list of settings. :meth:`EngineConfig.from_env` is the only reader of onnxgen's
+``ONNXGEN_*`` variables:
+
+- ``ONNXGEN_THREADS``: intra-op threads (an integer >= 1);
+- ``ONNXGEN_FUSE``, ``ONNXGEN_FAST_OPS``, ``ONNXGEN_HUGE_PAGES``: on/off switches, each taking
+  ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case, surrounding spaces ignored);
+  unset or empty leaves the decision to onnxgen's default. Any other value is refused with a
+  :class:`~onnxgen.errors.SettingError` naming the variable, so a typo never silently keeps the default;
+- ``ONNXGEN_MODEL``, ``ONNXGEN_CACHE_DIR``, ``ONNXGEN_API_KEY``: what to run, where the prepared graphs are
+  kept, the server's key (read by :func:`env_model`, :func:`env_cache_dir`, :func:`env_api_key`).
+
+A keyword given to :func:`onnxgen.load` (or a CLI flag) overrides the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from onnxgen.errors import SettingError
+from onnxgen.runtime.plan_names import DECODE_PLANS
+
+THREADS = "ONNXGEN_THREADS"
+FUSE = "ONNXGEN_FUSE"  # onnxgen.graph.decode_fusions
+FAST_OPS = "ONNXGEN_FAST_OPS"  # onnxgen.graph.hybrid_ops
+HUGE_PAGES = "ONNXGEN_HUGE_PAGES"  # onnxgen.runtime.hugepages
+MODEL = "ONNXGEN_MODEL"
+CACHE_DIR = "ONNXGEN_CACHE_DIR"
+API_KEY = "ONNXGEN_API_KEY"
+SWITCHES = {FUSE: "fuse", FAST_OPS: "fast_ops", HUGE_PAGES: "huge_pages"}  # variable -> field
+ON = ("1", "true", "yes", "on")
+OFF = ("0", "false", "no", "off")
+DEFAULT_MAX_MODEL_LEN = 2048  # tokens per sequence where neither the config nor the model says fewer
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How an engine runs a model (what it generates is :class:`~onnxgen.generation.params.SamplingParams`).
+
+    Attributes:
+        threads: onnxruntime intra-op threads; None: one per core.
+        providers: onnxruntime execution providers in order of preference; None: the CPU.
+        decode_plan: how single-token steps of a Scan-based hybrid run: ``"auto"`` (whichever the model
+            gains from), ``"scan"`` (as exported) or ``"inline"`` (its Scans inlined in a sibling session);
+            see :mod:`onnxgen.runtime.plans`.
+        huge_pages: back the weights with transparent huge pages on Linux (faster decode steps, slower
+            loads; :mod:`onnxgen.runtime.hugepages`); None: on.
+        speculative: the model will verify drafts, so a hybrid's session is made on the verify plan's graph
+            at once instead of at the first speculative verify; plain decoding works either way.
+        fast_ops: run a hybrid's ``GatedRMSNorm`` and SiLU-fused ``CausalConvWithState`` on onnxruntime's
+            vectorized CPU kernels (the same math rounded differently; :mod:`onnxgen.graph.hybrid_ops`);
+            None: on unless the export quantizes activations to int8; False runs the export's ops as they are.
+        fuse: merge projections that read one input into one int4 MatMulNBits, and a fused QKV's query/key
+            RMSNorms into one, on the CPU (the same output bits; :mod:`onnxgen.graph.decode_fusions`);
+            None: on.
+        max_batch: sequences decoded together in a batch.
+        max_queue: prompts that may wait for a batch row before new requests are refused (server).
+        max_model_len: tokens per batched sequence (prompt + generated); None: the model's context, at most
+            ``DEFAULT_MAX_MODEL_LEN``.
+        prefill_chunk: prompt tokens per batched prefill forward (also the budget between two decode steps);
+            at least 2.
+        min_rows: rows every batched decode step runs, idle ones padding it, so that kernels computing one
+            row differently from several give a sequence the same tokens alone or beside others; None:
+            probed on this CPU (:func:`onnxgen.runtime.batch.invariant_min_rows`).
+        prefix_cache_mb: MiB of prompts' and replies' KV rows and recurrent-state checkpoints kept, so a
+            request that shares a prefix with an earlier one (a system prompt, a chat's history) prefills
+            only the rest (:mod:`onnxgen.cache.prefix`); 0: off.
+        checkpoint_interval: tokens of a long prefill between two cached checkpoints of a hybrid's
+            recurrent states; None: 256.
+    """
+
+    threads: int | None = None
+    providers: tuple[str, ...] | None = None
+    decode_plan: str = "auto"
+    huge_pages: bool | None = None
+    speculative: bool = False
+    fast_ops: bool | None = None
+    fuse: bool | None = None
+    max_batch: int = 16
+    max_queue: int = 64
+    max_model_len: int | None = None
+    prefill_chunk: int = 512
+    min_rows: int | None = None
+    prefix_cache_mb: float = 0
+    checkpoint_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.providers is not None:
+            providers = self.providers
+            if isinstance(providers, str) or not all(isinstance(p, str) and p for p in providers):
+                _refuse("providers", providers, "a sequence of execution provider names or None")
+            object.__setattr__(self, "providers", tuple(providers))
+        if self.decode_plan not in DECODE_PLANS:
+            _refuse("decode_plan", self.decode_plan, f"one of {', '.join(DECODE_PLANS)}")
+        for name in ("huge_pages", "fast_ops", "fuse"):
+            if getattr(self, name) not in (None, True, False):
+                _refuse(name, getattr(self, name), "True, False or None (onnxgen's default)")
+        if not isinstance(self.speculative, bool):
+            _refuse("speculative", self.speculative, "True or False")
+        mb = self.prefix_cache_mb
+        if isinstance(mb, bool) or not isinstance(mb, int | float) or not mb >= 0:
+            _refuse("prefix_cache_mb", mb, ">= 0 (a size in MiB; 0 turns prefix caching off)")
+        for name, least, optional in (
+            ("threads", 1, True),
+            ("max_batch", 1, False),
+            ("max_queue", 1, False),
+            ("max_model_len", 2, True),
+            ("prefill_chunk", 2, False),
+            ("min_rows", 1, True),
+            ("checkpoint_interval", 1, True),
+        ):
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                _refuse(name, value, f"an integer >= {least}" + (" or None" if optional else ""))
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> EngineConfig:
+        """The settings the environment gives, with ``overrides`` on top (a None override keeps the
+        environment's value: it stands for "not given", as an unset flag does)."""
+        given: dict[str, Any] = {SWITCHES[name]: env_switch(name) for name in SWITCHES}
+        given["threads"] = env_threads()
+        return cls(**{k: v for k, v in given.items() if v is not None}).replace(**overrides)
+
+    def replace(self, **overrides: Any) -> EngineConfig:
+        """A copy with the non-None ``overrides`` set; an unknown name is refused, naming the known ones."""
+        unknown = sorted(set(overrides) - set(self.fields()))
+        if unknown:
+            raise SettingError(
+                f"unknown engine setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"the settings are {', '.join(self.fields())}"
+            )
+        if isinstance(overrides.get("providers"), list):
+            overrides["providers"] = tuple(overrides["providers"])
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _refuse(name: str, value: object, wanted: str) -> None:
+    raise SettingError(f"{name} must be {wanted} (got {value!r})")
+
+
+def env_switch(name: str) -> bool | None:
+    """``name``'s value as a switch: True, False, or None where it is unset or empty."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return None
+    if value in ON:
+        return True
+    if value in OFF:
+        return False
+    raise SettingError(
+        f"{name}={raw!r} is not an on/off value; set it to one of {', '.join(ON)} (on) or "
+        f"{', '.join(OFF)} (off), or unset it for onnxgen's default"
+    )
+
+
+def env_threads() -> int | None:
+    """``$ONNXGEN_THREADS`` as a count, None where unset or empty."""
+    raw = os.environ.get(THREADS, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SettingError(f"${THREADS} must be an integer >= 1 (got {raw!r}); unset it or give a count")
+    return value
+
+
+def _env_text(name: str) -> str | None:
+    return os.environ.get(name, "").strip() or None
+
+
+def env_model() -> str | None:
+    """``$ONNXGEN_MODEL``: the model a command runs when none is given."""
+    return _env_text(MODEL)
+
+
+def env_cache_dir() -> str | None:
+    """``$ONNXGEN_CACHE_DIR``: where prepared session graphs are kept."""
+    return _env_text(CACHE_DIR)
+
+
+def env_api_key() -> str | None:
+    """``$ONNXGEN_API_KEY``: the key the server asks of clients when ``--api-key`` is not given."""
+    return os.environ.get(API_KEY) or None

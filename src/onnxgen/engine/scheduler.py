@@ -1,0 +1,271 @@
+"""Scheduler: admits sequences, prefills them in chunks, decodes the running ones together, retires them.
+
+Each :meth:`Scheduler.step`
+
+1. prefills waiting prompts one at a time (batch 1, in chunks of at most ``prefill_chunk`` tokens per
+   step, so a long prompt never stalls the running rows for long), each admitted only when a batch row is
+   free for it; a finished prompt's first token is chosen from its last logits and it takes a row;
+2. decodes every running row in one forward (:class:`~onnxgen.runtime.batch.BatchState`), each row choosing
+   its token with its own processors and sampler;
+3. retires the rows that finished (their slot is reused at once).
+
+With the model's prefix cache (:mod:`onnxgen.cache.prefix`), a prompt's prefill starts from its longest
+cached prefix, stops at the cache's checkpoints (caching each), and a finished row's sequence is cached
+from the batch row before it is retired. The cache never fails a request: where it does, the prompt is
+prefilled whole (or the sequence is not cached) and the error is logged.
+
+A sequence's rows never depend on their company: the batch pads every step to ``min_rows`` where the
+export's kernels compute one row differently from several.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxgen.cache.prefix import PrefixCache
+from onnxgen.engine.limits import BatchLimits
+from onnxgen.engine.sequence import Sequence
+from onnxgen.errors import GenerationError, OnnxgenError
+from onnxgen.generation.constraints import ConstraintError
+from onnxgen.generation.logprobs import TokenLogprob
+from onnxgen.generation.sampling import check_model_logits
+from onnxgen.runtime.batch import BatchState
+from onnxgen.runtime.session import DecoderSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """What one sequence got from one forward: ``token`` (-1 where it failed, ``seq.error`` saying why),
+    the text it completes, the finish reason it brought and its log-probability (when asked for)."""
+
+    seq: Sequence
+    token: int
+    text: str
+    finish_reason: str | None
+    logprob: TokenLogprob | None
+
+
+class QueueFull(GenerationError):
+    """More sequences wait than ``max_queue`` allows; retry later."""
+
+
+def prefill_cut(left: int, chunk: int) -> int:
+    """The next prefill forward's tokens of a prompt with ``left`` tokens to go, in chunks of ``chunk``: cut
+    at fixed offsets (multiples of ``chunk``) whatever else a step prefills, and never a lone last token
+    (a one-token forward takes the single-token path, which rounds differently): where one would be left,
+    the last cut moves back by one, or with chunks of 2 the last chunk takes 3."""
+    if left <= chunk:
+        return left
+    if left == chunk + 1:
+        return chunk - 1 if chunk > 2 else left
+    return chunk
+
+
+class Scheduler:
+    """Waiting, prefilling and running sequences over one :class:`BatchState`."""
+
+    def __init__(
+        self,
+        session: DecoderSession,
+        limits: BatchLimits,
+        export: str = "the model",
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
+        self.session = session
+        self.limits = limits
+        self.export = export  # named by the error when a prompt's logits are not finite
+        self.prefix_cache = prefix_cache
+        self._cuts: list[int] = []  # the prefix cache's checkpoints still ahead of the prefill
+        self.batch = BatchState(session, limits.max_batch, limits.max_model_len, limits.min_rows)
+        self._prefill_state = session.new_state(limits.max_model_len)
+        self.running: list[Sequence] = []  # ``running[i]`` holds batch row i
+        self.waiting: deque[list[Sequence]] = deque()  # groups: the choices of one prompt
+        self.prefilling: list[Sequence] | None = None
+        self.prefilled_tokens = 0  # prompt tokens prefilled so far
+        self.last_decode: tuple[int, float] = (0, 0.0)  # rows and seconds of the last decode forward
+
+    def add(self, group: list[Sequence]) -> None:
+        """Queue ``group``, sequences of one prompt (the choices of a request: prefilled once, then a row
+        each), or raise :class:`QueueFull`."""
+        if len(group) > self.limits.max_batch:
+            raise GenerationError(
+                f"{len(group)} sequences of one prompt exceed the batch of {self.limits.max_batch} rows; "
+                "ask for fewer choices or raise max_batch"
+            )
+        if not self.queue_room():
+            raise QueueFull(
+                f"the queue is full ({len(self.waiting)} prompts waiting, at most {self.limits.max_queue}); "
+                "retry later or raise max_queue"
+            )
+        self.waiting.append(group)
+
+    def queue_room(self) -> int:
+        """Prompts :meth:`add` takes before the queue is full."""
+        return self.limits.max_queue - len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    def step(self) -> list[Emitted]:
+        """One iteration; what each sequence got in it (a token, or an error), in that order (a sequence
+        prefilled in it gets two: its first token, then one from the decode step). A finished sequence
+        has ``finish_reason`` set and is no longer scheduled."""
+        touched: list[Emitted] = []
+        self._prefill_some(touched)
+        if self.running:
+            self._decode(touched)
+        return touched
+
+    def abort(self, seq: Sequence, reason: str = "abort") -> None:
+        """Stop ``seq`` wherever it is (queued, prefilling or running); its row is freed at once."""
+        if seq.slot is not None:
+            self._retire(seq)
+        else:
+            for group in (*self.waiting, self.prefilling or []):
+                if seq in group:
+                    group.remove(seq)
+            if not self.prefilling:
+                self.prefilling = None
+            self.waiting = deque(group for group in self.waiting if group)
+        if seq.finish_reason is None:
+            seq.finish_reason = reason
+
+    # -- prefill ----------------------------------------------------------------------------------------
+    def _prefill_some(self, touched: list[Emitted]) -> None:
+        budget = self.limits.prefill_chunk
+        while budget > 0:
+            if self.prefilling is None and not self._next_prefill():
+                return
+            group = self.prefilling
+            assert group is not None
+            lead = group[0]  # the group's prompt and progress
+            take = self.chunk((self._cuts[0] if self._cuts else lead.prompt_len) - lead.offset)
+            ids = lead.ids[None, lead.offset : lead.offset + take]
+            try:
+                logits = self.session.forward(self._prefill_state, ids, 1)[0, -1]
+                if lead.offset + take == lead.prompt_len:
+                    check_model_logits(logits, self.export)
+            except OnnxgenError as e:
+                self.prefilling = None
+                for seq in group:
+                    self._fail(seq, str(e), touched)
+                continue
+            for seq in group:  # any of them may be aborted: each keeps the progress
+                seq.offset += take
+            budget -= take
+            self.prefilled_tokens += take
+            if self._cuts and lead.offset == self._cuts[0]:
+                self._cuts.pop(0)
+                self._cache_prefix(lead.ids[: lead.offset])
+            if lead.offset == lead.prompt_len:
+                self.prefilling = None
+                for seq in group:
+                    self._start(seq, logits, touched)
+
+    def _next_prefill(self) -> bool:
+        """Take the next waiting group to prefill (whether one could: it needs a free row per sequence),
+        resumed from its longest cached prefix."""
+        if not self.waiting or len(self.waiting[0]) > self.batch.free_rows:
+            return False
+        self.prefilling = group = self.waiting.popleft()
+        self._prefill_state.reset()
+        self._cuts = []
+        cache = self.prefix_cache
+        if cache is None:
+            return True
+        try:
+            hit = cache.lookup(group[0].prompt)
+            cache.restore(hit, self._prefill_state)
+        except Exception:  # the cache must never fail a request: prefill it all instead
+            log.exception("prefix cache lookup failed; prefilling the whole prompt")
+            self._prefill_state.reset()
+            return True
+        for seq in group:
+            seq.offset = seq.cached_tokens = hit.tokens
+        self._cuts = cache.cuts(group[0].prompt_len, hit.tokens, hit.matched)
+        return True
+
+    def _cache_prefix(self, tokens: np.ndarray) -> None:
+        assert self.prefix_cache is not None
+        try:
+            self.prefix_cache.insert_state(tokens, self._prefill_state)
+        except Exception:  # the cache must never fail a request
+            log.exception("caching a prompt prefix failed; it is not cached")
+
+    def _cache_row(self, seq: Sequence) -> None:
+        """Cache a finished row's sequence (the tokens its state has run) before it is retired."""
+        row, cache = seq.slot, self.prefix_cache
+        assert row is not None
+        length = int(self.batch.lengths[row])
+        if cache is None or not 0 < length <= seq.n:
+            return
+        try:
+            cache.insert_arrays(seq.ids[:length], self.batch.row_kv(row), self.batch.row_states(row))
+        except Exception:
+            log.exception("caching a finished sequence failed; it is not cached")
+
+    def chunk(self, left: int) -> int:
+        """The next prefill chunk of a prompt with ``left`` tokens to go (:func:`prefill_cut`)."""
+        return prefill_cut(left, self.limits.prefill_chunk)
+
+    def _start(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> None:
+        """Choose the first token of a prefilled ``seq``; give it a row unless that token finished it."""
+        if not self._choose(seq, logits, touched):
+            return
+        seq.slot = self.batch.admit(self._prefill_state)
+        self.running.append(seq)
+
+    # -- decode -----------------------------------------------------------------------------------------
+    def _decode(self, touched: list[Emitted]) -> None:
+        start = time.perf_counter()
+        try:
+            logits = self.batch.step([seq.last_token for seq in self.running])
+            self.last_decode = (len(self.running), time.perf_counter() - start)
+        except OnnxgenError as e:
+            for seq in list(self.running):
+                self._retire(seq)
+                self._fail(seq, str(e), touched)
+            return
+        for row, seq in enumerate(list(self.running)):
+            self._choose(seq, logits[row], touched)
+        for seq in [s for s in reversed(self.running) if s.finish_reason is not None]:
+            self._cache_row(seq)
+            self._retire(seq)
+
+    def _choose(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> bool:
+        """Add ``seq``'s next token from ``logits``; whether it goes on."""
+        try:
+            token = seq.select(logits)
+            text, reason = seq.add(token)
+        except OnnxgenError as e:  # e.g. every token masked by the request's own filters
+            self._fail(seq, str(e), touched, client=isinstance(e, ConstraintError))
+            return False
+        touched.append(Emitted(seq, token, text, reason, seq.scores[-1] if seq.scores else None))
+        return reason is None
+
+    # -- endings ----------------------------------------------------------------------------------------
+    def _retire(self, seq: Sequence) -> None:
+        """Free ``seq``'s row; the last row moves into it (the batch keeps its rows contiguous)."""
+        row = seq.slot
+        assert row is not None and self.running[row] is seq
+        self.batch.retire(row)
+        last = self.running.pop()
+        if last is not seq:
+            self.running[row] = last
+            last.slot = row
+        seq.slot = None
+
+    def _fail(self, seq: Sequence, message: str, touched: list[Emitted], client: bool = False) -> None:
+        if seq.slot is not None:
+            self._retire(seq)
+        seq.finish_reason = "error"
+        seq.error = message
+        seq.client_error = client
+        touched.append(Emitted(seq, -1, "", "error", None))
