@@ -2,8 +2,10 @@
 
 (a) *chat*: a conversation of ``turns`` user messages of ~``turn_tokens`` tokens each, rendered through the
 model's chat template (``LLM.chat``), replied to by a model loaded with the prefix cache and by one without,
-turn by turn (interleaved): time to first token per turn, and the share of prompt tokens resumed from the
-cache. Both replies decode the same prompt: the history holds the cached model's replies.
+turn by turn (interleaved): time to first token per turn, the share of prompt tokens resumed from the
+cache, and the time the cached model spends after each reply running the next turn's opening tokens into
+the cache (``LLM.chat``'s ``cache_turn``; off the next turn's TTFT, part of this turn's total time). Both
+replies decode the same prompt: the history holds the cached model's replies.
 
 (b) *server*: ``clients`` concurrent streaming clients, each asking ``requests`` questions after one shared
 ~``system_tokens``-token system prompt, against ``onnxgen serve`` with the cache and without (one server at a
@@ -49,6 +51,7 @@ class PrefixBenchReport:
     chat_ttft_cached: list[float] = field(default_factory=list)
     chat_prompt_tokens: list[int] = field(default_factory=list)
     chat_cached_tokens: list[int] = field(default_factory=list)
+    chat_after_reply: list[float] = field(default_factory=list)  # per turn: seconds closing the turn (median)
     chat_cache_bytes: int = 0
     cache_budget: int = 0
     server: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -87,6 +90,7 @@ def run_chat(cfg: PrefixBenchConfig, report: PrefixBenchReport) -> None:
     assert cached.prefix_cache is not None
     off: list[list[float]] = [[] for _ in range(cfg.turns)]
     on: list[list[float]] = [[] for _ in range(cfg.turns)]
+    after: list[list[float]] = [[] for _ in range(cfg.turns)]
     for run in range(cfg.runs):  # each run is another conversation (another system message)
         cached.prefix_cache.clear()
         chat = [{"role": "system", "content": f"You are a helpful assistant (conversation {run})."}]
@@ -96,6 +100,7 @@ def run_chat(cfg: PrefixBenchConfig, report: PrefixBenchReport) -> None:
             got = cached.chat(chat, params)
             off[turn].append(float(base.stats["ttft_s"]))
             on[turn].append(float(got.stats["ttft_s"]))
+            after[turn].append(float(got.stats.get("next_turn_prefill_s", 0.0)))
             if run == 0:
                 report.chat_prompt_tokens.append(int(got.stats["prompt_tokens"]))
                 report.chat_cached_tokens.append(int(got.stats["cached_tokens"]))
@@ -104,6 +109,7 @@ def run_chat(cfg: PrefixBenchConfig, report: PrefixBenchReport) -> None:
         report.chat_cache_bytes, report.cache_budget = stats.bytes, stats.budget
     report.chat_ttft_plain = [statistics.median(t) for t in off]
     report.chat_ttft_cached = [statistics.median(t) for t in on]
+    report.chat_after_reply = [statistics.median(t) for t in after]
 
 
 async def _clients(
@@ -210,12 +216,22 @@ def run_prefix_bench(cfg: PrefixBenchConfig) -> PrefixBenchReport:
 def format_prefix_report(r: PrefixBenchReport) -> str:
     lines = [
         f"prefix cache: {r.model}",
-        "chat turn | prompt tokens | cached | TTFT off (ms) | TTFT on (ms) | on/off",
+        "chat turn | prompt tokens | cached | TTFT off (ms) | TTFT on (ms) | on/off | after reply (ms)",
     ]
-    for i, (p, c, a, b) in enumerate(
-        zip(r.chat_prompt_tokens, r.chat_cached_tokens, r.chat_ttft_plain, r.chat_ttft_cached, strict=True)
+    after = r.chat_after_reply or [0.0] * len(r.chat_prompt_tokens)
+    for i, (p, c, a, b, x) in enumerate(
+        zip(
+            r.chat_prompt_tokens,
+            r.chat_cached_tokens,
+            r.chat_ttft_plain,
+            r.chat_ttft_cached,
+            after,
+            strict=True,
+        )
     ):
-        lines.append(f"{i + 1:9d} | {p:13d} | {c:6d} | {a * 1e3:13.1f} | {b * 1e3:12.1f} | {b / a:6.3f}")
+        lines.append(
+            f"{i + 1:9d} | {p:13d} | {c:6d} | {a * 1e3:13.1f} | {b * 1e3:12.1f} | {b / a:6.3f} | {x * 1e3:16.1f}"
+        )
     total = sum(r.chat_prompt_tokens)
     rate = sum(r.chat_cached_tokens) / total if total else 0.0
     lines.append(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 import onnx
 
 from onnxgen.cache.prefix import PrefixCache
+from onnxgen.chat.continuation import next_turn_prefix
 from onnxgen.chat.deltas import ChatDelta
 from onnxgen.chat.output import ChatOutput
 from onnxgen.chat.plan import ChatPlan, plan_chat
@@ -363,12 +365,19 @@ class LLM:
         ``enable_thinking``), ``tool_parser`` (``"hermes"`` or ``"qwen3_coder"``; default: from the
         template), ``reasoning`` (split ``<think>`` sections; default: when the template writes them),
         ``constrain_calls`` (default True: ``"auto"`` replies are grammar-constrained too). See
-        :mod:`onnxgen.chat.plan`.
+        :mod:`onnxgen.chat.plan`. ``cache_turn`` (default True; only with a prefix cache): after the reply,
+        run the tokens the next turn starts with once ``{"role": "assistant", "content": result.text}``
+        is appended (the reply as the template renders it, its end-of-turn tokens) into the prefix cache,
+        so the next turn prefills its new message only; the model is fed the same tokens either way.
         """
         params, options = _split_chat_keywords(params, options, "chat")
+        cache_turn = bool(options.pop("cache_turn", True))
+        template_kwargs = options.get("chat_template_kwargs")
         plan = self.plan_chat(messages, params, **options)
         draft = self._draft_session(speculative)
         result = self.generator.generate(self._chat_ids(plan), plan.params, speculative, draft)
+        if cache_turn:
+            self._cache_turn(messages, plan, template_kwargs, result.text, result.stats)
         output = plan.parse(result.text)
         return ChatResult(
             result.token_ids,
@@ -391,13 +400,45 @@ class LLM:
         """:meth:`chat` streamed: each event carries the parsed ``deltas`` its text completes; the last
         one also the whole parsed ``output``. Takes what :meth:`chat` takes."""
         params, options = _split_chat_keywords(params, options, "stream_chat")
+        cache_turn = bool(options.pop("cache_turn", True))
+        template_kwargs = options.get("chat_template_kwargs")
         plan = self.plan_chat(messages, params, **options)
         draft = self._draft_session(speculative)
         events = self.generator.stream(self._chat_ids(plan), plan.params, speculative, draft)
-        return _chat_events(plan, events)
+
+        def after(text: str, stats: dict[str, Any]) -> None:
+            if cache_turn:
+                self._cache_turn(messages, plan, template_kwargs, text, stats)
+
+        return _chat_events(plan, events, after)
 
     def _chat_ids(self, plan: ChatPlan) -> list[int]:
         return self._require_tokenizer().encode(plan.prompt, add_special_tokens=False)
+
+    def _cache_turn(
+        self,
+        messages: Messages,
+        plan: ChatPlan,
+        template_kwargs: Mapping[str, Any] | None,
+        text: str,
+        stats: dict[str, Any],
+    ) -> None:
+        """With a prefix cache: run the tokens the next turn starts with once ``{"role": "assistant",
+        "content": text}`` is appended (the reply as the template renders it, its end-of-turn tokens, the
+        next message's header) into the cache, so that turn prefills its new message only
+        (:mod:`onnxgen.chat.continuation`). Adds ``next_turn_prefill_tokens`` and ``next_turn_prefill_s``
+        to ``stats``."""
+        if self.prefix_cache is None:
+            return
+        start = time.perf_counter()
+        reply = {"role": "assistant", "content": text}
+        try:
+            ids = next_turn_prefix(self._require_tokenizer(), messages, reply, plan.tools, template_kwargs)
+        except TokenizerError as e:  # a template that refuses the continued conversation: nothing to cache
+            log.debug("the next turn's prefix is not cached: %s", e)
+            return
+        stats["next_turn_prefill_tokens"] = self.generator.extend_cache(ids)
+        stats["next_turn_prefill_s"] = time.perf_counter() - start
 
 
 @dataclass
@@ -427,6 +468,7 @@ CHAT_OPTIONS = frozenset(
         "tool_parser",
         "reasoning",
         "constrain_calls",
+        "cache_turn",
     )
 )
 
@@ -445,9 +487,17 @@ def _split_chat_keywords(
         raise
 
 
-def _chat_events(plan: ChatPlan, events: Iterator[StreamEvent]) -> Iterator[ChatStreamEvent]:
+def _chat_events(
+    plan: ChatPlan,
+    events: Iterator[StreamEvent],
+    after: Callable[[str, dict[str, Any]], None] | None = None,
+) -> Iterator[ChatStreamEvent]:
+    """The chat events of ``events``; ``after(text, stats)`` runs once the last one was taken (the
+    reply's whole text, the last event's stats, which it may add to)."""
     parser = plan.stream()
+    parts: list[str] = []
     for event in events:
+        parts.append(event.text)
         deltas = parser.feed(event.text)
         output = None
         reason = event.finish_reason
@@ -458,6 +508,8 @@ def _chat_events(plan: ChatPlan, events: Iterator[StreamEvent]) -> Iterator[Chat
         yield ChatStreamEvent(
             event.token_ids, event.text, reason, event.stats, event.logprobs, deltas=deltas, output=output
         )
+        if reason is not None and after is not None:
+            after("".join(parts), event.stats if event.stats is not None else {})
 
 
 def _load_tokenizer(package: ModelPackage) -> Tokenizer | None:

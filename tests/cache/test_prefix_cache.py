@@ -75,7 +75,12 @@ def test_repeats_shared_system_prompts_and_continuations_decode_as_without_the_c
     hybrid = pair.cache.hybrid
     first = SYSTEM + tokens(2, 7)
     assert pair.same(first) == 0  # nothing cached yet
-    assert pair.same(first) == len(first) - 1  # an exact repeat prefills its last token only
+    # an exact repeat resumes the whole prompt: its logits were cached with its end, no forward runs
+    want = pair.plain.generate(first, GREEDY).token_ids
+    again = pair.cached.generate(first, GREEDY)
+    assert again.token_ids == want
+    assert again.stats["cached_tokens"] == len(first)
+    assert again.stats["forward_passes"] == GREEDY.max_new_tokens - 1  # decode steps only
     # another question after the same system prompt: resumes where the prompts part (dense), or at the
     # last checkpoint before it (hybrid: the one every INTERVAL tokens)
     second = SYSTEM + tokens(3, 9)
@@ -111,22 +116,29 @@ def test_a_restored_prefix_is_bit_identical_to_the_state_that_was_saved(pair: Pa
 
 def test_a_corrupted_cached_entry_changes_the_output(dirs: dict[str, Path]) -> None:
     """Negative control: what is restored is what decides the output (a hybrid's state checkpoint, a
-    dense model's KV rows)."""
+    dense model's KV rows, the cached logits of an exact repeat)."""
     for name in ("hybrid-genai-split", "genai-dense-split"):
         pair = Pair(dirs[name])
         prompt = SYSTEM + tokens(7, 6)
         pair.same(prompt)
-        # the node the hit resumes from: a checkpoint after the prompt's last-but-one token, or KV rows
-        path = [n for n, _ in pair.cache._walk(np.asarray(prompt)).path]
-        node = next(n for n in path if n.end == len(prompt) - 1) if pair.cache.hybrid else path[-1]
+        want = pair.plain.generate(prompt, GREEDY).token_ids
+        # an exact repeat: its first token comes from the cached logits, the rest from the restored state
+        node = pair.cache._walk(np.asarray(prompt)).path[-1][0]
+        assert node.end == len(prompt) and node.logits is not None
+        logits = node.logits
+        node.logits = np.where(np.arange(len(logits)) == want[0], -1e9, logits).astype(logits.dtype)
+        got = pair.cached.generate(prompt, GREEDY)
+        assert got.stats["cached_tokens"] == len(prompt)
+        assert got.token_ids[0] != want[0], name
+        node.logits = logits
         if pair.cache.hybrid:
             assert node.checkpoint is not None
             node.checkpoint = [np.full_like(a, 0.5) for a in node.checkpoint]
         else:
             node.kv = [np.full_like(a, 0.5) for a in node.kv]
         got = pair.cached.generate(prompt, GREEDY)
-        assert got.stats["cached_tokens"] == len(prompt) - 1
-        assert got.token_ids != pair.plain.generate(prompt, GREEDY).token_ids, name
+        assert got.stats["cached_tokens"] == len(prompt)
+        assert got.token_ids[0] == want[0] and got.token_ids != want, name
 
 
 def test_entries_are_read_only_copies_that_decoding_and_speculation_leave_alone(pair: Pair) -> None:
@@ -152,7 +164,8 @@ def test_speculative_decoding_after_a_hit_gives_plain_greedy_tokens(dirs: dict[s
         prompt = SYSTEM + tokens(9, 8)
         pair.same(prompt)
         draft = DraftModel(str(dirs[name]), num_draft_tokens=3)
-        assert pair.same(prompt, speculative=draft) == len(prompt) - 1
+        assert pair.same(prompt, speculative=draft) == len(prompt)  # an exact repeat: the whole prompt
+        assert pair.same([*prompt, 5], speculative=draft) == len(prompt)  # one token more to prefill
         assert pair.same(SYSTEM + tokens(10, 4), speculative=PromptLookup(num_draft_tokens=2)) > 0
 
 
@@ -170,7 +183,7 @@ def test_eviction_keeps_the_cache_within_a_tiny_budget(dirs: dict[str, Path]) ->
         assert 0 < s.bytes <= s.budget
     assert pair.cache.stats().evictions > 0
     assert pair.same(prompts[0]) == 0  # the least recently used went first
-    assert pair.same(prompts[0]) == len(prompts[0]) - 1  # (cached again just now)
+    assert pair.same(prompts[0]) == len(prompts[0])  # (cached again just now, with its logits)
 
 
 def test_entries_are_sized_exactly(dirs: dict[str, Path]) -> None:
@@ -181,10 +194,11 @@ def test_entries_are_sized_exactly(dirs: dict[str, Path]) -> None:
         prompt = tokens(30, 19)
         llm.generate(prompt, SamplingParams(max_new_tokens=1))
         s, costs = cache.stats(), cache.costs
-        # KV rows and token ids of 19 tokens; checkpoints at 8, 16, 18 and 19 for the hybrid
+        # KV rows and token ids of 19 tokens, the fp32 logits after the last; checkpoints at 8, 16 and 19
+        # for the hybrid
         expect = 19 * (costs.kv_bytes_per_token + 8) + s.checkpoints * costs.state_bytes_per_checkpoint
-        assert s.bytes == expect
-        assert s.checkpoints == (4 if cache.hybrid else 0)
+        assert s.bytes == expect + 4 * llm.session.vocab_size
+        assert s.checkpoints == (3 if cache.hybrid else 0)
 
 
 def test_cuts_stop_where_checkpoints_are_taken(dirs: dict[str, Path]) -> None:
@@ -194,24 +208,96 @@ def test_cuts_stop_where_checkpoints_are_taken(dirs: dict[str, Path]) -> None:
     assert hybrid.prefix_cache.cuts(30, 0, 0) == [8, 16, 24, 29, 30]
     assert hybrid.prefix_cache.cuts(30, 16, 21) == [21, 24, 29, 30]
     assert dense.prefix_cache.cuts(30, 16, 21) == [30]
+    # without the checkpoint before the last token (a prompt cached with its logits)
+    assert hybrid.prefix_cache.cuts(30, 16, 21, before_last=False) == [21, 24, 30]
 
 
-def test_chat_turns_resume_from_the_previous_turn(dirs: dict[str, Path]) -> None:
+CHAT_TURNS = ["hello there, how are you", "and then what happened?", "tell me one more thing"]
+
+
+def test_chat_turns_resume_after_the_previous_reply_and_decode_as_without_the_cache(
+    dirs: dict[str, Path],
+) -> None:
+    """Each turn resumes after the previous reply and its end-of-turn tokens, as the template renders them
+    (``cache_turn``): only the new message is prefilled, and the greedy tokens are plain decoding's, for
+    ``chat`` and ``stream_chat``. Without ``cache_turn`` the same turns resume before the reply: this
+    random model's replies do not encode back to the ids it generated."""
+    for name in ("hybrid-genai-split", "genai-dense-split", "hybrid-scan-split"):
+        pair = Pair(dirs[name])
+        off = onnxgen.load(dirs[name], threads=1, prefix_cache_mb=16, checkpoint_interval=INTERVAL)
+        tok = pair.cached.tokenizer
+        assert tok is not None
+        params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+        history: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
+        for turn, text in enumerate(CHAT_TURNS):
+            history.append({"role": "user", "content": text})
+            prompt = pair.cached.chat_prompt(history)
+            want = pair.plain.chat(history, params)
+            if turn == 1:  # the streamed path closes the turn too (once the last event was taken)
+                events = list(pair.cached.stream_chat(history, params))
+                ids = [t for e in events for t in e.token_ids]
+                got_text = "".join(e.text for e in events)
+                stats = events[-1].stats or {}
+            else:
+                got = pair.cached.chat(history, params)
+                ids, got_text, stats = got.token_ids, got.text, got.stats
+            base = off.chat(history, params, cache_turn=False)
+            assert ids == want.token_ids == base.token_ids, (name, turn)
+            assert stats["next_turn_prefill_tokens"] > 0
+            if turn:
+                # the previous prompt and reply are resumed: what is prefilled is at most this message
+                # as a conversation of its own renders it (header, text, end of turn, generation prompt)
+                alone = len(pair.cached.chat_prompt([{"role": "user", "content": text}]))
+                prefilled = len(prompt) - stats["cached_tokens"]
+                assert len(tok.encode(text, add_special_tokens=False)) <= prefilled <= alone, (name, turn)
+                # without cache_turn the reply (re-encoded) is prefilled again
+                assert len(prompt) - base.stats["cached_tokens"] > prefilled, (name, turn)
+            history.append({"role": "assistant", "content": got_text})
+
+
+def test_a_corrupted_closed_turn_changes_the_next_reply(dirs: dict[str, Path]) -> None:
+    """Negative control: the next turn is decoded from the state the closed turn cached (its tokens' KV
+    rows, a hybrid's checkpoint): corrupting it changes the reply."""
+    from onnxgen.chat.continuation import next_turn_prefix
+
     for name in ("hybrid-genai-split", "genai-dense-split"):
         pair = Pair(dirs[name])
-        params = SamplingParams(max_new_tokens=8)
-        history: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
-        before = 0  # the previous turn's prompt length
-        for text in ["hello there", "and then?", "one more"]:
-            history.append({"role": "user", "content": text})
-            want = pair.plain.chat(history, params)
-            got = pair.cached.chat(history, params)
-            assert got.token_ids == want.token_ids
-            # at least the previous turn's whole prompt is resumed (its reply too where the template renders
-            # the reply's text back to the tokens generated; this random model's bytes do not round-trip)
-            assert got.stats["cached_tokens"] >= before - 1 > 0 or not before
-            before = len(pair.cached.chat_prompt(history))
-            history.append({"role": "assistant", "content": got.text})
+        tok = pair.cached.tokenizer
+        assert tok is not None
+        params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+        history = [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": CHAT_TURNS[0]},
+        ]
+        reply = pair.cached.chat(history, params).text
+        closed = next_turn_prefix(tok, history, {"role": "assistant", "content": reply})
+        assert pair.cache.holds(closed)
+        node = pair.cache._walk(np.asarray(closed)).path[-1][0]
+        assert node.end == len(closed)
+        # (this random hybrid's recurrent states fade over the new message's ~20 tokens: its attention
+        # layers' rows of the closed turn are corrupted too)
+        noise = np.random.default_rng(0)
+        if pair.cache.hybrid:
+            assert node.checkpoint is not None
+            node.checkpoint = [noise.normal(0, 10, a.shape).astype(a.dtype) for a in node.checkpoint]
+        node.kv = [noise.normal(0, 10, a.shape).astype(a.dtype) for a in node.kv]
+        history += [{"role": "assistant", "content": reply}, {"role": "user", "content": CHAT_TURNS[1]}]
+        got = pair.cached.chat(history, params)
+        assert got.stats["cached_tokens"] == len(closed)
+        assert got.token_ids != pair.plain.chat(history, params).token_ids, name
+
+
+def test_extend_cache_runs_only_what_is_missing(dirs: dict[str, Path]) -> None:
+    for name in ("hybrid-genai-split", "genai-dense-split"):
+        pair = Pair(dirs[name])
+        prompt = SYSTEM + tokens(11, 9)
+        assert pair.cached.generator.extend_cache(prompt) == len(prompt)
+        assert pair.cache.holds(prompt)
+        assert pair.cached.generator.extend_cache(prompt) == 0  # already cached
+        longer = [*prompt, *tokens(12, 5)]
+        assert pair.cached.generator.extend_cache(longer) == 5  # resumes at the end of the first
+        # what was run is what a plain prefill gives
+        assert pair.same([*longer, 9]) == len(longer)
 
 
 def test_a_budget_of_zero_is_off_and_a_negative_one_is_refused(dirs: dict[str, Path]) -> None:

@@ -88,7 +88,18 @@ def _cut(array: np.ndarray, axis: int, start: int, end: int) -> np.ndarray:
 class _Node:
     """An edge of the radix tree: its tokens, their KV rows, and an optional checkpoint at its end."""
 
-    __slots__ = ("checkpoint", "children", "ckpt_used", "end", "key", "kv", "last_used", "nbytes", "parent")
+    __slots__ = (
+        "checkpoint",
+        "children",
+        "ckpt_used",
+        "end",
+        "key",
+        "kv",
+        "last_used",
+        "logits",
+        "nbytes",
+        "parent",
+    )
 
     def __init__(
         self,
@@ -103,6 +114,7 @@ class _Node:
         self.end = end  # tokens from the root to the end of this edge
         self.children: dict[int, _Node] = {}
         self.checkpoint: list[np.ndarray] | None = None  # recurrent states after the edge's last token
+        self.logits: np.ndarray | None = None  # the logits after the edge's last token (a prompt's end)
         self.last_used = 0  # the last lookup or insert whose path went through this node
         self.ckpt_used = 0  # when the checkpoint was made or last restored
         self.nbytes = 0
@@ -114,6 +126,8 @@ class _Node:
         self.nbytes = int(self.key.nbytes + sum(a.nbytes for a in self.kv))
         if self.checkpoint is not None:
             self.nbytes += int(sum(a.nbytes for a in self.checkpoint))
+        if self.logits is not None:
+            self.nbytes += int(self.logits.nbytes)
         return self.nbytes - old
 
 
@@ -124,12 +138,14 @@ class Hit:
     ``matched`` is how many leading tokens the prompt shares with the cache (at least ``tokens``): where
     a hybrid's prompt parts from the cached path, a checkpoint there serves the next prompt that parts
     at the same point. ``segments`` holds, per past KV tensor, the cached arrays that make up its first
-    ``tokens`` positions; ``states`` the checkpoint to restore (None for a dense model or a miss)."""
+    ``tokens`` positions; ``states`` the checkpoint to restore (None for a dense model or a miss);
+    ``logits`` those after the last token where the hit is the whole prompt (``lookup(whole=True)``)."""
 
     tokens: int
     matched: int
     segments: tuple[tuple[np.ndarray, ...], ...] = ()
     states: tuple[np.ndarray, ...] | None = None
+    logits: np.ndarray | None = None
 
 
 @dataclass
@@ -223,15 +239,26 @@ class PrefixCache:
         walk.matched = pos
         return walk
 
-    def lookup(self, tokens: Sequence[int] | np.ndarray, count: bool = True) -> Hit:
-        """The longest usable cached prefix of ``tokens``, leaving at least one token to prefill.
+    def lookup(self, tokens: Sequence[int] | np.ndarray, count: bool = True, whole: bool = False) -> Hit:
+        """The longest usable cached prefix of ``tokens``, leaving at least one token to prefill; with
+        ``whole``, all of ``tokens`` where they were cached with the logits after them (an exact repeat
+        then needs no forward at all).
 
         ``count``: add the lookup to the query / hit counters (a request's lookup does; a probe does not).
         """
         ids = np.asarray(tokens, dtype=np.int64)
         with self._lock:
             walk = self._walk(ids)
-            limit = min(walk.matched, len(ids) - 1)
+            last = walk.path[-1][0] if walk.path else None
+            logits = None
+            if (
+                whole
+                and last is not None
+                and walk.matched == len(ids) == last.end
+                and last.logits is not None
+            ):
+                logits = last.logits
+            limit = len(ids) if logits is not None else min(walk.matched, len(ids) - 1)
             usable, upto = 0, 0  # resume length; path entries it takes
             if self.hybrid:
                 for i, (node, common) in enumerate(walk.path):
@@ -256,7 +283,9 @@ class PrefixCache:
                     segments.append(tuple(parts))
                 checkpoint = nodes[-1].checkpoint if self.hybrid else None
                 states = tuple(checkpoint) if checkpoint is not None else None
-                hit = Hit(usable, walk.matched, tuple(segments), states)
+                hit = Hit(
+                    usable, walk.matched, tuple(segments), states, logits if usable == len(ids) else None
+                )
             self._clock += 1
             for node, _ in walk.path:  # the whole shared path is in use
                 self._touch(node)
@@ -269,6 +298,17 @@ class PrefixCache:
                 self._stats.hit_lookups += hit.tokens > 0
             return hit
 
+    def holds(self, tokens: Sequence[int] | np.ndarray) -> bool:
+        """Whether the state after all of ``tokens`` is cached: their KV rows, and for a hybrid a
+        checkpoint after the last one (a probe: no counters, no recency)."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        with self._lock:
+            walk = self._walk(ids)
+            if walk.matched < len(ids) or not walk.path:
+                return False
+            node, common = walk.path[-1]
+            return not self.hybrid or (common == len(node.key) and node.checkpoint is not None)
+
     def restore(self, hit: Hit, state: DecodeState) -> None:
         """Load ``hit`` into ``state`` (an empty decode state, batch 1): its KV rows and checkpoint,
         copied, so the state then holds the first ``hit.tokens`` tokens exactly as they were cached."""
@@ -280,17 +320,18 @@ class PrefixCache:
             states = list(hit.states)
         state.load_prefix(hit.tokens, [list(parts) for parts in hit.segments], states)
 
-    def cuts(self, length: int, start: int, matched: int) -> list[int]:
+    def cuts(self, length: int, start: int, matched: int, before_last: bool = True) -> list[int]:
         """Where a prefill of a ``length``-token prompt resumed at ``start`` (with ``matched`` tokens in
         common with the cache) stops to take a checkpoint: ascending positions in ``(start, length]``,
         the last being ``length``. A dense model needs no checkpoint but the end (its KV rows can be cut
         anywhere); a hybrid stops at the parting point, every ``checkpoint_interval`` tokens of a prefill
-        longer than that, and before the last token."""
+        longer than that, and (``before_last``) before the last token, where an exact repeat resumes
+        unless the prompt's logits are cached with its end (``lookup(whole=True)``)."""
         if not self.hybrid:
             return [length]
         step = self.checkpoint_interval
         marks = {length}
-        if length - 1 > start:
+        if before_last and length - 1 > start:
             marks.add(length - 1)
         # (a short piece costs more per token than it saves: no parting point within a few tokens of the
         # resume point, and interval checkpoints only in a prefill longer than an interval)
@@ -306,10 +347,11 @@ class PrefixCache:
         tokens: Sequence[int] | np.ndarray,
         kv: KVSource,
         states: Sequence[np.ndarray] | None,
+        logits: np.ndarray | None = None,
     ) -> None:
         """Cache the prefix ``tokens``: the KV rows of its positions the cache lacks (``kv(start, end)``
-        copies them from wherever they live) and, for a hybrid, the checkpoint ``states`` after its last
-        token. Least recently used leaves are evicted while the cache is over budget (possibly this very
+        copies them from wherever they live), for a hybrid the checkpoint ``states`` after its last
+        token, and the ``logits`` after it where given (a prompt's end: an exact repeat needs no forward). Least recently used leaves are evicted while the cache is over budget (possibly this very
         prefix, when it alone does not fit)."""
         ids = np.asarray(tokens, dtype=np.int64)
         if len(ids) == 0:
@@ -341,10 +383,19 @@ class PrefixCache:
                 self._use_checkpoint(node)
                 self._stats.bytes += node.resize()
                 self._stats.checkpoints += 1
+            if (
+                logits is not None
+                and node.logits is None
+                and (not self.hybrid or node.checkpoint is not None)
+            ):
+                node.logits = _frozen(logits)
+                self._stats.bytes += node.resize()
             self._stats.inserts += 1
             self._evict()
 
-    def insert_state(self, tokens: Sequence[int] | np.ndarray, state: DecodeState) -> None:
+    def insert_state(
+        self, tokens: Sequence[int] | np.ndarray, state: DecodeState, logits: np.ndarray | None = None
+    ) -> None:
         """:meth:`insert` from a batch-1 decode state that has run exactly ``tokens``."""
         if state.length != len(tokens):
             raise ValueError(f"the decode state holds {state.length} tokens, not the {len(tokens)} given")
@@ -352,7 +403,7 @@ class PrefixCache:
         if self.hybrid:
             arrays = state.state_arrays()
             states = [arrays[name] for name in self._state_names]
-        self.insert(tokens, state.kv_slice, states)
+        self.insert(tokens, state.kv_slice, states, logits)
 
     def insert_arrays(
         self,
@@ -428,8 +479,9 @@ class PrefixCache:
             if not self._live(entry):
                 continue
             node = entry[2]
-            if entry[3] == 1:  # an inner node's checkpoint alone
+            if entry[3] == 1:  # an inner node's checkpoint alone (and the logits that go with it)
                 node.checkpoint = None
+                node.logits = None
                 freed = -node.resize()
                 self._stats.bytes -= freed
                 self._stats.evicted_bytes += freed
@@ -462,13 +514,17 @@ def prefill_with_checkpoints(
     forward_to: Callable[[int], np.ndarray],
 ) -> tuple[np.ndarray, int]:
     """Prefill the rest of ``prompt`` after a restored ``hit``, stopping at :meth:`PrefixCache.cuts` to
-    cache each prefix (and a hybrid's checkpoint) on the way. ``forward_to(end)`` runs the state's
-    next tokens up to ``end`` and returns the last position's logits. Returns those of the last forward
-    and the number of forwards."""
+    cache each prefix (and a hybrid's checkpoint) on the way, and the prompt's last logits with its end
+    (so an exact repeat resumes there, with no forward: no checkpoint before the last token is taken).
+    ``forward_to(end)`` runs the state's next tokens up to ``end`` and returns the last position's
+    logits. Returns those of the last forward (``hit.logits`` for a whole-prompt hit) and the number of
+    forwards."""
+    if hit.logits is not None and hit.tokens == len(prompt):
+        return np.array(hit.logits), 0
     logits: np.ndarray | None = None
-    cuts = cache.cuts(len(prompt), hit.tokens, hit.matched)
+    cuts = cache.cuts(len(prompt), hit.tokens, hit.matched, before_last=False)
     for cut in cuts:
         logits = forward_to(cut)
-        cache.insert_state(prompt[:cut], state)
+        cache.insert_state(prompt[:cut], state, logits if cut == len(prompt) else None)
     assert logits is not None
     return logits, len(cuts)

@@ -289,20 +289,24 @@ def clip_notice(result: GenerationResult, params: SamplingParams, context_length
 
 # -- output ---------------------------------------------------------------------------------------
 def write_stream(events: Iterable[StreamEvent], out: TextIO | None) -> GenerationResult:
-    """Write each event's text to ``out`` as soon as it arrives (flushed); return the whole result."""
+    """Write each event's text to ``out`` as soon as it arrives (flushed); return the whole result once
+    the stream is exhausted (a chat stream caches the next turn's opening tokens after its last event)."""
     from onnxgen.generation.generator import GenerationResult
 
     ids: list[int] = []
     parts: list[str] = []
+    result: GenerationResult | None = None
     for event in events:
         ids.extend(event.token_ids)
         if event.text and out is not None:
             out.write(event.text)
             out.flush()
         parts.append(event.text)
-        if event.finish_reason is not None:
-            return GenerationResult(ids, "".join(parts), event.finish_reason, event.stats or {})
-    raise GenerationError("the generation stream ended without a finish reason")
+        if event.finish_reason is not None and result is None:
+            result = GenerationResult(ids, "".join(parts), event.finish_reason, event.stats or {})
+    if result is None:
+        raise GenerationError("the generation stream ended without a finish reason")
+    return result
 
 
 def format_stats(result: GenerationResult) -> str:

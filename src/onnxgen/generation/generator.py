@@ -88,7 +88,7 @@ class TokenLoop(Sequence):
     def resume(self, cache: PrefixCache) -> None:
         """Load the longest usable cached prefix of the prompt into the (empty) state; the prefill then
         runs the rest only, caching the prefixes :meth:`PrefixCache.cuts` names on the way."""
-        hit = cache.lookup(self.ids[: self.n])
+        hit = cache.lookup(self.ids[: self.n], whole=True)
         cache.restore(hit, self.state)
         self.cache, self.hit, self.cached_tokens = cache, hit, hit.tokens
 
@@ -364,6 +364,27 @@ class Generator:
                 return
         finally:
             self.give_back(loop.state)
+
+    def extend_cache(self, token_ids: Sequence[int]) -> int:
+        """Run ``token_ids`` into the prefix cache: resume from their longest cached prefix, prefill the
+        rest in one forward and cache the state after the last id (a chat runs the tokens its next turn
+        starts with, after a reply). Returns how many ids were prefilled (0: already cached, no cache, or
+        longer than the context)."""
+        cache = self.prefix_cache
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if cache is None or len(ids) == 0 or cache.holds(ids):
+            return 0
+        if self.context_length is not None and len(ids) >= self.context_length:
+            return 0
+        hit = cache.lookup(ids, count=False)
+        state = self.state_for(len(ids))
+        try:
+            cache.restore(hit, state)
+            self.session.forward(state, ids[None, hit.tokens :], 1, copy=False)
+            cache.insert_state(ids, state)
+        finally:
+            self.give_back(state)
+        return len(ids) - hit.tokens
 
     def _cache_reply(self, loop: TokenLoop) -> None:
         """Cache the finished sequence: the state after its last fed token (the reply's last token was
