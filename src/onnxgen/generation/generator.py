@@ -59,7 +59,13 @@ class GenerationResult:
 
 class TokenLoop(Sequence):
     """Chooses tokens one forward at a time for one sequence, alone on ``state``; counts forwards and
-    times them."""
+    times them.
+
+    ``ready``: tokens :meth:`tokens` has chosen but not yet yielded (a verify emits several from one
+    forward); the next one comes without a forward while it is above 0.
+    """
+
+    ready = 0
 
     def __init__(
         self,
@@ -232,7 +238,7 @@ class Generator:
             if self._state is None or self._state.capacity < state.capacity:
                 self._state = state
 
-    def _loop(
+    def loop(
         self,
         prompt_ids: Ids[int],
         params: SamplingParams,
@@ -240,6 +246,8 @@ class Generator:
         draft: Generator | None,
         constraint: Constraint | None = None,
     ) -> TokenLoop:
+        """The loop that decodes one request alone on a state of its own (checked out: :meth:`give_back`
+        it), resumed from the prefix cache where it has one."""
         state = self.state_for(len(prompt_ids) + params.max_new_tokens)
         if speculative is None:
             loop = TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint, self.export)
@@ -254,7 +262,7 @@ class Generator:
         if isinstance(speculative, PromptLookup):
             proposer = NgramProposer(speculative.max_ngram, speculative.min_ngram)
         elif isinstance(speculative, MTP):
-            head, hidden = self._mtp()
+            head, hidden = self.mtp()
             proposer = MTPProposer(head, hidden, params, self.eos_ids, state.capacity)
         else:
             if draft is None:
@@ -282,7 +290,7 @@ class Generator:
             loop.resume(self.prefix_cache)
         return loop
 
-    def _mtp(self) -> tuple[MTPHeadSession, str]:
+    def mtp(self) -> tuple[MTPHeadSession, str]:
         """The MTP head (loaded on first use) and the decoder's hidden-state output it reads."""
         head = self.mtp_head() if self.mtp_head is not None else None  # raises where the model has none
         hidden = self.session.hidden_state
@@ -293,6 +301,12 @@ class Generator:
             )
         return head, hidden
 
+    def check_speculative(self, speculative: Speculative | None) -> None:
+        """Raise, naming what is missing, where this model cannot draft with ``speculative`` (an MTP head
+        absent or not fitting the model); a draft model is checked where it is loaded."""
+        if isinstance(speculative, MTP):
+            self.mtp()
+
     def stream(
         self,
         prompt_ids: Ids[int],
@@ -302,8 +316,7 @@ class Generator:
     ) -> Iterator[StreamEvent]:
         """Events of one request; a bad prompt raises here, before the first event is asked for."""
         params, constraint = self.admit(prompt_ids, params)
-        if isinstance(speculative, MTP):
-            self._mtp()  # no head, or one that does not fit the model: raises here
+        self.check_speculative(speculative)  # no MTP head, or one that does not fit the model: raises here
         return self._events(prompt_ids, params, speculative, draft, constraint)
 
     def admit(
@@ -334,7 +347,7 @@ class Generator:
         constraint: Constraint | None = None,
     ) -> Iterator[StreamEvent]:
         start = time.perf_counter()
-        loop = self._loop(prompt_ids, params, speculative, draft, constraint)
+        loop = self.loop(prompt_ids, params, speculative, draft, constraint)
         try:  # (one generator, not two: what runs per token runs with caches the forward evicted)
             text = TextStream.of(self.tokenizer, prompt_ids, params)
             generated: list[int] = []
@@ -351,7 +364,7 @@ class Generator:
                     yield StreamEvent([token], piece, logprobs=scores)
                     continue
                 end = time.perf_counter()
-                self._cache_reply(loop)
+                self.cache_reply(loop)
                 stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
                 stats["prefill_s"] = loop.prefill_s
                 stats["cached_tokens"] = loop.cached_tokens
@@ -365,7 +378,7 @@ class Generator:
         finally:
             self.give_back(loop.state)
 
-    def _cache_reply(self, loop: TokenLoop) -> None:
+    def cache_reply(self, loop: TokenLoop) -> None:
         """Cache the finished sequence: the state after its last fed token (the reply's last token was
         sampled, never fed), where the next turn of a chat resumes."""
         length = loop.state.length

@@ -191,8 +191,9 @@ class SpeculativeLoop(TokenLoop):
                 emitted = self._verify(drafts, q)
                 if self.budget is not None:  # the forward and the commit (a replay, if any)
                     self.budget.observe_forward(len(drafts) + 1, time.perf_counter() - started)
-            for token in emitted:
+            for i, token in enumerate(emitted):
                 reason = self._emit(token)
+                self.ready = len(emitted) - 1 - i
                 yield token, reason
                 if reason is not None:
                     return
