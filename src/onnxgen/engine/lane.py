@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from onnxgen.engine.sequence import Sequence
-from onnxgen.generation.generator import Generator, TokenLoop
+from onnxgen.generation.generator import Generator
 from onnxgen.generation.speculative import Speculative
+from onnxgen.generation.token_loop import TokenLoop
 
 Drafts = Callable[[Speculative | None], Generator | None]  # a DraftModel's loaded draft (else None)
 

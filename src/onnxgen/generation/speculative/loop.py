@@ -22,11 +22,11 @@ import numpy as np
 from onnxruntime import OrtValue
 
 from onnxgen.generation.constraints import Constraint
-from onnxgen.generation.generator import TokenLoop
 from onnxgen.generation.logprobs import token_logprob
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative.accept import accept_greedy_lazily, accept_sampled
 from onnxgen.generation.speculative.budget import DraftBudget
+from onnxgen.generation.token_loop import TokenLoop
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
