@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import onnxgen
-from onnxgen import LLM, MTP, GenerationError, PromptLookup, SamplingParams
+from onnxgen import LLM, MTP, DraftModel, GenerationError, PromptLookup, SamplingParams
 from onnxgen.engine.engine import Engine, RequestOutput
 from onnxgen.runtime.state import DecodeState
 from onnxgen.testing import build_model
@@ -106,6 +106,15 @@ def test_lanes_sharing_one_state_would_be_caught(
     monkeypatch.undo()
     alone = [llm.generate(p, GREEDY, speculative=LOOKUP).token_ids for p in prompts[:2]]
     assert [r.token_ids for r in results] != alone
+
+
+def test_draft_model_lanes_equal_the_library(llm: LLM, prompts: list[list[int]]) -> None:
+    draft = DraftModel(str(llm.package.root), num_draft_tokens=3)  # the model drafts for itself
+    batched = llm.generate(prompts[:2], GREEDY, speculative=draft)
+    for result, ids in zip(batched, prompts[:2], strict=True):
+        alone = llm.generate(ids, GREEDY, speculative=draft)
+        assert result.token_ids == alone.token_ids
+        assert result.stats["accepted_draft_tokens"] == result.stats["proposed_draft_tokens"] > 0
 
 
 def test_an_aborted_lane_frees_its_row_and_the_others_go_on(llm: LLM, prompts: list[list[int]]) -> None:

@@ -9,12 +9,15 @@ scheduler iteration, and gets the tokens ``LLM.generate`` gives it, prefix cache
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 from onnxgen.engine.sequence import Sequence
 from onnxgen.generation.generator import Generator
 from onnxgen.generation.speculative import Speculative
 from onnxgen.generation.token_loop import TokenLoop
+
+log = logging.getLogger(__name__)
 
 Drafts = Callable[[Speculative | None], Generator | None]  # a DraftModel's loaded draft (else None)
 
@@ -63,6 +66,9 @@ class LaneFactory:
         and its loop's statistics kept in ``extra_stats``."""
         loop = lane.loop
         if finished:
-            self.generator.cache_reply(loop)
             lane.seq.extra_stats = {"forward_passes": loop.forward_passes, **loop.stats()}
+            try:
+                self.generator.cache_reply(loop)
+            except Exception:  # the cache must never fail a request
+                log.exception("caching a finished sequence failed; it is not cached")
         self.generator.give_back(loop.state)
