@@ -41,7 +41,7 @@ from onnxgen.bench_stats import (
     token_check,
 )
 from onnxgen.bench_worker import Worker, machine_info
-from onnxgen.cli.speculative import SpeculativeSpec, parse_speculative
+from onnxgen.generation.speculative.spec import SpeculativeSpec, parse_speculative
 from onnxgen.runtime.plans import DECODE_PLANS
 
 __all__ = [

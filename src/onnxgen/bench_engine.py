@@ -17,9 +17,9 @@ from typing import Any
 from onnxgen.bench_constraints import constraint_kwargs
 from onnxgen.bench_genai import GENAI, BenchError, GenaiEngine, step_durations_ms
 from onnxgen.bench_worker import peak_rss_mb, rss_mb, serve
-from onnxgen.cli.speculative import SpeculativeSpec
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import Speculative
+from onnxgen.generation.speculative.spec import SpeculativeSpec
 from onnxgen.llm import draft_threads, load
 from onnxgen.runtime import hugepages
 

@@ -203,7 +203,9 @@ class LLM:
                 self._mtp = head
             return self._mtp
 
-    def _draft_session(self, speculative: Speculative | None) -> Generator | None:
+    def draft_generator(self, speculative: Speculative | None) -> Generator | None:
+        """The generator of a :class:`~onnxgen.DraftModel`'s draft (loaded on first use and checked against
+        this model's tokenizer); None for other kinds of speculation."""
         if not isinstance(speculative, DraftModel):
             return None
         draft = speculative.model
@@ -214,6 +216,12 @@ class LLM:
             draft = self._drafts[key]
         self._check_same_tokenizer(draft)
         return draft.generator
+
+    def check_speculative(self, speculative: Speculative | None) -> None:
+        """Raise, naming what is missing, where this model cannot draft with ``speculative`` (no usable MTP
+        head; a draft model that does not load or does not share the tokenizer: it is loaded here)."""
+        self.generator.check_speculative(speculative)
+        self.draft_generator(speculative)
 
     def _check_same_tokenizer(self, draft: LLM) -> None:
         if draft in self._checked_drafts:
@@ -279,7 +287,7 @@ class LLM:
                 "one prompt takes one SamplingParams; give a list of prompts for a list of them"
             )
         resolved = resolve_params(params, sampling, "generate")
-        draft = self._draft_session(speculative)
+        draft = self.draft_generator(speculative)
         single = cast(Prompt, prompt)
         return self.generator.generate(self.encode(single), resolved, speculative, draft)
 
@@ -295,12 +303,8 @@ class LLM:
         ``params``: one for every prompt, or a list with one per prompt. Every prompt is checked before
         any runs; a prompt that fails while decoding (its constraint, say) ends with finish reason
         ``"error"`` and the message in ``stats["error"]``, and the others go on. Each sequence gets the
-        tokens it gets alone (rows never depend on their company)."""
-        if speculative is not None:
-            raise GenerationError(
-                "speculative decoding runs one prompt at a time; generate each prompt on its own, or leave "
-                "speculative out for a batch"
-            )
+        tokens it gets alone (rows never depend on their company). With ``speculative`` every prompt
+        drafts and verifies on its own, beside the others (the tokens :meth:`generate` gives it)."""
         many = (
             [params or SamplingParams()] * len(prompts) if not isinstance(params, Sequence) else list(params)
         )
@@ -313,13 +317,14 @@ class LLM:
             ids = [self.encode(p) for p in prompts]
             for prompt_ids, p in zip(ids, many, strict=True):  # every request checked before any runs
                 self.generator.admit(prompt_ids, p, engine.limits.max_model_len)
-            return run_batch(engine, ids, many)
+            engine.lanes.check(speculative)
+            return run_batch(engine, ids, many, speculative)
 
     def engine(self) -> Engine:
         """The batching engine on this model's session, made on first use (its limits from ``config``)."""
         if self._engine is None:
             limits = BatchLimits.resolve(self.config, self.package, self.session)
-            self._engine = Engine(self.generator, limits)
+            self._engine = Engine(self.generator, limits, self.draft_generator)
         return self._engine
 
     def stream(
@@ -332,7 +337,7 @@ class LLM:
         """:meth:`generate`, as events: each carries the new token ids and the text they complete; the last
         has the ``finish_reason`` and the ``stats``."""
         params = resolve_params(params, sampling, "stream")
-        draft = self._draft_session(speculative)
+        draft = self.draft_generator(speculative)
         return self.generator.stream(self.encode(prompt), params, speculative, draft)
 
     def plan_chat(self, messages: Messages, params: SamplingParams | None = None, **options: Any) -> ChatPlan:
@@ -374,7 +379,7 @@ class LLM:
         cache_turn = bool(options.pop("cache_turn", True))
         template_kwargs = options.get("chat_template_kwargs")
         plan = self.plan_chat(messages, params, **options)
-        draft = self._draft_session(speculative)
+        draft = self.draft_generator(speculative)
         result = self.generator.generate(self._chat_ids(plan), plan.params, speculative, draft)
         if cache_turn:
             self._cache_turn(messages, plan, template_kwargs, result.text, result.stats)
@@ -403,7 +408,7 @@ class LLM:
         cache_turn = bool(options.pop("cache_turn", True))
         template_kwargs = options.get("chat_template_kwargs")
         plan = self.plan_chat(messages, params, **options)
-        draft = self._draft_session(speculative)
+        draft = self.draft_generator(speculative)
         events = self.generator.stream(self._chat_ids(plan), plan.params, speculative, draft)
 
         def after(text: str, stats: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from runtime_helpers import PROMPT, ids, open_session
 
 from onnxgen.errors import GenerationError
 from onnxgen.model.package import ModelPackage
-from onnxgen.runtime.session import DecoderSession, _Lane, _LengthMask
+from onnxgen.runtime.session import DecoderSession, LengthMask, StepLane
 from onnxgen.runtime.state import DecodeState
 
 SHARED_FAMILIES = ("genai-dense", "hybrid-genai")  # GroupQueryAttention: the steady cycle runs
@@ -25,7 +25,7 @@ def _script(session: DecoderSession, single: bool) -> tuple[list[np.ndarray], di
     lane_runs = 0
     make = DecoderSession._lane
 
-    def counting_lane(self: DecoderSession, *args: object) -> _Lane | None:
+    def counting_lane(self: DecoderSession, *args: object) -> StepLane | None:
         lane = make(self, *args)  # type: ignore[arg-type]
         if lane is None:
             return None
@@ -103,7 +103,7 @@ def test_a_lane_that_does_not_bind_the_grown_mask_is_caught(
     monkeypatch.setattr(session, "length_mask", length_mask)
     make = DecoderSession._lane
 
-    def stale_mask(self: DecoderSession, *args: object) -> _Lane | None:
+    def stale_mask(self: DecoderSession, *args: object) -> StepLane | None:
         lane = make(self, *args)  # type: ignore[arg-type]
         if lane is not None:
             lane.bind_input = lambda name, value: None
@@ -145,11 +145,11 @@ def test_capacity_mask_lanes_follow_rewinds(
         np.testing.assert_array_equal(a, b)
 
     # negative control: a mask that is not cut back with the KV cache lets attention read stale positions
-    def fill_without_cut(self: _LengthMask, length: int) -> None:
+    def fill_without_cut(self: LengthMask, length: int) -> None:
         self.row[:length] = 1
         self.filled = length
 
-    monkeypatch.setattr(_LengthMask, "fill", fill_without_cut)
+    monkeypatch.setattr(LengthMask, "fill", fill_without_cut)
     stale = _rewinding(session, single=True)
     assert any(not np.array_equal(a, b) for a, b in zip(stale, forwarded, strict=True))
 

@@ -23,6 +23,7 @@ from onnxgen.cli.generate import (
     resolve_model,
     resolve_threads,
 )
+from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.config import API_KEY, env_api_key
 from onnxgen.errors import ModelPackageError, OnnxgenError
 from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
@@ -111,6 +112,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-prompts", action="store_true", help="put each request's prompt into its log line")
     add_runtime_flags(p)
     add_prefix_cache_flags(p, 0)
+    add_speculative_flags(p, "the default of every request (a request's `speculative` field overrides it)")
 
 
 def _say(message: str) -> None:
@@ -158,6 +160,8 @@ def _engine_spec(
         checkpoint_interval=args.checkpoint_interval,
         decode_plan=args.decode_plan,
         fast_ops=args.fast_ops,
+        speculative=args.speculative,
+        draft_tokens=args.draft_tokens,
     )
 
 
@@ -217,6 +221,7 @@ def _run(args: argparse.Namespace) -> int:
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
     spec = _engine_spec(args, Path(resolve_model(args.model)), fixed_rows, security)
     spec.scheduler_config()  # a bad size is an error before the port and the model
+    spec.speculative_spec()  # so is a bad --speculative
     model = Path(spec.model)
     if not model.exists():
         raise ModelPackageError(f"model path {model} does not exist; pass a model directory")

@@ -8,6 +8,7 @@ from onnxgen.engine.engine import Engine, RequestOutput
 from onnxgen.generation.generator import GenerationResult
 from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.speculative import Speculative
 
 
 class _Collected:
@@ -34,10 +35,14 @@ class _Collected:
 
 
 def run_batch(
-    engine: Engine, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    params: Sequence[SamplingParams],
+    speculative: Speculative | None = None,
 ) -> list[GenerationResult]:
-    """The results of ``prompts`` (each with its ``params``) in their order: requests are queued as the
-    engine's queue has room and stepped until all finished; an interruption aborts the rest."""
+    """The results of ``prompts`` (each with its ``params``, all drafting with ``speculative`` where
+    given) in their order: requests are queued as the engine's queue has room and stepped until all
+    finished; an interruption aborts the rest."""
     collected = [_Collected(p.logprobs) for p in params]
     pending = list(range(len(prompts)))[::-1]  # popped from the end: in order
     started: list[int] = []
@@ -45,7 +50,7 @@ def run_batch(
         while pending or engine.has_unfinished():
             while pending and engine.scheduler.queue_room() > 0:
                 i = pending.pop()
-                engine.add_request(i, prompts[i], params[i])
+                engine.add_request(i, prompts[i], params[i], speculative)
                 started.append(i)
             for out in engine.step():
                 collected[int(out.request_id)].feed(out)

@@ -14,12 +14,14 @@ from collections.abc import Sequence as Ids
 from dataclasses import dataclass
 from typing import Any
 
+from onnxgen.engine.lane import Drafts, LaneFactory
 from onnxgen.engine.limits import BatchLimits
 from onnxgen.engine.scheduler import Emitted, Scheduler
 from onnxgen.engine.sequence import Sequence, TextStream
 from onnxgen.errors import GenerationError
 from onnxgen.generation.generator import Generator, StreamEvent
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.speculative import Speculative
 
 RequestId = str | int
 
@@ -38,19 +40,29 @@ class RequestOutput(StreamEvent):
 class Engine:
     """Batched generation on one model: the generator's session, tokenizer and checks, a scheduler."""
 
-    def __init__(self, generator: Generator, limits: BatchLimits) -> None:
+    def __init__(self, generator: Generator, limits: BatchLimits, drafts: Drafts = lambda _: None) -> None:
+        """``drafts`` gives a :class:`~onnxgen.DraftModel`'s loaded draft (what ``LLM`` does)."""
         self.generator = generator
         self.limits = limits
-        self.scheduler = Scheduler(generator.session, limits, generator.export, generator.prefix_cache)
+        self.lanes = LaneFactory(generator, drafts)
+        self.scheduler = Scheduler(
+            generator.session, limits, generator.export, generator.prefix_cache, self.lanes
+        )
         self._requests: dict[RequestId, list[Sequence]] = {}
         self._owners: dict[int, tuple[RequestId, int]] = {}  # id(sequence) -> (request, choice index)
 
     def add_request(
-        self, request_id: RequestId, prompt_ids: Ids[int], params: SamplingParams | Ids[SamplingParams]
+        self,
+        request_id: RequestId,
+        prompt_ids: Ids[int],
+        params: SamplingParams | Ids[SamplingParams],
+        speculative: Speculative | None = None,
     ) -> None:
         """Queue a request: one sequence, or with a list of params one per entry (its choices, prefilled
-        once; outputs say which by ``index``). A bad one (prompt, stop strings, constraint, a taken id)
-        raises here."""
+        once; outputs say which by ``index``). With ``speculative`` each sequence drafts and verifies in a
+        lane of its own (:mod:`.lane`), giving what ``LLM.generate`` gives it. A bad one (prompt, stop
+        strings, constraint, a missing MTP head or draft model, a taken id) raises here."""
+        self.lanes.check(speculative)
         if request_id in self._requests:
             raise GenerationError(
                 f"request id {request_id!r} is already running; give each request its own id"
@@ -59,7 +71,7 @@ class Engine:
         for p in [params] if isinstance(params, SamplingParams) else params:
             p, constraint = self.generator.admit(prompt_ids, p, self.limits.max_model_len)
             text = TextStream.of(self.generator.tokenizer, prompt_ids, p)
-            group.append(Sequence(prompt_ids, p, self.generator.eos_ids, constraint, text))
+            group.append(Sequence(prompt_ids, p, self.generator.eos_ids, constraint, text, speculative))
         self.add_sequences(request_id, group)
 
     def add_sequences(self, request_id: RequestId, group: list[Sequence]) -> None:
@@ -134,4 +146,5 @@ class Engine:
             "decode_tok_s": (generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
             "total_s": end - seq.arrived,
             **(seq.constraint.stats() if seq.constraint is not None else {}),
+            **seq.extra_stats,
         }

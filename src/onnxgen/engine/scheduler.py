@@ -9,6 +9,10 @@ Each :meth:`Scheduler.step`
    its token with its own processors and sampler;
 3. retires the rows that finished (their slot is reused at once).
 
+A speculative sequence (``Sequence.speculative``) runs in a lane of its own instead (:mod:`.lane`: one
+verify or plain step per iteration, on its own state, through the library's speculative loop), beside the
+batch; it counts against ``max_batch`` as a row does.
+
 With the model's prefix cache (:mod:`onnxgen.cache.prefix`), a prompt's prefill starts from its longest
 cached prefix, stops at the cache's checkpoints (caching each), and a finished row's sequence is cached
 from the batch row before it is retired. The cache never fails a request: where it does, the prompt is
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxgen.cache.prefix import PrefixCache
+from onnxgen.engine.lane import Lane, LaneFactory
 from onnxgen.engine.limits import BatchLimits
 from onnxgen.engine.sequence import Sequence
 from onnxgen.errors import GenerationError, OnnxgenError
@@ -77,8 +82,12 @@ class Scheduler:
         limits: BatchLimits,
         export: str = "the model",
         prefix_cache: PrefixCache | None = None,
+        lanes: LaneFactory | None = None,
     ) -> None:
+        """``lanes`` opens the lanes of speculative sequences (None: such sequences are refused)."""
         self.session = session
+        self.lane_factory = lanes
+        self.lanes: list[Lane] = []
         self.limits = limits
         self.export = export  # named by the error when a prompt's logits are not finite
         self.prefix_cache = prefix_cache
@@ -99,6 +108,8 @@ class Scheduler:
                 f"{len(group)} sequences of one prompt exceed the batch of {self.limits.max_batch} rows; "
                 "ask for fewer choices or raise max_batch"
             )
+        if group[0].speculative is not None and self.lane_factory is None:
+            raise GenerationError("this scheduler runs no speculative sequences; leave speculative out")
         if not self.queue_room():
             raise QueueFull(
                 f"the queue is full ({len(self.waiting)} prompts waiting, at most {self.limits.max_queue}); "
@@ -111,21 +122,32 @@ class Scheduler:
         return self.limits.max_queue - len(self.waiting)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.running)
+        return bool(self.waiting or self.prefilling or self.running or self.lanes)
+
+    @property
+    def free_rows(self) -> int:
+        """Rows a new group may take: the batch's free rows less those lanes and the prefilling group hold."""
+        return self.batch.free_rows - len(self.lanes) - len(self.prefilling or [])
 
     def step(self) -> list[Emitted]:
         """One iteration; what each sequence got in it (a token, or an error), in that order (a sequence
         prefilled in it gets two: its first token, then one from the decode step). A finished sequence
         has ``finish_reason`` set and is no longer scheduled."""
         touched: list[Emitted] = []
+        self._open_lanes()
         self._prefill_some(touched)
+        if self.lanes:
+            self._step_lanes(touched)
         if self.running:
             self._decode(touched)
         return touched
 
     def abort(self, seq: Sequence, reason: str = "abort") -> None:
-        """Stop ``seq`` wherever it is (queued, prefilling or running); its row is freed at once."""
-        if seq.slot is not None:
+        """Stop ``seq`` wherever it is (queued, prefilling, running or in a lane); its row is freed at once."""
+        lane = next((lane for lane in self.lanes if lane.seq is seq), None)
+        if lane is not None:
+            self._close_lane(lane, finished=False)
+        elif seq.slot is not None:
             self._retire(seq)
         else:
             for group in (*self.waiting, self.prefilling or []):
@@ -172,7 +194,8 @@ class Scheduler:
     def _next_prefill(self) -> bool:
         """Take the next waiting group to prefill (whether one could: it needs a free row per sequence),
         resumed from its longest cached prefix."""
-        if not self.waiting or len(self.waiting[0]) > self.batch.free_rows:
+        self._open_lanes()
+        if not self.waiting or len(self.waiting[0]) > self.free_rows:
             return False
         self.prefilling = group = self.waiting.popleft()
         self._prefill_state.reset()
@@ -221,6 +244,48 @@ class Scheduler:
             return
         seq.slot = self.batch.admit(self._prefill_state)
         self.running.append(seq)
+
+    # -- lanes ------------------------------------------------------------------------------------------
+    def _open_lanes(self) -> None:
+        """Give the speculative groups at the head of the queue a lane per sequence, while rows are free."""
+        while self.waiting and self.waiting[0][0].speculative is not None:
+            if len(self.waiting[0]) > self.free_rows:
+                return
+            assert self.lane_factory is not None
+            for seq in self.waiting.popleft():
+                self.lanes.append(self.lane_factory.open(seq))
+
+    def _step_lanes(self, touched: list[Emitted]) -> None:
+        for lane in list(self.lanes):
+            try:
+                self._lane_tokens(lane, touched)
+            except OnnxgenError as e:  # its prompt's logits, its constraint: it fails alone
+                self._close_lane(lane, finished=False)
+                self._fail(lane.seq, str(e), touched, client=isinstance(e, ConstraintError))
+                continue
+            if lane.seq.finish_reason is not None:
+                self._close_lane(lane, finished=True)
+
+    def _lane_tokens(self, lane: Lane, touched: list[Emitted]) -> None:
+        """The tokens of one forward of ``lane`` (a verify's accepted drafts and the token after them;
+        the first call also runs the prompt)."""
+        seq, loop = lane.seq, lane.loop
+        while True:
+            token, reason = lane.next()
+            if seq.generated == 0:
+                seq.cached_tokens = loop.cached_tokens
+                self.prefilled_tokens += seq.prompt_len - loop.cached_tokens
+            if seq.scores is not None and loop.scores is not None:
+                seq.scores.append(loop.scores[len(seq.scores)])
+            text, reason = seq.put(token, reason)
+            touched.append(Emitted(seq, token, text, reason, seq.last_score))
+            if reason is not None or not lane.ready:
+                return
+
+    def _close_lane(self, lane: Lane, finished: bool) -> None:
+        self.lanes.remove(lane)
+        assert self.lane_factory is not None
+        self.lane_factory.close(lane, finished)
 
     # -- decode -----------------------------------------------------------------------------------------
     def _decode(self, touched: list[Emitted]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence as Ids
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from onnxgen.generation.logprobs import TokenLogprob, choose_scored
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, TokenChoice, apply_chain, build_chain
 from onnxgen.generation.sampling import Sampler
+from onnxgen.generation.speculative import Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher, StopStrings
 from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -65,7 +67,10 @@ class Sequence:
     """One sequence's ids (prompt, then generated), its token selection and its stop checks.
 
     ``slot`` is the batch row a scheduler gave it (None while it waits or prefills), ``offset`` the prompt
-    tokens prefilled so far (resumed from the prefix cache: ``cached_tokens`` of them); ``scores`` the log-probability of each emitted token when the request asks.
+    tokens prefilled so far (resumed from the prefix cache: ``cached_tokens`` of them); ``scores`` the
+    log-probability of each emitted token when the request asks. ``speculative``: what it drafts with (a
+    scheduler then decodes it alone, through the library's speculative loop); ``extra_stats``: statistics
+    of that loop, merged into its final ones.
     """
 
     def __init__(
@@ -75,8 +80,10 @@ class Sequence:
         eos_ids: Ids[int],
         constraint: Constraint | None = None,
         text: TextStream | None = None,
+        speculative: Speculative | None = None,
     ) -> None:
         self.params = params
+        self.speculative = speculative
         self.prompt_len = len(prompt)
         self.ids = np.zeros(len(prompt) + params.max_new_tokens, dtype=np.int64)
         self.ids[: len(prompt)] = prompt
@@ -97,6 +104,7 @@ class Sequence:
         self.arrived = time.perf_counter()
         self.first_token_at = 0.0
         self.last_token_at = 0.0
+        self.extra_stats: dict[str, Any] = {}
 
     @property
     def prompt(self) -> np.ndarray:
@@ -140,7 +148,15 @@ class Sequence:
     def add(self, token: int) -> tuple[str, str | None]:
         """:meth:`append` ``token`` and stream it: the text it completes and the finish reason (also kept
         in ``finish_reason``), a stop string counted."""
-        reason = self.append(token)
+        return self._stream(token, self.append(token))
+
+    def put(self, token: int, reason: str | None) -> tuple[str, str | None]:
+        """As :meth:`add`, for a token another loop chose and checked (its finish reason ``reason``)."""
+        self.ids[self.n] = token
+        self.n += 1
+        return self._stream(token, reason)
+
+    def _stream(self, token: int, reason: str | None) -> tuple[str, str | None]:
         self.last_token_at = time.perf_counter()
         if self.generated == 1:
             self.first_token_at = self.last_token_at

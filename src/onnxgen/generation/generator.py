@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from onnxgen.cache.prefix import Hit, PrefixCache, prefill_with_checkpoints
-from onnxgen.engine.sequence import Sequence, TextStream
+from onnxgen.cache.prefix import PrefixCache
+from onnxgen.engine.sequence import TextStream
 from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint, ConstraintCompiler
 from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.sampling import check_model_logits
 from onnxgen.generation.speculative import MTP, PromptLookup, Speculative
+from onnxgen.generation.token_loop import TokenLoop
 from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
@@ -55,109 +55,6 @@ class GenerationResult:
     finish_reason: str
     stats: dict[str, Any] = field(default_factory=dict)
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
-
-
-class TokenLoop(Sequence):
-    """Chooses tokens one forward at a time for one sequence, alone on ``state``; counts forwards and
-    times them."""
-
-    def __init__(
-        self,
-        session: DecoderSession,
-        state: DecodeState,
-        prompt: Ids[int],
-        params: SamplingParams,
-        eos_ids: Ids[int],
-        constraint: Constraint | None = None,
-        export: str = "the model",
-    ) -> None:
-        super().__init__(prompt, params, eos_ids, constraint)
-        self.session = session
-        self.export = export  # named by the error when the prompt's logits are not finite
-        self.state = state
-        self.forward_passes = 0
-        self.prefill_s = 0.0
-        self.cache: PrefixCache | None = None  # set by resume(): the prefill runs from the cached prefix
-        self.hit: Hit | None = None
-        self.cached_tokens = 0
-
-    def stats(self) -> dict[str, Any]:
-        """Loop-specific statistics merged into the result's stats."""
-        return {}
-
-    def resume(self, cache: PrefixCache) -> None:
-        """Load the longest usable cached prefix of the prompt into the (empty) state; the prefill then
-        runs the rest only, caching the prefixes :meth:`PrefixCache.cuts` names on the way."""
-        hit = cache.lookup(self.ids[: self.n], whole=True)
-        cache.restore(hit, self.state)
-        self.cache, self.hit, self.cached_tokens = cache, hit, hit.tokens
-
-    def _forward_to(self, end: int) -> np.ndarray:
-        """Run the prompt's ids from the state's length up to ``end``; the last position's logits."""
-        return self.session.forward(self.state, self.ids[None, self.state.length : end], 1, copy=False)[0, -1]
-
-    def _prefill(self) -> np.ndarray:
-        """Run the prompt in one forward (from a cached prefix: the rest, in pieces that end where the
-        cache takes checkpoints); the last position's logits. Timed as ``prefill_s``."""
-        start = time.perf_counter()
-        if self.cache is None:
-            logits = self._forward_to(self.n)
-            self.forward_passes += 1
-        else:
-            assert self.hit is not None
-            logits, passes = prefill_with_checkpoints(
-                self.cache, self.state, self.ids[: self.n], self.hit, self._forward_to
-            )
-            self.forward_passes += passes
-        self.prefill_s = time.perf_counter() - start
-        check_model_logits(logits, self.export)
-        return logits
-
-    def _scored_tokens(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
-        """:meth:`_decode` for a request that asks for log-probabilities (one score a token)."""
-        while True:
-            token = self.select(logits)
-            reason = self.append(token)
-            yield token, reason
-            if reason is not None:
-                return
-            logits = self.session.step(self.state, token)
-            self.forward_passes += 1
-
-    def tokens(self) -> Iterator[tuple[int, str | None]]:
-        """Yield (token id, finish reason or None); the last yielded token carries the reason. The prompt
-        runs when this is called."""
-        return self._decode(self._prefill())
-
-    def _decode(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
-        """Plain decoding on from ``logits``, those of the last forward (after the last id in ``ids``)."""
-        return self._scored_tokens(logits) if self.scores is not None else self._steps(logits)
-
-    def _steps(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
-        """:meth:`_decode` without log-probabilities: the hot loop."""
-        # what runs per token runs with caches the forward evicted: names bound once, and where the raw
-        # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain; where
-        # it does not, the chain decides without taking that argmax again
-        ids, step, state, check, raw_argmax, by_chain = (
-            self.ids,
-            self.session.step,
-            self.state,
-            self.check,
-            self.choose.raw_argmax,
-            self.choose.by_chain,
-        )
-        while True:
-            token = raw_argmax(logits)
-            if token is None:
-                token = by_chain(ids[: self.n], self.prompt_len, logits)
-            ids[self.n] = token
-            self.n += 1
-            reason = check(token)
-            yield token, reason
-            if reason is not None:
-                return
-            logits = step(state, token)
-            self.forward_passes += 1
 
 
 class Generator:
@@ -232,7 +129,7 @@ class Generator:
             if self._state is None or self._state.capacity < state.capacity:
                 self._state = state
 
-    def _loop(
+    def loop(
         self,
         prompt_ids: Ids[int],
         params: SamplingParams,
@@ -240,6 +137,8 @@ class Generator:
         draft: Generator | None,
         constraint: Constraint | None = None,
     ) -> TokenLoop:
+        """The loop that decodes one request alone on a state of its own (checked out: :meth:`give_back`
+        it), resumed from the prefix cache where it has one."""
         state = self.state_for(len(prompt_ids) + params.max_new_tokens)
         if speculative is None:
             loop = TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint, self.export)
@@ -254,7 +153,7 @@ class Generator:
         if isinstance(speculative, PromptLookup):
             proposer = NgramProposer(speculative.max_ngram, speculative.min_ngram)
         elif isinstance(speculative, MTP):
-            head, hidden = self._mtp()
+            head, hidden = self.mtp()
             proposer = MTPProposer(head, hidden, params, self.eos_ids, state.capacity)
         else:
             if draft is None:
@@ -282,7 +181,7 @@ class Generator:
             loop.resume(self.prefix_cache)
         return loop
 
-    def _mtp(self) -> tuple[MTPHeadSession, str]:
+    def mtp(self) -> tuple[MTPHeadSession, str]:
         """The MTP head (loaded on first use) and the decoder's hidden-state output it reads."""
         head = self.mtp_head() if self.mtp_head is not None else None  # raises where the model has none
         hidden = self.session.hidden_state
@@ -293,6 +192,12 @@ class Generator:
             )
         return head, hidden
 
+    def check_speculative(self, speculative: Speculative | None) -> None:
+        """Raise, naming what is missing, where this model cannot draft with ``speculative`` (an MTP head
+        absent or not fitting the model); a draft model is checked where it is loaded."""
+        if isinstance(speculative, MTP):
+            self.mtp()
+
     def stream(
         self,
         prompt_ids: Ids[int],
@@ -302,8 +207,7 @@ class Generator:
     ) -> Iterator[StreamEvent]:
         """Events of one request; a bad prompt raises here, before the first event is asked for."""
         params, constraint = self.admit(prompt_ids, params)
-        if isinstance(speculative, MTP):
-            self._mtp()  # no head, or one that does not fit the model: raises here
+        self.check_speculative(speculative)  # no MTP head, or one that does not fit the model: raises here
         return self._events(prompt_ids, params, speculative, draft, constraint)
 
     def admit(
@@ -334,7 +238,7 @@ class Generator:
         constraint: Constraint | None = None,
     ) -> Iterator[StreamEvent]:
         start = time.perf_counter()
-        loop = self._loop(prompt_ids, params, speculative, draft, constraint)
+        loop = self.loop(prompt_ids, params, speculative, draft, constraint)
         try:  # (one generator, not two: what runs per token runs with caches the forward evicted)
             text = TextStream.of(self.tokenizer, prompt_ids, params)
             generated: list[int] = []
@@ -351,7 +255,7 @@ class Generator:
                     yield StreamEvent([token], piece, logprobs=scores)
                     continue
                 end = time.perf_counter()
-                self._cache_reply(loop)
+                self.cache_reply(loop)
                 stats = self._stats(len(prompt_ids), len(generated), start, first, end, loop.forward_passes)
                 stats["prefill_s"] = loop.prefill_s
                 stats["cached_tokens"] = loop.cached_tokens
@@ -365,7 +269,7 @@ class Generator:
         finally:
             self.give_back(loop.state)
 
-    def extend_cache(self, token_ids: Sequence[int]) -> int:
+    def extend_cache(self, token_ids: Ids[int]) -> int:
         """Run ``token_ids`` into the prefix cache: resume from their longest cached prefix, prefill the
         rest in one forward and cache the state after the last id (a chat runs the tokens its next turn
         starts with, after a reply). Returns how many ids were prefilled (0: already cached, no cache, or
@@ -386,7 +290,7 @@ class Generator:
             self.give_back(state)
         return len(ids) - hit.tokens
 
-    def _cache_reply(self, loop: TokenLoop) -> None:
+    def cache_reply(self, loop: TokenLoop) -> None:
         """Cache the finished sequence: the state after its last fed token (the reply's last token was
         sampled, never fed), where the next turn of a chat resumes."""
         length = loop.state.length

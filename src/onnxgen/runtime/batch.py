@@ -42,7 +42,7 @@ from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.model.io import KVPair
 from onnxgen.runtime.buffers import HostBuffer, dtype_of, index_dtype
-from onnxgen.runtime.session import DecoderSession, _Binder
+from onnxgen.runtime.session import Binder, DecoderSession
 from onnxgen.runtime.state import DecodeState
 
 
@@ -145,7 +145,7 @@ class BatchState:
             shape = (max_batch, *(int(d) for d in pair.shape[1:]))  # type: ignore[arg-type]
             self._states.append(RowBuffer(shape, dtype_of(pair.dtype)))
             self._spares.append(RowBuffer(shape, dtype_of(pair.dtype)))
-        self._binders: dict[tuple[ort.InferenceSession, int], _Binder] = {}
+        self._binders: dict[tuple[ort.InferenceSession, int], Binder] = {}
         session.track(self)  # its binders are dropped when the session is replaced
         self._token_dtype = index_dtype(io, io.token_input)
         self._mask_dtype = index_dtype(io, io.attention_mask)
@@ -277,7 +277,7 @@ class BatchState:
         binder = self._binders.get((run, self.steps % 2))
         if binder is None:  # two per session: the recurrent states ping-pong between two buffers (but
             # the ones updated in place)
-            binder = self._binders[(run, self.steps % 2)] = _Binder(run.io_binding())
+            binder = self._binders[(run, self.steps % 2)] = Binder(run.io_binding())
         small = self._bind_small_inputs(binder.binding, tokens)
         self._bind_caches(binder, m)
         if self._logits is not None:
@@ -326,7 +326,7 @@ class BatchState:
                 binding.bind_cpu_input(static.kv_lengths, arrays[-1])
         return arrays
 
-    def _bind_caches(self, binder: _Binder, n: int) -> None:
+    def _bind_caches(self, binder: Binder, n: int) -> None:
         if self.shared_kv:
             for n_in, n_out, buf in zip(self._kv_in, self._kv_out, self._kv_shared, strict=True):
                 binder.input(n_in, buf.rows(n))

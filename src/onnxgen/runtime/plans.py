@@ -38,6 +38,7 @@ import onnxruntime as ort
 from onnxgen.errors import UnsupportedModelError
 from onnxgen.runtime.graph_cache import cache_root, relocate
 from onnxgen.runtime.plan_names import DECODE_PLANS as DECODE_PLANS
+from onnxgen.runtime.session import FOLDER_KEY, Binder
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 INLINE_FILE = "inline.onnx"
 # How the optimized copy is saved: weights (and onnxruntime's prepacked forms of them) in one data file.
 _SAVE_PREPACKED = {
@@ -354,11 +354,9 @@ def _probe_token(main: DecoderSession) -> int:
 
 def _probe(main: DecoderSession, session: ort.InferenceSession, token: int) -> dict[str, np.ndarray]:
     """Every output of ``session`` for ``token`` on an empty decode state."""
-    from onnxgen.runtime.session import _Binder  # session imports this module
-
     state = main.new_state(1)
     binding = session.io_binding()
-    main._bind_step_inputs(_Binder(binding), 0, np.full((1, 1), token, dtype=np.int64), 1)
+    main._bind_step_inputs(Binder(binding), 0, np.full((1, 1), token, dtype=np.int64), 1)
     step = state.prepare(1)
     names = [n for n, _ in step.outputs] + [main.io.logits]
     for n, v in step.inputs:

@@ -29,12 +29,16 @@ from onnxgen.model.io import DecoderIO
 from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
 from onnxgen.runtime.graph_cache import PassSettings, prepare_session_graph
-from onnxgen.runtime.plans import FOLDER_KEY
 from onnxgen.runtime.state import DecodeState, StepIO
 from onnxgen.runtime.verify_plan import VERIFY_STRATEGIES, VerifyPlan, plan_graph
 
 if TYPE_CHECKING:
+    import onnxruntime.capi.onnxruntime_pybind11_state as C
+
     from onnxgen.runtime.plans import DecodePlan
+
+# onnxruntime's session option naming the folder external weights are read from
+FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +75,7 @@ def _run_failed(tokens: int, past: int, error: Exception) -> GenerationError:
     return GenerationError(f"forward over {tokens} tokens at position {past} failed: {error}")
 
 
-class _Binder:
+class Binder:
     """One IOBinding plus what is bound to it, so unchanged KV/state buffers are not bound again.
 
     A decode state alternates between two state buffers (ping-pong), so each state keeps two binders
@@ -151,13 +155,13 @@ class _SingleInputs:
     token_input: str
     token_value: ort.OrtValue
 
-    def bound(self, binder: _Binder) -> bool:
+    def bound(self, binder: Binder) -> bool:
         """Whether the binder still has these buffers bound: a longer forward rebinds the token input
         (another shape) whenever it rebinds the others, so that one is checked."""
         return binder.bound_input(self.token_input) is self.token_value
 
 
-class _LengthMask:
+class LengthMask:
     """A decode state's ``[1, capacity]`` attention mask that its lanes keep bound (graphs whose mask only
     gives GroupQueryAttention its lengths, :mod:`onnxgen.graph.mask_lengths`): ones over the first
     ``filled`` positions, zeros after. Both lanes of the state share it; a step at position ``past``
@@ -175,23 +179,23 @@ class _LengthMask:
 
 
 @dataclass(eq=False)
-class _Lane:
+class StepLane:
     """A prepared steady decode step of a batch-1 state (:meth:`DecoderSession.step`): one binder of the
     steady cycle with everything bound but the attention mask, driven through onnxruntime's own binding
     objects. Valid while the state's next step is ``cycle`` and no other forward went through ``binder``
     (the forward that made it is the binder's ``touched``-th)."""
 
     session: ort.InferenceSession
-    binder: _Binder
+    binder: Binder
     touched: int
     cycle: StepIO
-    run: Callable[[object, ort.RunOptions], None]  # onnxruntime's run_with_iobinding, below its wrapper
-    binding: object  # the binder's IOBinding, as ``run`` takes it
-    bind_input: Callable[[str, object], None]  # bind an OrtValue's C object to an input of ``binding``
+    run: Callable[[C.SessionIOBinding, C.RunOptions], None]  # run_with_iobinding, below its wrapper
+    binding: C.SessionIOBinding  # the binder's IOBinding, as ``run`` takes it
+    bind_input: Callable[[str, C.OrtValue], None]  # bind an OrtValue's C object to an input of ``binding``
     tokens: np.ndarray  # the bound [1, 1] token buffer
     positions: np.ndarray | None  # the bound position buffer ([1, 1] or [3, 1, 1])
     logits: np.ndarray  # [vocab]: the bound logits buffer's row
-    mask: _LengthMask | None  # the state's bound capacity-long mask, else a mask is bound per step
+    mask: LengthMask | None  # the state's bound capacity-long mask, else a mask is bound per step
 
 
 class DecoderSession:
@@ -610,10 +614,10 @@ class DecoderSession:
         self,
         state: DecodeState,
         session: ort.InferenceSession,
-        binder: _Binder,
+        binder: Binder,
         step: StepIO,
         logits: HostBuffer,
-    ) -> _Lane | None:
+    ) -> StepLane | None:
         """The lane of a single-token forward that just ran through ``binder`` on the steady cycle's
         ``step``; None where onnxruntime's binding objects are not the ones this version knows."""
         single = binder.single.get(1)
@@ -627,10 +631,10 @@ class DecoderSession:
         if self.length_mask and session is self.session:  # (length_mask implies a mask input)
             held = state.lane_mask
             if held is None:
-                held = state.lane_mask = _LengthMask(state.capacity, self._mask_dtype)
+                held = state.lane_mask = LengthMask(state.capacity, self._mask_dtype)
             held.fill(state.length)  # the bound mask describes the state from the moment it is bound
             binder.input(self.io.attention_mask, held.buffer.value)
-        return _Lane(
+        return StepLane(
             session=session,
             binder=binder,
             touched=binder.touched,
@@ -644,17 +648,17 @@ class DecoderSession:
             mask=held,
         )
 
-    def _binder(self, state: DecodeState, session: ort.InferenceSession, kind: int = 0) -> _Binder:
+    def _binder(self, state: DecodeState, session: ort.InferenceSession, kind: int = 0) -> Binder:
         if state.bindings_epoch != self.epoch:  # the session was replaced: its bindings hold it alive
             state.bindings.clear()
             state.bindings_epoch = self.epoch
         key = (session, state.steps % 2 + kind)
         binder = state.bindings.get(key)
         if binder is None:
-            binder = state.bindings[key] = _Binder(session.io_binding())
+            binder = state.bindings[key] = Binder(session.io_binding())
         return binder  # type: ignore[return-value]
 
-    def _logits_buffer(self, binder: _Binder, batch: int, rows: int) -> HostBuffer | None:
+    def _logits_buffer(self, binder: Binder, batch: int, rows: int) -> HostBuffer | None:
         """A reusable logits output buffer for small fixed shapes (decode steps, kept prefill logits)."""
         if self.vocab_size <= 0 or rows > 16:
             return None
@@ -685,7 +689,7 @@ class DecoderSession:
         """Position ids of ``tokens`` tokens per row: ``[batch, T]``, or ``[3, batch, T]`` (mRoPE)."""
         return (3, batch, tokens) if self.io.position_ids_rank == 3 else (batch, tokens)
 
-    def _single_inputs(self, binder: _Binder, batch: int) -> _SingleInputs:
+    def _single_inputs(self, binder: Binder, batch: int) -> _SingleInputs:
         """Bind the binder's persistent buffers of a one-token forward."""
         io = self.io
         tokens = binder.step_input(io.token_input, (batch, 1), self._token_dtype)
@@ -699,7 +703,7 @@ class DecoderSession:
         assert token_value is not None
         return _SingleInputs(tokens, positions, keep, io.token_input, token_value)
 
-    def _bind_step_inputs(self, binder: _Binder, past: int, ids: np.ndarray, keep: int) -> None:
+    def _bind_step_inputs(self, binder: Binder, past: int, ids: np.ndarray, keep: int) -> None:
         """Bind the token, mask, position and logits-to-keep inputs of a forward of ``ids`` after ``past``."""
         io = self.io
         batch, t = ids.shape

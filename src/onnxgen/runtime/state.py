@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -44,6 +45,9 @@ import onnxruntime as ort
 from onnxgen.errors import GenerationError
 from onnxgen.model.io import DecoderIO, StatePair
 from onnxgen.runtime.buffers import HostBuffer, dtype_of
+
+if TYPE_CHECKING:
+    from onnxgen.runtime.session import Binder, LengthMask, StepLane
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ class DecodeState:
         self.length = 0
         self.steps = 0  # forwards run; its parity picks one of two cached bindings (ping-pong buffers)
         # Cached IO bindings, keyed by (session, step parity); owned by the sessions that run this state.
-        self.bindings: dict[tuple[object, int], object] = {}
+        self.bindings: dict[tuple[ort.InferenceSession, int], Binder] = {}
         self.bindings_epoch = 0  # the DecoderSession.epoch they were made for
         self._pinned: dict[int, int] = {}
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
@@ -125,8 +129,17 @@ class DecodeState:
         # Per step parity: a session's prepared steady step over this state (DecoderSession.step), valid
         # while the next step's StepIO is the very one it binds (:meth:`take_cycle`); owned by the session,
         # like bindings.
-        self.lanes: list[object | None] = [None, None]
-        self.lane_mask: object | None = None  # the lanes' bound attention mask, where the session keeps one
+        self.lanes: list[StepLane | None] = [None, None]
+        self.lane_mask: LengthMask | None = None  # the lanes' bound mask, where the session keeps one
+        self._make_kv(io, batch, capacity, shared_kv)
+        # Shared mode: which forward last wrote each position, so that restoring a snapshot whose
+        # positions were overwritten since (restore earlier, run other tokens, restore later) is refused.
+        self._epoch = 0
+        self._written = np.zeros(capacity if shared_kv else 0, dtype=np.int64)
+
+    def _make_kv(self, io: DecoderIO, batch: int, capacity: int, shared_kv: bool) -> None:
+        """The KV buffers (shared: capacity-long, written in place; else empty pasts that grow) and what
+        every forward binds for them."""
         self._kv_shared: list[HostBuffer] = []
         self._kv: list[ort.OrtValue] = []
         self._kv_empty: list[ort.OrtValue] = []
@@ -148,10 +161,6 @@ class DecodeState:
         if shared_kv:
             self._kv_io_in = [(n, b.value) for n, b in zip(self._kv_names_in, self._kv_shared, strict=True)]
             self._kv_io_out = [(n, b.value) for n, b in zip(self._kv_names_out, self._kv_shared, strict=True)]
-        # Shared mode: which forward last wrote each position, so that restoring a snapshot whose
-        # positions were overwritten since (restore earlier, run other tokens, restore later) is refused.
-        self._epoch = 0
-        self._written = np.zeros(capacity if shared_kv else 0, dtype=np.int64)
 
     # -- binding (used by DecoderSession) ----------------------------------------------------------
     def prepare(self, new_tokens: int) -> StepIO:

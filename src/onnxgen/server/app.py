@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from onnxgen.api.store import ResponseStore
 from onnxgen.chat.parsers import tool_parser_for
 from onnxgen.errors import OnnxgenError
+from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import LLM
 from onnxgen.server.access import RequestLog
 from onnxgen.server.body import read_body
@@ -54,7 +55,12 @@ class Server:
     (a body to a prepared request, on the worker pool) and :meth:`submit` (queue it, get its deltas)."""
 
     def __init__(
-        self, llm: LLM, config: SchedulerConfig, model_name: str, tool_parser: str | None = None
+        self,
+        llm: LLM,
+        config: SchedulerConfig,
+        model_name: str,
+        tool_parser: str | None = None,
+        speculative: Speculative | None = None,
     ) -> None:
         if llm.tokenizer is None:
             raise OnnxgenError(
@@ -65,7 +71,7 @@ class Server:
         if llm.prefix_cache is not None:
             self.metrics.watch_prefix_cache(llm.prefix_cache)
         self.scheduler = Scheduler(llm, config, self.metrics)
-        self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name, tool_parser)
+        self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name, tool_parser, speculative)
         self.store = ResponseStore()
         self.pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="onnxgen-prepare")
         self._bodies: asyncio.Semaphore | None = None  # made on the event loop
@@ -101,17 +107,19 @@ def create_app(
     *,
     log_prompts: bool = False,
     tool_parser: str | None = None,
+    speculative: Speculative | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``llm``; its scheduler thread runs for the app's lifespan.
 
     ``security`` says who may call it (default: loopback only, no key, no cross-origin pages, no docs);
     ``log_prompts`` puts each request's prompt into its log line; ``tool_parser`` names the tool-call
-    format (default: the one the chat template shows).
+    format (default: the one the chat template shows); ``speculative``: what requests draft with unless
+    they say otherwise (their ``speculative`` field; docs/server.md).
     """
     config = config or SchedulerConfig()
     security = security or SecurityConfig()
     tool_parser_for(tool_parser)  # an unknown name is an error now, not per request
-    server = Server(llm, config, model_name or llm.package.root.name, tool_parser)
+    server = Server(llm, config, model_name or llm.package.root.name, tool_parser, speculative)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -20,6 +20,8 @@ from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.errors import GenerationError, OnnxgenError
 from onnxgen.generation.constraints import constraint_from_response_format
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.speculative import MTP, DraftModel, PromptLookup, Speculative
+from onnxgen.generation.speculative.spec import DEFAULT_DRAFT_TOKENS, DEFAULT_MTP_TOKENS
 from onnxgen.generation.stopping import StopStrings
 from onnxgen.llm import LLM
 from onnxgen.server.body import parse_body
@@ -152,9 +154,11 @@ class RequestPreparer:
         config: SchedulerConfig,
         model_name: str,
         tool_parser: str | None = None,
+        speculative: Speculative | None = None,
     ) -> None:
         self.llm, self.tokenizer, self.config, self.model_name = llm, tokenizer, config, model_name
         self.tool_parser = tool_parser  # --tool-call-parser; None: from the chat template
+        self.speculative = speculative  # --speculative: what a request drafts with unless it says
 
     def __call__(self, body: bytes, chat: bool) -> Prepared:
         req = self._parse(parse_body(body), chat)
@@ -268,6 +272,7 @@ class RequestPreparer:
         ``params_for(room, index)``: a choice's parameters (default: from ``fields``)."""
         llm, max_len = self.llm, self.config.max_model_len
         self._check_stop_ids(fields.stop_token_ids or ())
+        speculative = self.speculative_for(fields)
         stops = StopStrings(fields.stop) if fields.stop else None
         out = []
         for p, prompt in enumerate(prompts):
@@ -281,16 +286,49 @@ class RequestPreparer:
                     if params_for
                     else sampling_params(fields, max_tokens, room, index)
                 )
-                runs.append(self.run(index, prompt, params, stops))
+                runs.append(self.run(index, prompt, params, stops, speculative))
             out.append(runs)
         return out
 
     def run(
-        self, index: int, prompt: list[int], params: SamplingParams, stops: StopStrings | None = None
+        self,
+        index: int,
+        prompt: list[int],
+        params: SamplingParams,
+        stops: StopStrings | None = None,
+        speculative: Speculative | None = None,
     ) -> SequenceRun:
         """One choice ready to decode; its constraint is compiled here (a bad schema raises: a 400)."""
         constraint = self.llm.generator.constraints.compile(params)
-        return SequenceRun(index, prompt, params, self.llm.eos_token_ids, self.tokenizer, constraint, stops)
+        eos = self.llm.eos_token_ids
+        return SequenceRun(index, prompt, params, eos, self.tokenizer, constraint, stops, speculative)
+
+    def speculative_for(self, fields: SamplingFields) -> Speculative | None:
+        """What a request drafts with: its ``speculative`` field, else the server's default."""
+        asked = fields.speculative
+        if asked is None:
+            return self.speculative
+        k, method, adaptive = asked.num_draft_tokens, asked.method, asked.adaptive
+        if method == "off":
+            return None
+        if method == "prompt-lookup":
+            return PromptLookup(k or DEFAULT_DRAFT_TOKENS, adaptive=adaptive)
+        if method in ("mtp", "mtp-always"):
+            try:
+                self.llm.generator.check_speculative(MTP())
+            except OnnxgenError as e:
+                raise ApiError(400, str(e), param="speculative.method") from e
+            return MTP(k or DEFAULT_MTP_TOKENS, auto=method == "mtp", adaptive=adaptive)
+        if not isinstance(self.speculative, DraftModel):
+            raise ApiError(
+                400,
+                "this server has no draft model; ask for prompt-lookup or mtp, or start the server with "
+                "--speculative draft:PATH",
+                param="speculative.method",
+            )
+        return replace(
+            self.speculative, num_draft_tokens=k or self.speculative.num_draft_tokens, adaptive=adaptive
+        )
 
     def _check_stop_ids(self, ids: Sequence[int]) -> None:
         vocab = self.llm.session.vocab_size

@@ -21,6 +21,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 512  # characters of one stop string
 MAX_STOP_TOKEN_IDS = 64
 MAX_MESSAGES = 4096  # chat messages of one request (counted before they are validated one by one)
+MAX_DRAFT_TOKENS = 16  # the speculative extension's num_draft_tokens (a verify then runs up to 3x + 1)
+SPECULATIVE_METHODS = ("prompt-lookup", "mtp", "mtp-always", "draft", "off")
 # template variables a request may not set through chat_template_kwargs (the server sets them)
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "documents")
 
@@ -34,6 +36,21 @@ class ResponseFormat(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
+
+
+class SpeculativeField(BaseModel):
+    """The ``speculative`` extension: how one request drafts tokens, overriding ``--speculative``.
+
+    ``method``: ``prompt-lookup`` (n-grams of the context), ``mtp`` / ``mtp-always`` (the model's MTP
+    head), ``draft`` (the draft model the server was started with) or ``off``; ``num_draft_tokens``: the
+    first verify's drafts (default 4, 2 for MTP); ``adaptive``: the length then adapts up to 3x, following
+    acceptance and measured times (False: fixed, so seeded sampling draws alike on every run)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    method: Literal["prompt-lookup", "mtp", "mtp-always", "draft", "off"]
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=MAX_DRAFT_TOKENS)
+    adaptive: bool = True
 
 
 class SamplingFields(BaseModel):
@@ -64,6 +81,7 @@ class SamplingFields(BaseModel):
     return_token_ids: bool = False  # each choice (or chunk) also carries the generated token ids
     logprobs_mode: Literal["raw", "processed"] = "raw"  # which distribution logprobs come from
     response_format: ResponseFormat | None = None  # json_object / json_schema constrain the output
+    speculative: SpeculativeField | None = None  # None: the server's --speculative (if any)
     # refused when used (see refuse_unsupported)
     logit_bias: dict[str, float] | None = None
 

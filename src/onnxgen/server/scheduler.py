@@ -41,7 +41,7 @@ class Scheduler:
         self.llm = llm
         self.config = config
         self.metrics = metrics
-        self.engine = Engine(llm.generator, config)
+        self.engine = Engine(llm.generator, config, llm.draft_generator)
         self._jobs: dict[int, Job] = {}  # the engine's requests (by id(job))
         self._incoming: list[Job] = []  # submitted, not yet handed to the engine
         self._cv = threading.Condition()

@@ -12,6 +12,7 @@ from onnxgen.engine.sequence import Sequence, TextStream
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.speculative import Speculative
 from onnxgen.generation.stopping import StopStrings
 from onnxgen.tokenizer import Tokenizer
 
@@ -57,10 +58,12 @@ class SequenceRun(Sequence):
         tokenizer: Tokenizer,
         constraint: Constraint | None = None,
         stops: StopStrings | None = None,
+        speculative: Speculative | None = None,
     ) -> None:
-        """``stops``: ``params.stop`` compiled once for every choice of the request (else compiled here)."""
+        """``stops``: ``params.stop`` compiled once for every choice of the request (else compiled here);
+        ``speculative``: what the choice drafts with (None: plain decoding in the batch)."""
         text = TextStream(tokenizer, prompt, (stops or params.stop) if params.stop else None)
-        super().__init__(prompt, params, eos_ids, constraint, text)
+        super().__init__(prompt, params, eos_ids, constraint, text, speculative)
         self.index = index
         self.emitted = 0  # deltas pushed
         self.previous_at = 0.0  # when the token of the last pushed delta was chosen

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnxgen.config import DEFAULT_MAX_MODEL_LEN, EngineConfig
+from onnxgen.generation.speculative.spec import SpeculativeSpec, parse_speculative
 from onnxgen.server.security import SecurityConfig
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ class EngineSpec:
         prefix_cache_mb, checkpoint_interval: the prefix cache's budget (0: off) and the tokens between
             two state checkpoints of a long prefill, as ``--prefix-cache-mb`` / ``--checkpoint-interval``.
         decode_plan, fast_ops: as ``--decode-plan`` / ``--fast-ops`` (:class:`~onnxgen.config.EngineConfig`).
+        speculative, draft_tokens: what requests draft with unless they say otherwise, as ``--speculative``
+            (``prompt-lookup``, ``draft:PATH``, ``mtp``, ``mtp-always``; None: plain decoding) and
+            ``--draft-tokens``.
     """
 
     model: str
@@ -52,6 +56,8 @@ class EngineSpec:
     checkpoint_interval: int | None = None
     decode_plan: str = "auto"
     fast_ops: bool | None = None
+    speculative: str | None = None
+    draft_tokens: int | None = None
 
     def engine_config(self) -> EngineConfig:
         """The engine's settings: this spec's over the environment's (:meth:`EngineConfig.from_env`)."""
@@ -66,7 +72,12 @@ class EngineSpec:
             min_rows=self.min_rows,
             prefix_cache_mb=self.prefix_cache_mb,
             checkpoint_interval=self.checkpoint_interval,
+            speculative=self.speculative is not None or None,
         )
+
+    def speculative_spec(self) -> SpeculativeSpec | None:
+        """``speculative`` and ``draft_tokens`` checked (a bad one raises ``ValueError`` naming the fix)."""
+        return parse_speculative(self.speculative, self.draft_tokens)
 
     def scheduler_config(self, min_rows: int = 1) -> BatchLimits:
         """The scheduler's limits (checked here, before anything loads)."""
@@ -85,10 +96,13 @@ def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> t
 
     config = spec.engine_config()
     spec.scheduler_config()  # a bad size is an error before the model loads
+    speculative = spec.speculative_spec()  # so is a bad --speculative
     say(f"loading {spec.model}")
     start = time.perf_counter()
     llm = load(Path(spec.model), config)
     check_outputs(llm)
+    default = speculative.build() if speculative is not None else None
+    llm.check_speculative(default)  # the MTP head, the draft model (loaded now): an error before serving
     limits = BatchLimits.resolve(config, llm.package, llm.session)  # the context; this CPU's probe
     app = create_app(
         llm,
@@ -97,6 +111,7 @@ def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> t
         spec.security,
         log_prompts=spec.log_prompts,
         tool_parser=spec.tool_parser,
+        speculative=default,
     )
     say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
     return app, limits

@@ -22,11 +22,11 @@ import numpy as np
 from onnxruntime import OrtValue
 
 from onnxgen.generation.constraints import Constraint
-from onnxgen.generation.generator import TokenLoop
 from onnxgen.generation.logprobs import token_logprob
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative.accept import accept_greedy_lazily, accept_sampled
 from onnxgen.generation.speculative.budget import DraftBudget
+from onnxgen.generation.token_loop import TokenLoop
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
@@ -191,8 +191,9 @@ class SpeculativeLoop(TokenLoop):
                 emitted = self._verify(drafts, q)
                 if self.budget is not None:  # the forward and the commit (a replay, if any)
                     self.budget.observe_forward(len(drafts) + 1, time.perf_counter() - started)
-            for token in emitted:
+            for i, token in enumerate(emitted):
                 reason = self._emit(token)
+                self.ready = len(emitted) - 1 - i
                 yield token, reason
                 if reason is not None:
                     return
