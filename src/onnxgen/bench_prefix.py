@@ -73,7 +73,9 @@ def _fit(turn_tokens: int, context: int | None, turns: int, new_tokens: int) -> 
     model holds 1024 tokens: its turns are shorter)."""
     if context is None:
         return turn_tokens
-    return max(8, min(turn_tokens, (context - 64) // turns - new_tokens - 12))
+    # a random-weight reply re-encodes to a few more tokens than were generated: longer replies keep a margin
+    margin = 12 + max(0, new_tokens - 32) // 16
+    return max(8, min(turn_tokens, (context - 64) // turns - new_tokens - margin))
 
 
 def run_chat(cfg: PrefixBenchConfig, report: PrefixBenchReport) -> None:

@@ -115,6 +115,13 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
         "--prefix-cache-mb", type=float, default=512, help="the cache's budget there (default 512)"
     )
     p.add_argument("--no-server", action="store_true", help="--prefix-cache: the chat part only")
+    p.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=32,
+        help="--prefix-cache: tokens of each chat reply (default 32; 200 makes replies as long as the "
+        "~200-token user turns)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=_run)
 
@@ -130,7 +137,12 @@ def _run(args: argparse.Namespace) -> int:
 
         model = str(resolve_model(args.model))
         cfg = PrefixBenchConfig(
-            model, threads, args.prefix_cache_mb, server=not args.no_server, runs=args.runs
+            model,
+            threads,
+            args.prefix_cache_mb,
+            server=not args.no_server,
+            runs=args.runs,
+            new_tokens=args.reply_tokens,
         )
         report = run_prefix_bench(cfg)
         print(json.dumps(report.__dict__, indent=2) if args.json else format_prefix_report(report))
