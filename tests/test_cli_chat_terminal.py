@@ -53,10 +53,18 @@ class Terminal:
         os.write(self.fd, keys.encode())
         return position
 
-    def wait(self) -> int:
-        _, status = os.waitpid(self.pid, 0)
+    def wait(self, timeout: float = 60.0) -> int:
+        """The child's exit code; a child still running after ``timeout`` is killed and fails the test."""
+        deadline = time.monotonic() + timeout
+        while (done := os.waitpid(self.pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                os.close(self.fd)
+                raise AssertionError(f"the chat did not exit; it wrote {self.text[-500:]!r}")
+            time.sleep(0.05)
         os.close(self.fd)
-        return os.waitstatus_to_exitcode(status)
+        return os.waitstatus_to_exitcode(done[1])
 
 
 def test_ctrl_c_stops_the_answer_and_the_conversation_goes_on_without_it(tmp_path: Path) -> None:
@@ -73,7 +81,8 @@ def test_ctrl_c_stops_the_answer_and_the_conversation_goes_on_without_it(tmp_pat
     done = term.read_until(r"def second\(\):\n(.*?)\n\[answer cut off at -n \d+ tokens\]\n>>> ", start)
     answer = done[1]
     start = term.send("/nope\n")
-    term.read_until(r"unknown command /nope", start)
+    # wait for the prompt: a Ctrl-D typed before readline has the terminal is lost when it takes it
+    term.read_until(r"unknown command /nope.*?>>> ", start)
     term.send("\x04")  # Ctrl-D at the prompt leaves
     assert term.wait() == 0
     assert "Traceback" not in term.text
