@@ -30,12 +30,12 @@ from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
 from onnxgen.runtime.graph_cache import PassSettings, prepare_session_graph
 from onnxgen.runtime.state import DecodeState, StepIO
-from onnxgen.runtime.verify_plan import VERIFY_STRATEGIES, VerifyPlan, plan_graph
+from onnxgen.runtime.state_commit import VERIFY_STRATEGIES, VerifyPlan, plan_graph
 
 if TYPE_CHECKING:
     import onnxruntime.capi.onnxruntime_pybind11_state as C
 
-    from onnxgen.runtime.plans import DecodePlan
+    from onnxgen.runtime.decode_routing import DecodePlan
 
 # onnxruntime's session option naming the folder external weights are read from
 FOLDER_KEY = "session.model_external_initializers_file_folder_path"
@@ -252,7 +252,7 @@ class DecoderSession:
         self._binding_owners: weakref.WeakSet[BindingOwner] = weakref.WeakSet()
         self._open_session(verify_now)
         self.epoch = 0  # bumped when the session is replaced; decode states drop bindings of older ones
-        self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.plans)
+        self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.decode_routing)
         self._set_up_binding()
 
     def _prepare_graph(self, graph: onnx.ModelProto | None, on_cpu: bool) -> None:
