@@ -17,6 +17,6 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _fresh_plan_warnings() -> None:
     """Each test sees the decode-plan warnings its own loads give (a process says each once per model)."""
-    from onnxgen.runtime import plans
+    from onnxgen.runtime import decode_routing
 
-    plans._WARNED.clear()
+    decode_routing._WARNED.clear()

@@ -30,12 +30,7 @@ PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {}
 CYCLES: dict[tuple[str, ...], str] = {}
 
 # functions over MAX_FUNCTION_LINES: "module:qualified.name" -> reason
-LONG_FUNCTIONS: dict[str, str] = {
-    "onnxgen.runtime.session:DecoderSession.__init__": "runs the graph rewrites and makes the sessions: "
-    "splits with the move of preparing into prepare() / PreparedModel",
-    "onnxgen.runtime.session:DecoderSession.forward": "the hot forward with its binding caches: splits with "
-    "the move of every binding cache into one binding module (measured against the fast lane)",
-}
+LONG_FUNCTIONS: dict[str, str] = {}
 
 # attributes annotated ``object``: "module:Class.attribute" -> reason
 OBJECT_ATTRIBUTES: dict[str, str] = {}

@@ -42,7 +42,7 @@ from onnxgen.bench_stats import (
 )
 from onnxgen.bench_worker import Worker, machine_info
 from onnxgen.generation.speculative.spec import SpeculativeSpec, parse_speculative
-from onnxgen.runtime.plans import DECODE_PLANS
+from onnxgen.runtime.decode_routing import DECODE_PLANS
 
 __all__ = [
     "ENGINES",

@@ -50,7 +50,7 @@ class EngineConfig:
         providers: onnxruntime execution providers in order of preference; None: the CPU.
         decode_plan: how single-token steps of a Scan-based hybrid run: ``"auto"`` (whichever the model
             gains from), ``"scan"`` (as exported) or ``"inline"`` (its Scans inlined in a sibling session);
-            see :mod:`onnxgen.runtime.plans`.
+            see :mod:`onnxgen.runtime.decode_routing`.
         huge_pages: back the weights with transparent huge pages on Linux (faster decode steps, slower
             loads; :mod:`onnxgen.runtime.hugepages`); None: on.
         speculative: the model will verify drafts, so a hybrid's session is made on the verify plan's graph

@@ -31,8 +31,8 @@ from onnxgen.generation.speculative import DraftModel, Speculative
 from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.model import ModelPackage
 from onnxgen.model.mtp import find_mtp_head, mtp_head_io
+from onnxgen.runtime.decode_routing import prepare_decode_plan
 from onnxgen.runtime.mtp_head import MTPHeadSession
-from onnxgen.runtime.plans import prepare_decode_plan
 from onnxgen.runtime.session import DecoderSession, default_threads
 from onnxgen.tokenizer import Tokenizer
 

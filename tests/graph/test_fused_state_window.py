@@ -51,7 +51,7 @@ def test_the_state_window_variant_keeps_the_graph_ports_and_adds_w_row_outputs(f
 
 
 def test_onnxruntime_cpu_still_refuses_state_window_so_cpu_sessions_capture_instead(fused_dir: Path) -> None:
-    # If this starts passing a session, the CPU kernels gained state_window: verify_plan.plan_graph can
+    # If this starts passing a session, the CPU kernels gained state_window: state_commit.plan_graph can
     # then use the state_window variant on CPU too (docs/speculative-commit.md).
     out, _ = emit_fused_state_window(_load(fused_dir), _pairs(fused_dir), window=4)
     opts = ort.SessionOptions()

@@ -14,8 +14,8 @@ from runtime_helpers import PROMPT, ids
 import onnxgen
 from onnxgen.generation.params import SamplingParams
 from onnxgen.llm import LLM
-from onnxgen.runtime import plans
-from onnxgen.runtime.plans import ScanSummary, choose_decode_plan
+from onnxgen.runtime import decode_routing
+from onnxgen.runtime.decode_routing import ScanSummary, choose_decode_plan
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
@@ -137,8 +137,8 @@ def test_a_sibling_that_cannot_be_built_warns_once_and_decoding_stays_on_the_mai
         calls.append(1)
         raise RuntimeError("no sibling today")
 
-    monkeypatch.setattr(plans, "build_sibling", broken)
-    with caplog.at_level(logging.WARNING, logger="onnxgen.runtime.plans"):
+    monkeypatch.setattr(decode_routing, "build_sibling", broken)
+    with caplog.at_level(logging.WARNING, logger="onnxgen.runtime.decode_routing"):
         got = inline_llm.generate(PROMPT, SamplingParams(max_new_tokens=8))
     want = scan_llm.generate(PROMPT, SamplingParams(max_new_tokens=8))
     assert got.token_ids == want.token_ids
@@ -191,11 +191,11 @@ def test_an_unusable_cache_directory_falls_back_to_the_scan_plan_with_one_warnin
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     monkeypatch.setenv("ONNXGEN_CACHE_DIR", str(blocker))
-    with caplog.at_level(logging.WARNING, logger="onnxgen.runtime.plans"):
+    with caplog.at_level(logging.WARNING, logger="onnxgen.runtime.decode_routing"):
         llm = onnxgen.load(scan_dir, threads=1, decode_plan="inline")
         result = llm.generate(PROMPT, SamplingParams(max_new_tokens=3))
     # one warning each: the plan's fallback, and the prepared graph's per-process folder
-    assert [r.name for r in caplog.records].count("onnxgen.runtime.plans") == 1
+    assert [r.name for r in caplog.records].count("onnxgen.runtime.decode_routing") == 1
     assert [r.name for r in caplog.records].count("onnxgen.runtime.graph_cache") <= 1
     assert llm.decode_plan.choice.plan == "scan"
     assert result.stats["decode_plan"] == "scan"
@@ -217,7 +217,7 @@ def test_an_unknown_decode_plan_is_refused_with_the_choices(scan_dir: Path) -> N
 def test_a_sibling_whose_first_step_differs_from_the_scan_plan_is_not_used(
     inline_llm: LLM, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    probe = plans._probe
+    probe = decode_routing._probe
 
     def skewed(main: DecoderSession, session: ort.InferenceSession, token: int) -> dict[str, np.ndarray]:
         out = probe(main, session, token)
@@ -225,17 +225,17 @@ def test_a_sibling_whose_first_step_differs_from_the_scan_plan_is_not_used(
             out[main.io.logits] = np.nextafter(out[main.io.logits], np.float32(np.inf))
         return out
 
-    monkeypatch.setattr(plans, "_probe", skewed)
-    with caplog.at_level(logging.WARNING, logger="onnxgen.runtime.plans"):
+    monkeypatch.setattr(decode_routing, "_probe", skewed)
+    with caplog.at_level(logging.WARNING, logger="onnxgen.runtime.decode_routing"):
         result = inline_llm.generate(PROMPT, SamplingParams(max_new_tokens=3))
     assert result.stats["decode_plan"] == "scan"
     assert "differs from the Scan graph" in caplog.records[0].getMessage()
 
 
 def _with_nan(where: str) -> Callable[..., dict[str, np.ndarray]]:
-    """``plans._probe`` whose outputs hold NaN in the same places for both sessions: in the logits, or in
+    """``decode_routing._probe`` whose outputs hold NaN in the same places for both sessions: in the logits, or in
     the first recurrent state's first row."""
-    probe = plans._probe
+    probe = decode_routing._probe
 
     def nan_probe(main: DecoderSession, session: ort.InferenceSession, token: int) -> dict[str, np.ndarray]:
         out = probe(main, session, token)
@@ -252,10 +252,10 @@ def test_the_inline_check_compares_nan_as_equal_but_refuses_a_probe_whose_logits
 ) -> None:
     """A NaN the two plans share is no difference (a state slot a graph leaves unwritten); logits that are
     NaN prove nothing, so the check fails safe (the Scan plan) and says why."""
-    monkeypatch.setattr(plans, "_probe", _with_nan("state"))
+    monkeypatch.setattr(decode_routing, "_probe", _with_nan("state"))
     llm = onnxgen.load(scan_dir, threads=1)
     assert llm.decode_plan.plan.settle().plan == "inline"
-    monkeypatch.setattr(plans, "_probe", _with_nan("logits"))
+    monkeypatch.setattr(decode_routing, "_probe", _with_nan("logits"))
     llm = onnxgen.load(scan_dir, threads=1)
     settled = llm.decode_plan.plan.settle()
     assert settled.plan == "scan" and "logits for token" in settled.reason and "not finite" in settled.reason
@@ -265,4 +265,4 @@ def test_the_inline_check_compares_nan_as_equal_but_refuses_a_probe_whose_logits
 def test_the_inline_check_feeds_a_token_from_the_middle_of_the_vocabulary(inline_llm: LLM) -> None:
     """Token 0 is often padding with a zero embedding (NaN through an L2 norm without epsilon)."""
     vocab = inline_llm.session.vocab_size
-    assert plans._probe_token(inline_llm.session) == vocab // 2 > 0
+    assert decode_routing._probe_token(inline_llm.session) == vocab // 2 > 0

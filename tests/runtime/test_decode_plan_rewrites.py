@@ -32,7 +32,7 @@ def scan_fused(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _plan_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "onnxgen.runtime.plans"]
+    return [r.getMessage() for r in caplog.records if r.name == "onnxgen.runtime.decode_routing"]
 
 
 def test_the_inline_plan_of_a_fast_ops_scan_hybrid_is_used_and_bit_identical_to_the_scan_plan(

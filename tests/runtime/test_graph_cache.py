@@ -18,7 +18,7 @@ from onnxgen.graph.decode_fusions import fuse_for_decode
 from onnxgen.model import ModelPackage
 from onnxgen.runtime import graph_cache
 from onnxgen.runtime.session import DecoderSession
-from onnxgen.runtime.verify_plan import CapturePlan
+from onnxgen.runtime.state_commit import CapturePlan
 from onnxgen.testing import build_model
 from onnxgen.testing.loop import run_teacher_forced
 

@@ -11,7 +11,7 @@ the engine fed. Per commit strategy:
 - rewind (dense): the KV cache keeps ``base + j + 1`` rows, written by the verify forward over
   ``[pending] + drafts``. Reference: ``prefill(base)`` then that forward, truncated; bit-identical. A fresh
   forward over only the kept tokens agrees to float32 rounding.
-- plan (strategies (b)/(c), :mod:`onnxgen.runtime.verify_plan`): KV rewound as for dense (bit-identical
+- plan (strategies (b)/(c), :mod:`onnxgen.runtime.state_commit`): KV rewound as for dense (bit-identical
   to the truncated verify); the states after position j come from inside the verify forward, which no
   fresh run reproduces bit for bit, so they are compared to the fresh run over the kept tokens to float32
   rounding, and bit for bit after a full accept (j = k: the verify's own final states).

@@ -29,7 +29,7 @@ from onnxgen.generation.speculative.loop import SpeculativeLoop
 from onnxgen.model import ModelPackage
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
-from onnxgen.runtime.verify_plan import CapturePlan, PerPositionPlan
+from onnxgen.runtime.state_commit import CapturePlan, PerPositionPlan
 
 K = 4
 N = 24
@@ -290,12 +290,12 @@ def test_the_default_plan_returns_far_less_than_a_state_per_token(zoo: ModelZoo,
 def test_a_commit_graph_that_cannot_be_loaded_leaves_the_model_usable_with_replays(
     zoo: ModelZoo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import onnxgen.runtime.verify_plan as verify_plan
+    import onnxgen.runtime.state_commit as state_commit
 
     def broken(*args: object) -> None:
         raise RuntimeError("no such op")
 
-    monkeypatch.setattr(verify_plan, "commit_graph", broken)
+    monkeypatch.setattr(state_commit, "commit_graph", broken)
     session = session_with(zoo, "hybrid-genai", True)
     plan = session.verify_plan
     assert isinstance(plan, CapturePlan) and plan.failed and plan.outputs == ()

@@ -41,7 +41,7 @@ def decode_plan_summary(model: Path, package: ModelPackage, threads: int | None 
     alone where that settles it; where the inline plan is chosen, the model is loaded and the inline plan's
     first-step check run as the first decode step would (:meth:`DecodePlan.settle`), so the plan named is
     the one the runtime uses, the Scan plan where the check fails."""
-    from onnxgen.runtime.plans import choose_decode_plan, summarize_scans
+    from onnxgen.runtime.decode_routing import choose_decode_plan, summarize_scans
 
     choice = choose_decode_plan("auto", summarize_scans(package.graph))
     if choice.plan != "inline":

@@ -32,7 +32,7 @@ from typing import Any
 
 from onnxgen.errors import ConfigError, DecoderIOError
 from onnxgen.model.naming import KVNames, StateNames, kv_role, layer_of, parse_past, state_kind
-from onnxgen.model.plan import Plan, StaticNames
+from onnxgen.model.stated_io import Plan, StaticNames
 
 _ROLE_KEYS = {
     "token_input": "token_input",

@@ -30,7 +30,6 @@ from onnxgen.model.io import DecoderIO, KVPair, StatePair, StaticCache
 from onnxgen.model.kv import KVBuilder, reads_lengths_from_mask, shares_buffer, sliding_window
 from onnxgen.model.naming import StateNames
 from onnxgen.model.pairs import pair_by_name, special_kv_by_name, state_pair
-from onnxgen.model.plan import Plan, graph_plan
 from onnxgen.model.roles import (
     check_declared_shapes,
     check_index_input,
@@ -38,6 +37,7 @@ from onnxgen.model.roles import (
     derive_roles,
     hidden_state_outputs,
 )
+from onnxgen.model.stated_io import Plan, graph_plan
 from onnxgen.model.unsupported import check_supported
 
 if TYPE_CHECKING:

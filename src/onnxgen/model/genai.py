@@ -18,7 +18,7 @@ from typing import Any
 from onnxgen.errors import DecoderIOError
 from onnxgen.model.graph_ports import GraphSignature
 from onnxgen.model.naming import KVNames, StateNames, expand, template_layers
-from onnxgen.model.plan import Plan
+from onnxgen.model.stated_io import Plan
 
 _STATE_TEMPLATES = (
     ("past_conv_names", "present_conv_names", "conv"),

@@ -172,7 +172,7 @@ def format_text(d: dict[str, Any]) -> str:
         lines.append(f"hidden states:  {', '.join(d['hidden_states'])}")
     lines.extend(_pair_lines(d))
     lines.append(f"KV cache:       {_kv_cache_text(d['kv_cache'])}")
-    if d.get("decode_plan"):  # added by `onnxgen inspect` (onnxgen.runtime.plans.settle_decode_plan)
+    if d.get("decode_plan"):  # added by `onnxgen inspect` (onnxgen.runtime.decode_routing.settle_decode_plan)
         lines.append(f"decode plan:    {d['decode_plan']} ({d.get('decode_plan_reason', '')})")
     if d.get("fast_ops"):  # added by `onnxgen inspect` (onnxgen.graph.hybrid_ops)
         lines.append(f"fast ops:       {d['fast_ops']}")

@@ -38,7 +38,7 @@ from onnxgen.model.naming import (
     parse_static,
     state_kind,
 )
-from onnxgen.model.plan import StaticNames
+from onnxgen.model.stated_io import StaticNames
 
 WRITE_INDICES = "write_indices"
 KV_LENGTHS = "nonpad_kv_seqlen"

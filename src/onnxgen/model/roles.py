@@ -8,7 +8,7 @@ from onnxgen.errors import AmbiguousIOError, DecoderIOError
 from onnxgen.model.graph_ports import GraphSignature
 from onnxgen.model.io import Port, Shape
 from onnxgen.model.naming import parse_present
-from onnxgen.model.plan import Plan
+from onnxgen.model.stated_io import Plan
 
 _INT = {"int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64"}
 # The element types onnxgen writes the inputs it feeds in (tokens, mask, positions, lengths, indices).

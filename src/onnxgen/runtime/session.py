@@ -30,12 +30,12 @@ from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
 from onnxgen.runtime.graph_cache import PassSettings, prepare_session_graph
 from onnxgen.runtime.state import DecodeState, StepIO
-from onnxgen.runtime.verify_plan import VERIFY_STRATEGIES, VerifyPlan, plan_graph
+from onnxgen.runtime.state_commit import VERIFY_STRATEGIES, VerifyPlan, plan_graph
 
 if TYPE_CHECKING:
     import onnxruntime.capi.onnxruntime_pybind11_state as C
 
-    from onnxgen.runtime.plans import DecodePlan
+    from onnxgen.runtime.decode_routing import DecodePlan
 
 # onnxruntime's session option naming the folder external weights are read from
 FOLDER_KEY = "session.model_external_initializers_file_folder_path"
@@ -225,26 +225,48 @@ class DecoderSession:
         # back the weights with transparent huge pages (onnxgen.runtime.hugepages); host memory only
         self._huge_pages = huge_pages is not False and on_cpu
         self.threads = threads or default_threads()
-        opts = options or make_session_options(self.threads)
-        model_path = Path(model_path)
-        # The graph passes, run once per model and settings and kept on disk (onnxgen.runtime.graph_cache):
-        # logits for the kept positions only; hybrid contrib ops on onnxruntime's vectorized CPU kernels
-        # (onnxgen.graph.hybrid_ops: the same math, rounded differently); fewer kernel launches per decode
-        # step with the same output bits (onnxgen.graph.decode_fusions: merged sibling MatMulNBits, one
-        # query/key RMSNorm); and the analyses below. Every weight stays in its file: onnxruntime maps it.
-        settings = PassSettings(
+        self._model_path = Path(model_path)
+        self._options = options or make_session_options(self.threads)
+        self._providers = providers
+        self._settings = PassSettings(
             last_logits=last_logits,
             on_cpu=on_cpu,
             fast_ops=fast_ops,
             fuse=on_cpu and fuse is not False,
             hidden_state=hidden_state,
         )
-        self._settings = settings
-        self.prepared = prepare_session_graph(model_path, io, settings, graph)
+        self._prepare_graph(graph, on_cpu)
         del graph  # the caller's graph is not kept (the prepared one is read from disk when needed)
+        # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
+        # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
+        # against double buffering)
+        allow_inplace = inplace is None or inplace
+        self.inplace_states = self.prepared.inplace_states if allow_inplace else frozenset()
+        # lanes of graphs whose mask only gives GroupQueryAttention its lengths keep one capacity-long
+        # mask bound and write one element per step (onnxgen.graph.mask_lengths; CPU kernel checked)
+        self.length_mask = self.prepared.length_mask
+        self._verify_plan: VerifyPlan | None = None
+        self._verify_strategy = self._verify_strategy_of(verify)  # a plan not yet made
+        self._verify_lock = threading.Lock()
+        # bindings made on this session (decode and batch states): dropped when the session is replaced
+        self._binding_owners: weakref.WeakSet[BindingOwner] = weakref.WeakSet()
+        self._open_session(verify_now)
+        self.epoch = 0  # bumped when the session is replaced; decode states drop bindings of older ones
+        self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.decode_routing)
+        self._set_up_binding()
+
+    def _prepare_graph(self, graph: onnx.ModelProto | None, on_cpu: bool) -> None:
+        """Run the graph passes, once per model and settings and kept on disk
+        (onnxgen.runtime.graph_cache): logits for the kept positions only; hybrid contrib ops on
+        onnxruntime's vectorized CPU kernels (onnxgen.graph.hybrid_ops: the same math, rounded
+        differently); fewer kernel launches per decode step with the same output bits
+        (onnxgen.graph.decode_fusions: merged sibling MatMulNBits, one query/key RMSNorm); and the
+        analyses the session reads. Every weight stays in its file: onnxruntime maps it."""
+        io, model_path = self.io, self._model_path
+        self.prepared = prepare_session_graph(model_path, io, self._settings, graph)
         # ``hidden_state``: the graph also outputs the final hidden state (what an MTP head drafts from)
         self.hidden_state: str | None = self.prepared.hidden_state
-        if hidden_state and self.hidden_state is None:
+        if self._settings.hidden_state and self.hidden_state is None:
             raise UnsupportedModelError(
                 f"{model_path} does not output its final hidden state, which an MTP head needs, and the "
                 "graph passes that would add it did not run (see the warning above)"
@@ -266,37 +288,28 @@ class DecoderSession:
             )
         for why in self.fusions.skipped:
             log.info("decode fusion left out: %s", why)
-        # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
-        # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
-        # against double buffering)
-        allow_inplace = inplace is None or inplace
-        self.inplace_states = self.prepared.inplace_states if allow_inplace else frozenset()
-        # lanes of graphs whose mask only gives GroupQueryAttention its lengths keep one capacity-long
-        # mask bound and write one element per step (onnxgen.graph.mask_lengths; CPU kernel checked)
-        self.length_mask = self.prepared.length_mask
-        # Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
-        # The rewritten graph's extra outputs cost every plain step too (~7% of a Qwen3.5 int4 step at 1
-        # thread; 0.98-1.03x at 2 threads after in-place states), so the session runs the plain graph
-        # until the first speculative verify asks for the plan (:attr:`verify_plan`); the plan's session
-        # then replaces it, the plain one released first, so that only one holds the weights at a time.
-        self._verify_plan: VerifyPlan | None = None
-        self._verify_strategy: str | None = None  # a plan not yet made
-        self._verify_lock = threading.Lock()
-        if verify and verify != "replay" and io.state_pairs:
-            strategy = "auto" if verify is True else str(verify)
-            if strategy not in VERIFY_STRATEGIES:
-                raise ValueError(f"verify strategy {strategy!r} is not one of {', '.join(VERIFY_STRATEGIES)}")
-            self._verify_strategy = strategy
-        # bindings made on this session (decode and batch states): dropped when the session is replaced
-        self._binding_owners: weakref.WeakSet[BindingOwner] = weakref.WeakSet()
-        self._model_path = model_path
-        self._options = opts
-        self._providers = providers
+
+    def _verify_strategy_of(self, verify: bool | str) -> str | None:
+        """The verify plan's strategy still to make (None: verifies replay).
+
+        Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
+        The rewritten graph's extra outputs cost every plain step too, so the session runs the plain graph
+        until the first speculative verify asks for the plan (:attr:`verify_plan`); the plan's session
+        then replaces it, the plain one released first, so that only one holds the weights at a time."""
+        if not verify or verify == "replay" or not self.io.state_pairs:
+            return None
+        strategy = "auto" if verify is True else str(verify)
+        if strategy not in VERIFY_STRATEGIES:
+            raise ValueError(f"verify strategy {strategy!r} is not one of {', '.join(VERIFY_STRATEGIES)}")
+        return strategy
+
+    def _open_session(self, verify_now: bool) -> None:
+        """Create the onnxruntime session on the prepared graph, or on the verify plan's with
+        ``verify_now`` (the caller will speculate: load the plan's graph now rather than plain first and
+        again at the first verify, a second session load)."""
         source, folder = self.prepared.source()
         # graphs loaded from bytes (the prepared graph, the verify plan's) resolve their weights here
-        opts.add_session_config_entry(FOLDER_KEY, str(folder or model_path.parent))
-        # ``verify_now``: the caller will speculate, so load the plan's graph now rather than plain first
-        # and again at the first verify (a second session load)
+        self._options.add_session_config_entry(FOLDER_KEY, str(folder or self._model_path.parent))
         eager = self._verify_graph() if verify_now and self._verify_strategy is not None else None
         if verify_now:
             self._verify_strategy = None
@@ -304,8 +317,11 @@ class DecoderSession:
         if eager is not None:
             eager[1].attach(self.session, self._providers)
             self._verify_plan = eager[1]
-        self.epoch = 0  # bumped when the session is replaced; decode states drop bindings of older ones
-        self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.plans)
+
+    def _set_up_binding(self) -> None:
+        """What forwards bind, read once from the session's graph: the vocabulary, element types, the
+        attention-mask buffers and the run options."""
+        io = self.io
         self.vocab_size = self._vocab_size()
         self._vocab_limit = self.vocab_size if self.vocab_size > 0 else sys.maxsize  # ids checked below it
         self._logits_dtype = self._output_dtype(io.logits)
@@ -462,18 +478,15 @@ class DecoderSession:
         feeds: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, N, vocab] for the last
-        N = ``num_logits`` positions (all T when None).
+        N = ``num_logits`` positions (all T when None), an array the caller owns.
 
-        The returned array is owned by the caller (it is not reused by later forwards). ``fetch`` names
-        extra graph outputs (a verify plan's); they are put into ``fetched``, and such forwards run on the
-        main session with bindings of their own. Fetched values of forwards of up to ``SMALL_STEP`` tokens
-        are buffers that a later such forward of as many tokens on this state overwrites: consume them
-        before the next forward. With ``copy=False`` the
-        logits may instead be a view of a buffer that the forward after next on this state overwrites,
-        for a caller that consumes them at once (the decode loop saves a logits copy per token).
+        ``fetch`` names extra graph outputs (a verify plan's) to put into ``fetched``; such forwards run on
+        the main session with bindings of their own, and the values fetched by those of up to ``SMALL_STEP``
+        tokens are buffers that the next such forward of as many tokens on this state overwrites. With
+        ``copy=False`` the logits may be a view of a buffer that the forward after next on this state
+        overwrites, for a caller that consumes them at once (the decode loop saves a logits copy per token).
         ``feeds`` gives graph inputs beyond the decoder's roles by name (an MTP head's hidden-state input),
-        each ``[batch, T, ...]``.
-        """
+        each ``[batch, T, ...]``."""
         batch, t = ids.shape
         keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
@@ -481,38 +494,19 @@ class DecoderSession:
         if self.vocab_size > 0 and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             self._bad_ids(ids, state.length)
         session = self.current() if self.plan is None or fetch else self.plan.session_for(t)
-        # verify forwards (``fetch``) of t tokens keep a binder per t, whose fetched outputs become
-        # persistent buffers after the first run (their shapes depend on batch and t only)
         persistent = bool(fetch) and t <= SMALL_STEP
         parity = state.steps & 1
         binder = self._binder(state, session, 2 * (t + 1) if persistent else 2 if fetch else 0)
         binder.touched += 1
         self._bind_step_inputs(binder, state.length, ids, keep)
-        for name, value in (feeds or {}).items():
-            if t <= SMALL_STEP:  # a persistent buffer of the binder, like the token input's
-                binder.step_input(name, value.shape, value.dtype.type)[...] = value
-            else:
-                binder.input(name, HostBuffer.wrap(value).value)
+        if feeds:
+            self._bind_feeds(binder, feeds, t)
         step = state.prepare(t)
         # steady decoding: the same buffers as two steps ago (the very same lists in the steady cycle)
-        if step.inputs is not binder.state_inputs and step.inputs != binder.state_inputs:
-            for name, value in step.inputs:
-                binder.input(name, value)
-            binder.state_inputs = step.inputs
-        if (
-            step.outputs is not binder.state_outputs and step.outputs != binder.state_outputs
-        ) or binder.allocates:
-            for name, out in step.outputs:
-                binder.output(name, out)
-            binder.state_outputs = step.outputs
-        bound = binder.fetch_bound if fetch else None
-        if fetch and (bound is None or bound[0] is not fetch):
-            bound = None
-            for name in fetch:
-                kept = binder.fetch_buffers.get(name) if persistent else None
-                binder.output(name, kept.value if kept is not None else None)
-            if persistent and all(name in binder.fetch_buffers for name in fetch):
-                binder.fetch_bound = (fetch, {n: binder.fetch_buffers[n].value for n in fetch})
+        stale = step.inputs is not binder.state_inputs or step.outputs is not binder.state_outputs
+        if stale or binder.allocates:
+            self._bind_state(binder, step)
+        bound = self._bind_fetch(binder, fetch, persistent) if fetch else None
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
         try:
@@ -524,30 +518,79 @@ class DecoderSession:
             self._shrink_pending = True
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
-        if (
-            step.cycled
-            and batch == 1
-            and keep == 1
-            and not fetch
-            and logits_buf is not None
-            and not binder.allocates
-        ):
+        if step.cycled and batch == keep == 1 and not (fetch or binder.allocates) and logits_buf is not None:
             state.lanes[parity] = self._lane(state, session, binder, step, logits_buf)
-        if logits_buf is not None:
-            logits = logits_buf.array.copy() if copy else logits_buf.array
-        else:
-            logits = allocated[self.io.logits].numpy()
+        logits = allocated[self.io.logits].numpy() if logits_buf is None else logits_buf.array
+        if copy and logits_buf is not None:
+            logits = logits.copy()
+        if fetch:
+            self._collect_fetched(binder, fetch, bound, allocated, persistent, fetched)
+        return logits if logits.shape[1] == keep else logits[:, -keep:]
+
+    @staticmethod
+    def _bind_feeds(binder: Binder, feeds: Mapping[str, np.ndarray], t: int) -> None:
+        """Bind a forward's inputs beyond the decoder's roles (:meth:`forward`'s ``feeds``)."""
+        for name, value in feeds.items():
+            if t <= SMALL_STEP:  # a persistent buffer of the binder, like the token input's
+                binder.step_input(name, value.shape, value.dtype.type)[...] = value
+            else:
+                binder.input(name, HostBuffer.wrap(value).value)
+
+    @staticmethod
+    def _bind_state(binder: Binder, step: StepIO) -> None:
+        """Bind the KV / state buffers of ``step`` that ``binder`` does not hold bound already (equal lists
+        are bound already; outputs onnxruntime allocates are bound again every run)."""
+        if step.inputs is not binder.state_inputs and step.inputs != binder.state_inputs:
+            for name, value in step.inputs:
+                binder.input(name, value)
+            binder.state_inputs = step.inputs
+        if (
+            step.outputs is not binder.state_outputs and step.outputs != binder.state_outputs
+        ) or binder.allocates:
+            for name, out in step.outputs:
+                binder.output(name, out)
+            binder.state_outputs = step.outputs
+
+    @staticmethod
+    def _bind_fetch(
+        binder: Binder, fetch: Sequence[str], persistent: bool
+    ) -> tuple[Sequence[str], dict[str, ort.OrtValue]] | None:
+        """Bind a verify forward's extra outputs. Verify forwards of up to ``SMALL_STEP`` tokens
+        (``persistent``) keep a binder per token count, whose fetched outputs become persistent buffers
+        after its first run (their shapes depend on batch and token count only). Returns the binder's
+        bound buffers (the ``fetch`` list and their values) where it has all of them bound for this very
+        list, else None (buffers it kept, or outputs onnxruntime allocates, bound now)."""
+        bound = binder.fetch_bound
+        if bound is not None and bound[0] is fetch:
+            return bound
+        for name in fetch:
+            kept = binder.fetch_buffers.get(name) if persistent else None
+            binder.output(name, kept.value if kept is not None else None)
+        if persistent and all(name in binder.fetch_buffers for name in fetch):
+            binder.fetch_bound = (fetch, {n: binder.fetch_buffers[n].value for n in fetch})
+        return None
+
+    @staticmethod
+    def _collect_fetched(
+        binder: Binder,
+        fetch: Sequence[str],
+        bound: tuple[Sequence[str], dict[str, ort.OrtValue]] | None,
+        allocated: dict[str, ort.OrtValue],
+        persistent: bool,
+        fetched: dict[str, ort.OrtValue] | None,
+    ) -> None:
+        """Put a verify forward's extra outputs into ``fetched``; after the first run of a persistent
+        binder, keep buffers shaped like the outputs onnxruntime allocated, bound from the next run on."""
         if bound is not None:  # every fetched output is a persistent buffer bound earlier
             if fetched is not None:
                 fetched.update(bound[1])
-        elif fetch:
-            got = {n: allocated[n] if n in allocated else binder.fetch_buffers[n].value for n in fetch}
-            if persistent:
-                for name in allocated.keys() & set(fetch):  # first run at this t: keep buffers like these
-                    binder.fetch_buffers[name] = HostBuffer.wrap(np.empty_like(allocated[name].numpy()))
-            if fetched is not None:
-                fetched.update(got)
-        return logits if logits.shape[1] == keep else logits[:, -keep:]
+            return
+        got = {n: allocated[n] if n in allocated else binder.fetch_buffers[n].value for n in fetch}
+        if persistent:
+            for name in allocated.keys() & set(fetch):  # first run at this t: keep buffers like these
+                binder.fetch_buffers[name] = HostBuffer.wrap(np.empty_like(allocated[name].numpy()))
+        if fetched is not None:
+            fetched.update(got)
 
     def step(self, state: DecodeState, token: int) -> np.ndarray:
         """One decode step of a batch-1 ``state``: the logits ``[vocab]`` after ``token``, a view of a

@@ -4,7 +4,7 @@ Commit after accepting j of k drafts (docs/speculative-commit.md): the verify fo
 token and all k drafts, so the model must be brought back to "pending + j drafts" fed.
 - Full accept (j = k): nothing to do, the state is exact.
 - KV-only models: rewind the KV cursor (shared buffers) or slice the caches (growing).
-- Models with recurrent state: when the session has a verify plan (:mod:`onnxgen.runtime.verify_plan`),
+- Models with recurrent state: when the session has a verify plan (:mod:`onnxgen.runtime.state_commit`),
   the verify forward also fetches per-position states (b) or the state ops' inputs (c), and the plan
   commits the states after the j + 1 kept tokens without a replay. Otherwise (or when the plan cannot),
   restore the snapshot taken before the verify (free: the states are double-buffered, so a snapshot is

@@ -1,4 +1,4 @@
-"""An I/O plan: the roles one source (declared metadata or genai_config) states, by port name.
+"""The I/O roles one source (declared metadata or genai_config) states, by port name: its :class:`Plan`.
 
 A role a source does not state stays unset (``UNSET``) and is derived from the graph; a role a source
 states as absent (``None``, e.g. ``position_ids_input: null``) is absent.
