@@ -54,7 +54,8 @@ class EngineConfig:
         huge_pages: back the weights with transparent huge pages on Linux (faster decode steps, slower
             loads; :mod:`onnxgen.runtime.hugepages`); None: on.
         speculative: the model will verify drafts, so a hybrid's session is made on the verify plan's graph
-            at once instead of at the first speculative verify; plain decoding works either way.
+            at once instead of at the first speculative verify, and an MTP head beside the model is loaded
+            with it rather than in the first MTP request; plain decoding works either way.
         fast_ops: run a hybrid's ``GatedRMSNorm`` and SiLU-fused ``CausalConvWithState`` on onnxruntime's
             vectorized CPU kernels (the same math rounded differently; :mod:`onnxgen.graph.hybrid_ops`);
             None: on unless the export quantizes activations to int8; False runs the export's ops as they are.

@@ -110,6 +110,8 @@ class LLM:
             prefix_cache=PrefixCache.from_mb(self.io, config.prefix_cache_mb, config.checkpoint_interval),
         )
         package.release_graph()
+        if config.speculative and self.mtp_path is not None:
+            self.mtp_head()  # at load, not inside the first MTP request
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
         self._drafts: dict[str, LLM] = {}
@@ -177,7 +179,8 @@ class LLM:
         return path
 
     def mtp_head(self) -> MTPHeadSession:
-        """The model's MTP head session, loaded on first use (checked against the decoder)."""
+        """The model's MTP head session (checked against the decoder), loaded with the model when
+        ``EngineConfig.speculative`` is set, else on first use."""
         with self._mtp_lock:
             if self._mtp is None:
                 if self.mtp_path is None:

@@ -127,3 +127,13 @@ def test_the_predicted_speedup_is_above_one_only_where_accepted_drafts_pay_for_t
         gain = b.gain(3)
         assert gain is not None and low < gain < high, (acceptance, gain)
     assert DraftBudget().gain(3) is None  # nothing measured: no prediction
+
+
+def test_a_plain_step_time_given_apart_rescales_the_predicted_speedup() -> None:
+    # The one-token forwards timed while speculating hand an MTP head its hidden state off the decode lane;
+    # plain decoding's steps (the lane) are cheaper, and the prediction must be made against them.
+    b = budget_with(0.1, 0.5, k=3)
+    alone = b.gain(3)
+    assert alone is not None
+    assert b.gain(3, plain=0.5) == pytest.approx(alone * 0.5)  # plain steps twice as fast as those timed
+    assert b.gain(3, plain=None) == alone

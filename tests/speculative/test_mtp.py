@@ -199,9 +199,9 @@ def record_target_forwards(monkeypatch: pytest.MonkeyPatch, session: DecoderSess
         calls.append((state.length, batch.shape[1]))
         return forward(state, batch, *args, **kwargs)
 
-    def recorded_step(state: Any, token: int) -> np.ndarray:
+    def recorded_step(state: Any, token: int, *args: Any, **kwargs: Any) -> np.ndarray:
         calls.append((state.length, 1))
-        return step(state, token)
+        return step(state, token, *args, **kwargs)
 
     monkeypatch.setattr(session, "forward", recorded_forward)
     monkeypatch.setattr(session, "step", recorded_step)

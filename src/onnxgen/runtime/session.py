@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class BindingOwner(Protocol):
     def drop_bindings(self) -> None: ...
 
 
+LANE_DECAY = 0.8  # weight of the past in the moving average of lane steps' time
 SMALL_STEP = 16  # forwards of at most this many tokens bind persistent buffers (inputs, fetched outputs)
 MASK_VALUES = 8192  # attention-mask OrtValues kept per session, one per (batch, length)
 
@@ -196,6 +198,8 @@ class StepLane:
     positions: np.ndarray | None  # the bound position buffer ([1, 1] or [3, 1, 1])
     logits: np.ndarray  # [vocab]: the bound logits buffer's row
     mask: LengthMask | None  # the state's bound capacity-long mask, else a mask is bound per step
+    fetch: Sequence[str] = ()  # extra outputs the lane's binder has bound to persistent buffers ...
+    fetched: Mapping[str, ort.OrtValue] | None = None  # ... and those buffers by name
 
 
 class DecoderSession:
@@ -345,6 +349,10 @@ class DecoderSession:
         self._shrink_options = ort.RunOptions()
         self._shrink_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._shrink_pending = False
+        self.lane_steps = 0  # single-token steps that ran on a prepared lane (:meth:`step`) ...
+        # ... and a moving average of their seconds: what a plain decode step costs (None before one ran);
+        # speculation's ``auto`` compares verifies with it
+        self.lane_step_s: float | None = None
 
     def same_rewrites(self, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
         """``graph`` (a sibling of this session's model, e.g. its Scans inlined) with the rewrites this
@@ -518,14 +526,33 @@ class DecoderSession:
             self._shrink_pending = True
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
-        if step.cycled and batch == keep == 1 and not (fetch or binder.allocates) and logits_buf is not None:
-            state.lanes[parity] = self._lane(state, session, binder, step, logits_buf)
+        if step.cycled and batch == keep == 1 and logits_buf is not None and not binder.allocates:
+            self._keep_lane(state, session, binder, step, logits_buf, parity, fetch)
         logits = allocated[self.io.logits].numpy() if logits_buf is None else logits_buf.array
         if copy and logits_buf is not None:
             logits = logits.copy()
         if fetch:
             self._collect_fetched(binder, fetch, bound, allocated, persistent, fetched)
         return logits if logits.shape[1] == keep else logits[:, -keep:]
+
+    def _keep_lane(
+        self,
+        state: DecodeState,
+        session: ort.InferenceSession,
+        binder: Binder,
+        step: StepIO,
+        logits_buf: HostBuffer,
+        parity: int,
+        fetch: Sequence[str],
+    ) -> None:
+        """Leave this step's lane to the next step of its parity: a plain step's, or a fetching step's whose
+        fetched outputs are all bound to persistent buffers (the lane carries those buffers)."""
+        if fetch and (binder.fetch_bound is None or binder.fetch_bound[0] is not fetch):
+            return
+        lane = self._lane(state, session, binder, step, logits_buf)
+        if lane is not None and fetch:
+            lane.fetch, lane.fetched = fetch, binder.fetch_bound[1]  # type: ignore[index]
+        state.lanes[parity] = lane
 
     @staticmethod
     def _bind_feeds(binder: Binder, feeds: Mapping[str, np.ndarray], t: int) -> None:
@@ -592,24 +619,30 @@ class DecoderSession:
         if fetched is not None:
             fetched.update(got)
 
-    def step(self, state: DecodeState, token: int) -> np.ndarray:
+    def step(
+        self,
+        state: DecodeState,
+        token: int,
+        fetch: Sequence[str] = (),
+        fetched: dict[str, ort.OrtValue] | None = None,
+    ) -> np.ndarray:
         """One decode step of a batch-1 ``state``: the logits ``[vocab]`` after ``token``, a view of a
-        buffer that the step after next on this state overwrites (consume it first).
+        buffer that the step after next on this state overwrites (consume it first). ``fetch`` / ``fetched``
+        as for :meth:`forward` (an MTP head's hidden state; a fetching step takes a lane of its own).
 
-        In steady decoding (shared KV, the state's steady cycle running; see :mod:`onnxgen.runtime.state`)
-        the step takes the lane the last forward of its parity left: it writes the token and position into
-        the bound buffers, binds the attention mask and runs, calling onnxruntime's binding objects
-        directly (their Python wrappers re-check every call what a lane checked once; what runs between
-        two forwards runs with caches the forward evicted, so each call counts). Any other step is an
-        ordinary :meth:`forward` (the class's, not a wrapper set on the instance), which makes the lane.
-        """
+        In steady decoding (see :mod:`onnxgen.runtime.state`) the step takes the lane the last forward of
+        its parity left: it writes the token and position into the bound buffers, binds the mask and runs
+        onnxruntime's binding objects directly (their wrappers re-check every call what a lane checked
+        once). Any other step is an ordinary :meth:`forward` (the class's), which makes the lane."""
+        started = time.perf_counter()
         if not 0 <= token < self._vocab_limit:
             self._bad_ids(np.array([token]), state.length)
         lane = state.lanes[state.steps & 1]
         if (
             lane is not None
             and lane.touched == lane.binder.touched
-            and lane.session is (self.session if self.plan is None else self.plan.session_for(1))
+            and (lane.fetch is fetch or lane.fetch == fetch)
+            and lane.session is (self.session if self.plan is None or fetch else self.plan.session_for(1))
             and state.take_cycle(lane.cycle)
         ):
             past = state.length
@@ -633,10 +666,19 @@ class DecoderSession:
                 state.discard(lane.cycle)
                 raise _run_failed(1, past, e) from e
             state.commit_cycle()
+            if fetched is not None and lane.fetched is not None:
+                fetched.update(lane.fetched)
+            self._count_lane_step(time.perf_counter() - started)
             return lane.logits
         ids = np.full((1, 1), token, dtype=np.int64)
         # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``
-        return type(self).forward(self, state, ids, 1, copy=False)[0, -1]
+        return type(self).forward(self, state, ids, 1, fetch=fetch, fetched=fetched, copy=False)[0, -1]
+
+    def _count_lane_step(self, seconds: float) -> None:
+        """Count a lane step and fold its time into :attr:`lane_step_s` (a moving average)."""
+        self.lane_steps += 1
+        seen = self.lane_step_s
+        self.lane_step_s = seconds if seen is None else LANE_DECAY * seen + (1.0 - LANE_DECAY) * seconds
 
     def step_run_options(self) -> ort.RunOptions:
         """The run options of a single-token forward: the arena shrinks after one that follows a prefill."""

@@ -86,14 +86,19 @@ class DraftBudget:
         best = self._best(k)
         return k if best is None else best[0]
 
-    def gain(self, k: int) -> float | None:
+    def gain(self, k: int, plain: float | None = None) -> float | None:
         """The predicted speedup over plain decoding of verifies of the best draft count up to ``k``:
         tokens per unit of time relative to plain steps' one token per step (None until measured).
+        ``plain``: the seconds of a plain decode step where known apart from the one-token forwards timed
+        here (those of a proposer that reads target outputs run a slower path than plain decoding would).
 
         Acceptance is taken over every verify, not only those after a partial accept as for :meth:`cap`:
         this answers whether speculating pays at all, not how far to draft from here."""
         best = self._best(k, overall=True)
-        return None if best is None else best[1]
+        if best is None:
+            return None
+        one = self._cost[1]
+        return best[1] if plain is None or plain <= 0 else best[1] * plain / one
 
     def _best(self, k: int, overall: bool = False) -> tuple[int, float] | None:
         one = self._cost.get(1)

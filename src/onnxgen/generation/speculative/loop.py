@@ -142,15 +142,24 @@ class SpeculativeLoop(TokenLoop):
         return logits
 
     def _plain_step(self) -> np.ndarray:
-        if self.wanted:
-            return self._forward_fetching(1, 1)[-1]
-        return self.session.step(self.state, int(self.ids[self.n - 1]))
+        """A plain step; one that hands the proposer's outputs over runs on a lane too (the session's
+        fetching lane), so that it costs, and ``auto`` times, what plain decoding's steps do."""
+        token = int(self.ids[self.n - 1])
+        if not self.wanted:
+            return self.session.step(self.state, token)
+        start = self.state.length
+        fetched: dict[str, OrtValue] = {}
+        logits = self.session.step(self.state, token, fetch=self.wanted, fetched=fetched)
+        self.proposer.observe_target(start, fetched, 1)  # type: ignore[attr-defined]
+        return logits
 
     def _decide(self) -> None:
         """Auto: stop speculating when the measured costs and acceptance predict no gain."""
         if not self.auto or self.budget is None or self.verifies < AUTO_MIN_VERIFIES:
             return
-        self.gain = self.budget.gain(self.max_k)
+        # plain decoding's steps run on the session's lanes: their time, not that of the steps timed here
+        # (which also hand the proposer its outputs, and mostly miss the lanes between verifies)
+        self.gain = self.budget.gain(self.max_k, self.session.lane_step_s if self.wanted else None)
         if self.gain is not None and self.gain < AUTO_MIN_GAIN:
             self.speculating = False
             self.off_after = self.verifies
