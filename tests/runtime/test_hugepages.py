@@ -116,7 +116,9 @@ def test_mostly_unpopulated_memory_is_not_collapsed() -> None:
 
 @needs_thp
 def test_large_state_buffers_fault_huge_pages_from_their_first_write() -> None:
-    a = np.zeros(8 << 20, dtype=np.uint8)
+    # a fresh mapping: np.zeros may reuse heap pages already written once glibc's mmap threshold has grown
+    buf = _private_anonymous(8 << 20)
+    a = np.frombuffer(buf, dtype=np.uint8)
     hugepages.advise([a])
     a[:] = 1
     assert _huge_kb(a.ctypes.data, a.ctypes.data + a.nbytes) > 0
