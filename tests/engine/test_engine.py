@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 
 import onnxgen
@@ -22,7 +21,7 @@ from onnxgen import LLM, GenerationError, SamplingParams
 from onnxgen.engine.engine import Engine
 from onnxgen.engine.limits import BatchLimits
 from onnxgen.runtime.batch import BatchState
-from onnxgen.testing import build_model
+from onnxgen.testing import build_model, int8_activations
 
 LENGTHS = (1, 3, 7, 12, 9, 5)
 
@@ -40,22 +39,18 @@ PARAMS = [
 ]
 
 
-def int8_activations(root: Path) -> Path:
+def int8_activation_model(root: Path) -> Path:
     """The tiny dense int4 export with its MatMulNBits on int8 activations (accuracy_level 4)."""
-    model_dir = build_model(root, "genai-dense", precision="int4")
-    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
-    onnx.save(model, str(model_dir / "model.onnx"))
-    return model_dir
+    return int8_activations(build_model(root, "genai-dense", precision="int4"))
 
 
 @pytest.fixture(scope="module", params=["genai-dense", "hybrid-genai", "int8-activations"])
 def llm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LLM:
     root = tmp_path_factory.mktemp(request.param)
     model = (
-        int8_activations(root) if request.param == "int8-activations" else build_model(root, request.param)
+        int8_activation_model(root)
+        if request.param == "int8-activations"
+        else build_model(root, request.param)
     )
     # 3 rows for 6 prompts: rows are retired and reused; prompts prefill 4 tokens a step
     return onnxgen.load(model, threads=1, max_batch=3, prefill_chunk=4)

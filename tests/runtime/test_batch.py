@@ -13,7 +13,7 @@ from onnxgen.errors import GenerationError
 from onnxgen.runtime import batch as batch_module
 from onnxgen.runtime.batch import BatchState, invariant_min_rows, lone_row_matches_block
 from onnxgen.runtime.session import DecoderSession
-from onnxgen.testing import build_model
+from onnxgen.testing import build_model, int8_activations
 
 FAMILIES = DENSE_FAMILIES + HYBRID_FAMILIES
 ATOL = 1e-5
@@ -219,13 +219,7 @@ def test_idle_rows_padding_a_forward_to_min_rows_change_no_live_rows_output(
 def int8_activation_model(root: Path) -> Path:
     """The tiny dense int4 export with MatMulNBits set to int8 activations (accuracy_level 4), as the
     onnxruntime-genai builder writes them: onnxruntime computes a single row differently from a block."""
-    model_dir = build_model(root, "genai-dense", precision="int4")
-    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
-    onnx.save(model, str(model_dir / "model.onnx"))
-    return model_dir
+    return int8_activations(build_model(root, "genai-dense", precision="int4"))
 
 
 def lone_and_beside(session: DecoderSession, min_rows: int) -> tuple[np.ndarray, np.ndarray]:

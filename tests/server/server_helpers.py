@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 import httpx
-import onnx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from onnxgen.testing import build_model
+from onnxgen.testing import build_model, int8_activations
 
 START_TIMEOUT_S = 90.0
 
@@ -89,10 +88,4 @@ CACHE_VARIANTS = {"standard-dense-stacked": "stacked", "hybrid-mobius-static": "
 def int8_activation_model(root: Path) -> Path:
     """The tiny dense int4 export with MatMulNBits on int8 activations (accuracy_level 4, as the
     onnxruntime-genai builder writes int4 models): onnxruntime computes one row differently from several."""
-    model_dir = build_model(root, "genai-dense", precision="int4")
-    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
-    onnx.save(model, str(model_dir / "model.onnx"))
-    return model_dir
+    return int8_activations(build_model(root, "genai-dense", precision="int4"))

@@ -174,6 +174,19 @@ def bias_logits(model_dir: str | Path, biases: dict[int, float]) -> Path:
     return out
 
 
+def int8_activations(model_dir: str | Path) -> Path:
+    """Set every MatMulNBits of the int4 model in ``model_dir`` to int8 activations (``accuracy_level``
+    4, as the onnxruntime-genai builder writes int4 models): onnxruntime then computes a single row
+    differently from a block of rows, which batch-invariance tests need. Returns ``model_dir``."""
+    out = Path(model_dir)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
+    onnx.save(model, str(out / "model.onnx"))
+    return out
+
+
 __all__ = [
     "CHAT_TEMPLATE",
     "CONFIGS",
@@ -186,6 +199,7 @@ __all__ = [
     "TinySpec",
     "bias_logits",
     "build_model",
+    "int8_activations",
     "make_weights",
     "poison_weights",
     "reference_logits",
