@@ -180,6 +180,7 @@ def test_public_api_of_onnxgen_testing_is_pinned() -> None:
         "TinySpec",
         "bias_logits",
         "build_model",
+        "int8_activations",
         "make_weights",
         "poison_weights",
         "reference_logits",
