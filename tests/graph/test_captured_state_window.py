@@ -33,7 +33,8 @@ def _load(model_dir: Path) -> onnx.ModelProto:
 
 def test_every_state_is_captured_as_a_replayed_node_or_a_conv_window(hybrid_dir: Path) -> None:
     model = _load(hybrid_dir)
-    out, result = capture_state_inputs(model, _pairs(hybrid_dir))
+    done = capture_state_inputs(model, _pairs(hybrid_dir))
+    out, result = done.model, done.report
     assert not result.skipped, result.skipped
     assert {w.present for w in result.windows} == {p for _, p in _pairs(hybrid_dir) if "conv" in p}
     assert {r.node.op_type for r in result.replays} == {
@@ -47,7 +48,8 @@ def test_every_state_is_captured_as_a_replayed_node_or_a_conv_window(hybrid_dir:
 
 
 def test_replaying_the_captures_gives_the_states_of_fresh_runs_over_each_prefix(hybrid_dir: Path) -> None:
-    out, result = capture_state_inputs(_load(hybrid_dir), _pairs(hybrid_dir))
+    done = capture_state_inputs(_load(hybrid_dir), _pairs(hybrid_dir))
+    out, result = done.model, done.report
     run = Runner(hybrid_dir, out)
     sess_ports = (*run.sess.get_inputs(), *run.sess.get_outputs())
     ports = {p.name: (ELEM[p.type], p.shape) for p in sess_ports if p.type in ELEM}
@@ -82,7 +84,8 @@ def test_replaying_the_captures_gives_the_states_of_fresh_runs_over_each_prefix(
 
 def test_the_capture_graph_answers_ordinary_forwards_bit_identically(hybrid_dir: Path) -> None:
     model = _load(hybrid_dir)
-    out, _ = capture_state_inputs(model, _pairs(hybrid_dir))
+    done = capture_state_inputs(model, _pairs(hybrid_dir))
+    out, _ = done.model, done.report
     plain, rewritten = Runner(hybrid_dir, model), Runner(hybrid_dir, out)
     for tokens in (PROMPT, PROMPT[:1]):
         a, b = plain.run(plain.empty(), tokens), rewritten.run(rewritten.empty(), tokens)
@@ -136,7 +139,8 @@ def _scan_model(directions: list[int] | None, outer: str | None) -> onnx.ModelPr
 
 
 def test_a_scan_body_reading_an_outer_initializer_gets_it_copied_into_the_commit_graph() -> None:
-    out, result = capture_state_inputs(_scan_model(None, "bias"), [("past", "present")])
+    done = capture_state_inputs(_scan_model(None, "bias"), [("past", "present")])
+    out, result = done.model, done.report
     (replay,) = result.replays
     assert [t.name for t in replay.initializers] == ["bias"]
     ports = {"past": (TensorProto.FLOAT, [1, 2]), replay.captures[1]: (TensorProto.FLOAT, [1, "t", 2])}
@@ -156,6 +160,7 @@ def test_scans_that_cannot_be_replayed_on_a_prefix_are_left_alone_with_the_reaso
     model = _scan_model(directions, outer)
     if outer == "not_a_constant":
         model.graph.input.append(helper.make_tensor_value_info(outer, TensorProto.FLOAT, [1, 2]))
-    out, result = capture_state_inputs(model, [("past", "present")])
+    done = capture_state_inputs(model, [("past", "present")])
+    out, result = done.model, done.report
     assert out is model and not result.replays
     assert reason in result.skipped["present"]

@@ -81,7 +81,8 @@ def _mlp(zero_points: bool = False, accuracy_up: int = 4) -> onnx.ModelProto:
 @pytest.mark.parametrize("tokens", [1, 7])
 def test_sibling_matmuls_merge_into_one_with_the_same_outputs(tokens: int) -> None:
     model = _mlp()
-    fused, fusions = fuse_for_decode(model, None)
+    done = fuse_for_decode(model, None)
+    fused, fusions = done.model, done.report
     assert fusions.merged_matmuls == 2 and fusions.merged_norms == 0
     ops = [n.op_type for n in fused.graph.node]
     assert ops.count("MatMulNBits") == 2 and ops.count("Split") == 1
@@ -99,7 +100,8 @@ def test_sibling_matmuls_merge_into_one_with_the_same_outputs(tokens: int) -> No
     ],
 )
 def test_matmuls_that_differ_are_not_merged(model: onnx.ModelProto, why: str) -> None:
-    fused, fusions = fuse_for_decode(model, None)
+    done = fuse_for_decode(model, None)
+    fused, fusions = done.model, done.report
     assert fusions.merged_matmuls == 0, why
     assert fused is model
 
@@ -177,7 +179,8 @@ def _attention_feeds(tokens: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("tokens", [1, 5])
 def test_query_and_key_norms_merge_into_one_with_the_same_outputs(tokens: int) -> None:
     model = _attention()
-    fused, fusions = fuse_for_decode(model, None)
+    done = fuse_for_decode(model, None)
+    fused, fusions = done.model, done.report
     assert fusions.merged_norms == 1
     assert [n.op_type for n in fused.graph.node].count("SimplifiedLayerNormalization") == 1
     feeds = _attention_feeds(tokens)
@@ -194,7 +197,8 @@ def test_query_and_key_norms_merge_into_one_with_the_same_outputs(tokens: int) -
 def test_norms_that_differ_or_are_not_attention_inputs_are_not_merged(
     model: onnx.ModelProto, why: str
 ) -> None:
-    _, fusions = fuse_for_decode(model, None)
+    done = fuse_for_decode(model, None)
+    _, fusions = done.model, done.report
     assert fusions.merged_norms == 0, why
 
 

@@ -29,7 +29,8 @@ def _load(model_dir: Path) -> onnx.ModelProto:
 
 def test_the_state_window_variant_keeps_the_graph_ports_and_adds_w_row_outputs(fused_dir: Path) -> None:
     model = _load(fused_dir)
-    out, result = emit_fused_state_window(model, _pairs(fused_dir), window=6)
+    done = emit_fused_state_window(model, _pairs(fused_dir), window=6)
+    out, result = done.model, done.report
     assert not result.skipped and len(result.per_position) == 6
     assert [i.name for i in out.graph.input] == [i.name for i in model.graph.input]
     assert [i.type for i in out.graph.input] == [i.type for i in model.graph.input]
@@ -53,7 +54,8 @@ def test_the_state_window_variant_keeps_the_graph_ports_and_adds_w_row_outputs(f
 def test_onnxruntime_cpu_still_refuses_state_window_so_cpu_sessions_capture_instead(fused_dir: Path) -> None:
     # If this starts passing a session, the CPU kernels gained state_window: state_commit.plan_graph can
     # then use the state_window variant on CPU too (docs/speculative-commit.md).
-    out, _ = emit_fused_state_window(_load(fused_dir), _pairs(fused_dir), window=4)
+    done = emit_fused_state_window(_load(fused_dir), _pairs(fused_dir), window=4)
+    out, _ = done.model, done.report
     opts = ort.SessionOptions()
     opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(fused_dir))
     opts.log_severity_level = 4

@@ -82,7 +82,8 @@ def test_an_export_that_outputs_the_hidden_state_is_left_as_it_is(tmp_path: Path
 
 def test_the_pass_refuses_a_graph_whose_lm_head_reads_the_kept_rows(tmp_path: Path) -> None:
     d = build_model(tmp_path, "genai-dense")
-    kept, modified, _ = keep_last_logits(onnx.load(str(d / "model.onnx"), load_external_data=False), "logits")
+    done = keep_last_logits(onnx.load(str(d / "model.onnx"), load_external_data=False), "logits")
+    kept, modified, _ = done.model, done.modified, done.report
     assert modified
     result = expose_hidden_state(kept, "logits")
     assert not result.modified and result.output is None

@@ -59,7 +59,8 @@ def test_gated_rms_norm_is_rewritten_to_the_same_values(activation: str | None) 
     }
     (want,) = _run(_gated_norm(activation), feeds)
     original = _gated_norm(activation)
-    model, report = rewrite_hybrid_ops(original)
+    done = rewrite_hybrid_ops(original)
+    model, report = done.model, done.report
     assert [n.op_type for n in original.graph.node] == ["GatedRMSNorm"], "the input model must not change"
     assert report.rewritten and not report.skipped
     assert not any(n.op_type == "GatedRMSNorm" for n in model.graph.node)
@@ -75,10 +76,12 @@ def test_gated_rms_norm_is_rewritten_to_the_same_values(activation: str | None) 
 
 
 def test_gated_rms_norm_left_alone_where_the_rewrite_does_not_apply() -> None:
-    model, report = rewrite_hybrid_ops(_gated_norm("silu", dtype=np.float16))
+    done = rewrite_hybrid_ops(_gated_norm("silu", dtype=np.float16))
+    model, report = done.model, done.report
     assert not report.rewritten and "not float32" in next(iter(report.skipped.values()))
     assert [n.op_type for n in model.graph.node] == ["GatedRMSNorm"]
-    model, report = rewrite_hybrid_ops(_gated_norm("relu"))
+    done = rewrite_hybrid_ops(_gated_norm("relu"))
+    model, report = done.model, done.report
     assert not report.rewritten and "relu" in next(iter(report.skipped.values()))
 
 
@@ -103,7 +106,8 @@ def test_silu_fused_causal_conv_runs_without_activation_then_silu() -> None:
     }
     want_y, want_state = _run(_conv("silu"), feeds)
     original = _conv("silu")
-    model, report = rewrite_hybrid_ops(original)
+    done = rewrite_hybrid_ops(original)
+    model, report = done.model, done.report
     (conv,) = original.graph.node  # the input model must not change
     assert next(a.s for a in conv.attribute if a.name == "activation") == b"silu"
     assert len(report.rewritten) == 1
@@ -113,7 +117,8 @@ def test_silu_fused_causal_conv_runs_without_activation_then_silu() -> None:
     np.testing.assert_allclose(got_y, want_y, rtol=1e-6, atol=1e-6)
     raw, _ = _run(_conv("none"), feeds)
     assert np.abs(got_y - raw).max() > 0.1, "the SiLU must still be applied"
-    untouched, report = rewrite_hybrid_ops(_conv("none"))
+    done = rewrite_hybrid_ops(_conv("none"))
+    untouched, report = done.model, done.report
     assert not report.rewritten and [n.op_type for n in untouched.graph.node] == ["CausalConvWithState"]
 
 

@@ -24,7 +24,8 @@ def test_kept_logits_equal_the_last_rows_of_the_full_logits(
 ) -> None:
     d = build_model(tmp_path, family, precision=precision)
     full = onnx.load(str(d / "model.onnx"), load_external_data=False)
-    kept, modified, reason = keep_last_logits(full, "logits")
+    done = keep_last_logits(full, "logits")
+    kept, modified, reason = done.model, done.modified, done.report
     assert modified, reason
     assert any(i.name == LOGITS_TO_KEEP for i in kept.graph.input)
     assert not any(i.name == LOGITS_TO_KEEP for i in full.graph.input), "the input model must not change"
@@ -53,7 +54,8 @@ def test_logits_not_made_by_a_matmul_are_left_alone() -> None:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 8])],
     )
     model = helper.make_model(graph)
-    out, modified, reason = keep_last_logits(model, "logits")
+    done = keep_last_logits(model, "logits")
+    out, modified, reason = done.model, done.modified, done.report
     assert not modified and out is model
     assert "Relu" in reason
 
@@ -69,7 +71,8 @@ def test_scaled_logits_are_traced_back_to_the_lm_head() -> None:
         initializer=[w, s],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    out, modified, _ = keep_last_logits(model, "logits")
+    done = keep_last_logits(model, "logits")
+    out, modified, _ = done.model, done.modified, done.report
     assert modified
     sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     h = np.arange(24, dtype=np.float32).reshape(1, 6, 4)

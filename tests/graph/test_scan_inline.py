@@ -245,14 +245,16 @@ def test_a_declared_scan_extent_of_one_is_eligible() -> None:
 
 def test_a_graph_without_eligible_scans_is_reported_unmodified() -> None:
     model = scan_model(accumulate_body(), x_shape=(4, 2, 3))
-    out, modified = inline_single_trip_scans(model)
+    done = inline_single_trip_scans(model)
+    out, modified = done.model, done.modified
     assert modified is False
     assert isinstance(out, onnx.ModelProto) and op_types(out) == ["Scan"]
 
 
 def test_the_ir_entry_point_rewrites_in_place_and_says_so() -> None:
     model = ir.serde.deserialize_model(scan_model(accumulate_body()))
-    out, modified = inline_single_trip_scans(model)
+    done = inline_single_trip_scans(model)
+    out, modified = done.model, done.modified
     assert modified is True and out is model
     assert [n.op_type for n in model.graph] == ["Squeeze", "Mul", "Add", "Tanh", "Unsqueeze"]
 
@@ -270,7 +272,8 @@ def test_the_proto_entry_point_keeps_external_data_entries_it_does_not_know() ->
     }
     for k, v in entries.items():
         w.external_data.add(key=k, value=v)
-    out, result = inline_scans_in_proto(model)
+    done = inline_scans_in_proto(model)
+    out, result = done.model, done
     assert result.modified
     kept = next(t for t in out.graph.initializer if t.name == "w")
     assert {e.key: e.value for e in kept.external_data} == entries

@@ -67,7 +67,8 @@ def scan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _rewritten(model_dir: Path) -> tuple[onnx.ModelProto, onnx.ModelProto, list[PerPosition]]:
     model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
-    out, result = emit_scan_states(model, _pairs(model_dir))
+    done = emit_scan_states(model, _pairs(model_dir))
+    out, result = done.model, done.report
     assert not result.skipped, result.skipped
     return model, out, result.per_position
 
@@ -119,7 +120,8 @@ def test_the_rewritten_graph_answers_ordinary_forwards_bit_identically(scan_dir:
 def test_fused_state_ops_are_left_alone_with_the_reason(tmp_path: Path) -> None:
     d = build_model(tmp_path, "hybrid-genai", TinySpec.hybrid())
     model = onnx.load(str(d / "model.onnx"), load_external_data=False)
-    out, result = emit_scan_states(model, _pairs(d))
+    done = emit_scan_states(model, _pairs(d))
+    out, result = done.model, done.report
     assert out is model and not result.per_position
     assert len(result.skipped) == 6
     assert "CausalConvWithState" in result.skipped["present.0.conv"]
@@ -144,7 +146,8 @@ def _conv_graph(start: int, axis: int) -> onnx.ModelProto:
 
 
 def test_a_conv_window_written_with_a_negative_axis_is_recognised_and_selects_each_prefix() -> None:
-    out, result = emit_scan_states(_conv_graph(-3, -1), [("past", "present")])
+    done = emit_scan_states(_conv_graph(-3, -1), [("past", "present")])
+    out, result = done.model, done.report
     (p,) = result.per_position
     assert (p.layout, p.axis) == ("window", 2)
     sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -160,6 +163,7 @@ def test_a_conv_window_written_with_a_negative_axis_is_recognised_and_selects_ea
 
 def test_a_slice_that_is_not_the_trailing_window_is_left_alone_with_the_reason() -> None:
     graph = _conv_graph(1, 2)
-    out, result = emit_scan_states(graph, [("past", "present")])
+    done = emit_scan_states(graph, [("past", "present")])
+    out, result = done.model, done.report
     assert out is graph and not result.per_position
     assert "negative offset" in result.skipped["present"]

@@ -58,7 +58,7 @@ def test_a_sibling_without_the_main_sessions_fast_ops_is_caught_and_said_once_wi
     def without_fast_ops(self: DecoderSession, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
         from onnxgen.graph.logits_to_keep import keep_last_logits
 
-        return keep_last_logits(graph, self.io.logits)[0]
+        return keep_last_logits(graph, self.io.logits).model
 
     monkeypatch.setattr(DecoderSession, "same_rewrites", without_fast_ops)
     with caplog.at_level(logging.WARNING):

@@ -53,7 +53,8 @@ def in_memory_logits(model_dir: Path, tokens: list[int], tmp_path: Path, capacit
     """The fusions applied in memory with every weight loaded into the graph (what sessions were built
     from before graphs were prepared on disk), run by a plain onnxruntime loop over the same tokens."""
     graph = onnx.load(str(model_dir / "model.onnx"))  # weights loaded
-    graph, fusions = fuse_for_decode(graph, None)
+    done = fuse_for_decode(graph, None)
+    graph, fusions = done.model, done.report
     assert fusions.merged_matmuls > 0
     onnx.save(graph, str(tmp_path / "inline.onnx"))
     return run_teacher_forced(tmp_path / "inline.onnx", [PROMPT], [tokens], kv_capacity=capacity)[0]

@@ -66,7 +66,7 @@ def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
 
     if not package.io.state_pairs:
         return {}
-    return {"fast_ops": apply_fast_ops(package.graph, None)[1].summary()}
+    return {"fast_ops": apply_fast_ops(package.graph, None).report.summary()}
 
 
 def fusions_summary(package: ModelPackage) -> dict[str, str]:

@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxgen.graph.passes import PassResult
 from onnxgen.graph.state_window import attribute, constant_ints, default_opset, producers
 from onnxgen.model.external_data import read_array
 from onnxgen.model.graph_ports import consumers
@@ -343,19 +344,19 @@ def _splice(graph: onnx.GraphProto, replace: dict[str, list[onnx.NodeProto]], dr
 
 def fuse_for_decode(
     model: onnx.ModelProto, base_dir: Path | None, store: Store | None = None
-) -> tuple[onnx.ModelProto, Fusions]:
+) -> PassResult[Fusions]:
     """Both rewrites on a copy of ``model`` (returned as is when neither applies). With ``store`` the
     merged weights go where it puts them (no size limit); without it they are inline in the graph."""
     planned = planned_fusions(model)
     if not planned.rewritten:
-        return model, planned
+        return PassResult(model, False, planned)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     fusions = Fusions()
     merge_qk_norms(out, base_dir, fusions, store=store or _inline)
     limit = MAX_INLINE_BYTES if store is None else None
     merge_sibling_matmuls(out, base_dir, fusions, max_bytes=limit, store=store or _inline)
-    return out, fusions
+    return PassResult(out, True, fusions)
 
 
 def planned_fusions(model: onnx.ModelProto) -> Fusions:

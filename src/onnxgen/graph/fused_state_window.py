@@ -27,10 +27,11 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
+from onnxgen.graph.passes import PassResult
 from onnxgen.graph.state_window import (
     Names,
     PerPosition,
-    StateWindowResult,
+    StateWindowReport,
     add_output,
     default_opset,
     input_rank,
@@ -46,21 +47,20 @@ MAX_STATE_WINDOW = 8  # the ops' documented range is [0, 8]
 
 def emit_fused_state_window(
     model: onnx.ModelProto, states: Sequence[tuple[str, str]], window: int = MAX_STATE_WINDOW
-) -> tuple[onnx.ModelProto, StateWindowResult]:
+) -> PassResult[StateWindowReport]:
     """Apply the pass to a copy of ``model`` with ``state_window = window``."""
     if not 1 <= window <= MAX_STATE_WINDOW:
         raise ValueError(
             f"window must be in [1, {MAX_STATE_WINDOW}] (the ops' state_window range), got {window}"
         )
     if default_opset(model) < 13:
-        return model, StateWindowResult(
-            [], {p: "the model's opset is below 13 (Unsqueeze axes as input)" for _, p in states}
-        )
+        why = "the model's opset is below 13 (Unsqueeze axes as input)"
+        return PassResult(model, False, StateWindowReport([], {p: why for _, p in states}))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     names = Names(out)
-    result = StateWindowResult([], {})
+    result = StateWindowReport([], {})
     for past, present in states:
         prods = producers(g)
         node, why = state_op(g, past, present, prods)
@@ -70,7 +70,7 @@ def emit_fused_state_window(
             continue
         _rewrite(g, node, past, present, window, rank, names)
         result.per_position.append(PerPosition(past, present, per_position_name(present), "rows"))
-    return (out if result.modified else model), result
+    return PassResult(out if result.modified else model, result.modified, result)
 
 
 def _rewrite(

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper
 
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, find_lm_head
+from onnxgen.graph.passes import PassResult
 from onnxgen.model.graph_ports import walk_nodes
 
 HIDDEN_STATES = "hidden_states"
@@ -34,14 +35,11 @@ FALLBACK_NAME = "onnxgen_hidden_states"
 
 
 @dataclass(frozen=True)
-class HiddenStateResult:
-    """The graph after the pass, whether it changed, the hidden-state output's name (None when the pass
-    does not apply) and why not."""
+class HiddenStateResult(PassResult[str]):
+    """The pass's result (its report says why it does not apply) and the hidden-state output's name (None
+    when the pass does not apply)."""
 
-    model: onnx.ModelProto
-    modified: bool
-    output: str | None
-    report: str = ""
+    output: str | None = None
 
 
 def _hidden_size(graph: onnx.GraphProto, head: onnx.NodeProto) -> int | None:
@@ -67,22 +65,22 @@ def expose_hidden_state(model: onnx.ModelProto, logits: str) -> HiddenStateResul
     graph = model.graph
     if any(i.name == LOGITS_TO_KEEP for i in graph.input):
         return HiddenStateResult(
-            model, False, None, "the lm_head is already fed through the logits-to-keep slice"
+            model, False, output=None, report="the lm_head is already fed through the logits-to-keep slice"
         )
     logits_port = next((o for o in graph.output if o.name == logits), None)
     if logits_port is None:
-        return HiddenStateResult(model, False, None, f"the graph has no output {logits!r}")
+        return HiddenStateResult(model, False, output=None, report=f"the graph has no output {logits!r}")
     head, reason = find_lm_head(graph, logits)
     if head is None:
-        return HiddenStateResult(model, False, None, reason)
+        return HiddenStateResult(model, False, output=None, report=reason)
     hidden = head.input[0]
     if any(o.name == hidden for o in graph.output):
-        return HiddenStateResult(model, False, hidden, f"{hidden!r} is already a graph output")
+        return HiddenStateResult(model, False, output=hidden, report=f"{hidden!r} is already a graph output")
     taken = _taken_names(graph)
     name = HIDDEN_STATES if HIDDEN_STATES not in taken else FALLBACK_NAME
     if name in taken:
         return HiddenStateResult(
-            model, False, None, f"the names {HIDDEN_STATES!r} and {FALLBACK_NAME!r} are taken"
+            model, False, output=None, report=f"the names {HIDDEN_STATES!r} and {FALLBACK_NAME!r} are taken"
         )
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -106,7 +104,7 @@ def expose_hidden_state(model: onnx.ModelProto, logits: str) -> HiddenStateResul
     dims[0] = dims[0] if dims[0] is not None else "batch_size"
     dims[1] = dims[1] if dims[1] is not None else "sequence_length"
     g.output.append(helper.make_tensor_value_info(name, tensor.elem_type, dims))
-    return HiddenStateResult(out, True, name)
+    return HiddenStateResult(out, True, "", name)
 
 
 __all__ = ["FALLBACK_NAME", "HIDDEN_STATES", "HiddenStateResult", "expose_hidden_state"]

@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxgen.graph.passes import PassResult
 from onnxgen.graph.state_window import attribute
 
 MS = "com.microsoft"
@@ -87,11 +88,11 @@ def _float_types(graph: onnx.GraphProto) -> dict[str, int]:
     return types
 
 
-def rewrite_hybrid_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FastOps]:
+def rewrite_hybrid_ops(model: onnx.ModelProto) -> PassResult[FastOps]:
     """A copy of ``model`` with its float32 ``GatedRMSNorm`` and SiLU-fused ``CausalConvWithState`` nodes
     on vectorized kernels (``model`` itself when there is nothing to rewrite), and what was done."""
     if not any(n.domain == MS and n.op_type in _REWRITTEN for n in model.graph.node):
-        return model, FastOps()
+        return PassResult(model, False, FastOps())
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     graph = rewritten.graph
@@ -159,19 +160,19 @@ def rewrite_hybrid_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FastOps
         else:
             nodes.append(node)
     if not report.rewritten:
-        return model, report
+        return PassResult(model, False, report)
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(added)
     if not any(o.domain == MS for o in rewritten.opset_import):
         rewritten.opset_import.append(helper.make_opsetid(MS, 1))
-    return rewritten, report
+    return PassResult(rewritten, True, report)
 
 
-def apply_fast_ops(model: onnx.ModelProto, requested: bool | None) -> tuple[onnx.ModelProto, FastOps]:
+def apply_fast_ops(model: onnx.ModelProto, requested: bool | None) -> PassResult[FastOps]:
     """:func:`rewrite_hybrid_ops` where :func:`wanted` says so; else ``model`` and why not."""
     run, why = wanted(model, requested)
-    return rewrite_hybrid_ops(model) if run else (model, FastOps(off=why))
+    return rewrite_hybrid_ops(model) if run else PassResult(model, False, FastOps(off=why))
 
 
 def _gated_norm_blocker(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> str:

@@ -14,13 +14,15 @@ Rewrite rules:
 3. Insert ``Slice(hidden, starts=-N, ends=INT64_MAX, axes=[1])`` and feed the lm_head from it; other
    consumers of the hidden state are untouched.
 4. Add the graph input; rename the logits output's sequence axis to ``logits_to_keep``.
-Preconditions are reported by name through the returned reason when the pass does not apply.
+Preconditions are reported by name (the result's report) when the pass does not apply.
 """
 
 from __future__ import annotations
 
 import onnx
 from onnx import TensorProto, helper
+
+from onnxgen.graph.passes import PassResult
 
 LOGITS_TO_KEEP = "onnxgen_logits_to_keep"
 
@@ -57,16 +59,16 @@ def find_lm_head(graph: onnx.GraphProto, logits: str) -> tuple[onnx.NodeProto | 
     return None, "no lm_head MatMul within 8 nodes of the logits output"
 
 
-def keep_last_logits(model: onnx.ModelProto, logits: str) -> tuple[onnx.ModelProto, bool, str]:
-    """Apply the pass to a copy of ``model``; returns (model, modified, reason when not modified)."""
+def keep_last_logits(model: onnx.ModelProto, logits: str) -> PassResult[str]:
+    """Apply the pass to a copy of ``model``; the report says why not where it does not apply (else "")."""
     graph = model.graph
     if any(i.name == LOGITS_TO_KEEP for i in graph.input):
-        return model, False, f"the graph already has an input {LOGITS_TO_KEEP!r}"
+        return PassResult(model, False, f"the graph already has an input {LOGITS_TO_KEEP!r}")
     if not any(o.name == logits for o in graph.output):
-        return model, False, f"the graph has no output {logits!r}"
+        return PassResult(model, False, f"the graph has no output {logits!r}")
     head, reason = find_lm_head(graph, logits)
     if head is None:
-        return model, False, reason
+        return PassResult(model, False, reason)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -102,4 +104,4 @@ def keep_last_logits(model: onnx.ModelProto, logits: str) -> tuple[onnx.ModelPro
             dim = o.type.tensor_type.shape.dim[1]
             dim.Clear()
             dim.dim_param = "logits_to_keep"
-    return out, True, ""
+    return PassResult(out, True, "")

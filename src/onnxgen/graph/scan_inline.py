@@ -50,16 +50,30 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxgen.graph.passes import PassResult
+
 SCAN_MIN_OPSET = 9
 AXES_AS_INPUT_OPSET = 13
 
 
+@dataclass(frozen=True)
+class ScanInlines:
+    """The pass's report: the Scans it inlined and the ones it left alone, with the rule each failed."""
+
+    inlined: list[str]
+    skipped: dict[str, str]
+
+
 @dataclass
 class ScanInlineResult(ir.passes.PassResult):
-    """What the pass did: the Scans it inlined and the ones it left alone, with the rule each failed."""
+    """The onnx-ir pass's result: the model, whether it changed, and the Scans inlined and left."""
 
     inlined: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def report(self) -> ScanInlines:
+        return ScanInlines(self.inlined, self.skipped)
 
 
 class InlineSingleTripScansPass(ir.passes.InPlacePass):
@@ -84,21 +98,17 @@ class InlineSingleTripScansPass(ir.passes.InPlacePass):
         return result
 
 
-def inline_single_trip_scans(model: ir.Model | onnx.ModelProto) -> tuple[ir.Model | onnx.ModelProto, bool]:
-    """Run :class:`InlineSingleTripScansPass`; returns ``(model, modified)``.
-
-    An ``ir.Model`` is rewritten in place and returned; an ``onnx.ModelProto`` is left untouched and a new
-    proto is returned (see :func:`inline_scans_in_proto`).
+def inline_single_trip_scans(model: ir.Model | onnx.ModelProto) -> ScanInlineResult | PassResult[ScanInlines]:
+    """Run :class:`InlineSingleTripScansPass`: an ``ir.Model`` is rewritten in place (onnx-ir's result); an
+    ``onnx.ModelProto`` is left untouched and the result holds a new proto (:func:`inline_scans_in_proto`).
     """
     if isinstance(model, onnx.ModelProto):
-        out, result = inline_scans_in_proto(model)
-        return out, result.modified
-    result = InlineSingleTripScansPass()(model)
-    return result.model, result.modified
+        return inline_scans_in_proto(model)
+    return InlineSingleTripScansPass()(model)  # type: ignore[return-value]
 
 
-def inline_scans_in_proto(model: onnx.ModelProto) -> tuple[onnx.ModelProto, ScanInlineResult]:
-    """The pass on a proto, weights not loaded: returns a new proto and what the pass did.
+def inline_scans_in_proto(model: onnx.ModelProto) -> PassResult[ScanInlines]:
+    """The pass on a proto, weights not loaded: a new proto and what the pass did.
 
     Initializers keep their external-data entries exactly as given, including keys onnx_ir does not
     carry (onnxruntime's ``prepacked_*`` entries of an optimized model), so the result reads the same
@@ -114,7 +124,7 @@ def inline_scans_in_proto(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Scan
         if original is not None and list(t.external_data) != list(original):
             del t.external_data[:]
             t.external_data.extend(original)
-    return out, result  # type: ignore[return-value]
+    return PassResult(out, result.modified, result.report)  # type: ignore[attr-defined]
 
 
 def find_inlinable_scans(model: ir.Model) -> tuple[list[str], dict[str, str]]:

@@ -29,10 +29,11 @@ from collections.abc import Sequence
 import onnx
 from onnx import helper
 
+from onnxgen.graph.passes import PassResult
 from onnxgen.graph.state_window import (
     Names,
     PerPosition,
-    StateWindowResult,
+    StateWindowReport,
     add_output,
     attribute,
     constant_ints,
@@ -49,16 +50,14 @@ _TO_THE_END = 2**31 - 1  # a Slice end at or past this reaches the end of any re
 
 def emit_scan_states(
     model: onnx.ModelProto, states: Sequence[tuple[str, str]]
-) -> tuple[onnx.ModelProto, StateWindowResult]:
-    """Apply the pass to a copy of ``model`` for the ``(past, present)`` port pairs in ``states``.
-
-    Returns the model (``model`` itself when nothing applied) and what was done.
-    """
+) -> PassResult[StateWindowReport]:
+    """Apply the pass to a copy of ``model`` for the ``(past, present)`` port pairs in ``states``: the
+    model (``model`` itself when nothing applied) and what was done."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     names = Names(out)
-    result = StateWindowResult([], {})
+    result = StateWindowReport([], {})
     for past, present in states:
         prods = producers(g)
         src, why = source_of(g, present, prods)
@@ -79,7 +78,7 @@ def emit_scan_states(
             result.skipped[present] = why
         else:
             result.per_position.append(done)
-    return (out if result.modified else model), result
+    return PassResult(out if result.modified else model, result.modified, result)
 
 
 def _scan_rows(

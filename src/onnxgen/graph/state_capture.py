@@ -43,6 +43,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxgen.graph.passes import PassResult
 from onnxgen.graph.state_window import (
     Names,
     attribute,
@@ -83,7 +84,7 @@ class ReplayNode:
 
 
 @dataclass
-class CaptureResult:
+class CaptureReport:
     windows: list[WindowState] = field(default_factory=list)
     replays: list[ReplayNode] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -98,13 +99,13 @@ class CaptureResult:
 
 def capture_state_inputs(
     model: onnx.ModelProto, states: Sequence[tuple[str, str]]
-) -> tuple[onnx.ModelProto, CaptureResult]:
-    """Apply rules 1-5 to a copy of ``model``; returns the model (``model`` itself if nothing applied)."""
+) -> PassResult[CaptureReport]:
+    """Apply rules 1-5 to a copy of ``model``; the result's model is ``model`` itself if nothing applied."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     prods = producers(g)
-    result = CaptureResult()
+    result = CaptureReport()
     replays: dict[tuple[str, ...], ReplayNode] = {}
     for past, present in states:
         why = _add_state(g, prods, past, present, result, replays)
@@ -118,7 +119,7 @@ def capture_state_inputs(
         label = next(iter(r.states.values()))[2]
         for slot in r.token_axes:
             r.captures[slot] = expose(g, r.node.input[slot], prods, names, f"{label}.capture.{slot}")
-    return (out if result.presents else model), result
+    return PassResult(out if result.presents else model, bool(result.presents), result)
 
 
 def _add_state(
@@ -126,7 +127,7 @@ def _add_state(
     prods: dict[str, onnx.NodeProto],
     past: str,
     present: str,
-    result: CaptureResult,
+    result: CaptureReport,
     replays: dict[tuple[str, ...], ReplayNode],
 ) -> str:
     """Match one state pair to rules 1-4 and record it; returns why it does not match ("" when it does)."""
@@ -157,7 +158,7 @@ def _add_state(
     return ""
 
 
-def _all_states_paired(replay: ReplayNode, result: CaptureResult) -> bool:
+def _all_states_paired(replay: ReplayNode, result: CaptureReport) -> bool:
     if replay.node.op_type != "Scan":
         return bool(replay.states)
     n_states = len(replay.node.input) - attribute(replay.node, "num_scan_inputs").i  # type: ignore[union-attr]

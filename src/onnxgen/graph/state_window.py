@@ -183,7 +183,7 @@ def add_output(
 
 
 @dataclass
-class StateWindowResult:
+class StateWindowReport:
     """What a per-position pass did: the outputs it added, and why each other state was left alone."""
 
     per_position: list[PerPosition]

@@ -224,12 +224,12 @@ def optimized_copy(model_path: Path, graph: onnx.ModelProto, cache_dir: str | Pa
         for key, value in _SAVE_PREPACKED.items():
             opts.add_session_config_entry(key, value)
         ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
-        inlined, result = inline_scans_in_proto(onnx.load(str(tmp / "model.onnx"), load_external_data=False))
-        if not result.inlined:  # type: ignore[attr-defined]
+        result = inline_scans_in_proto(onnx.load(str(tmp / "model.onnx"), load_external_data=False))
+        if not result.report.inlined:
             raise UnsupportedModelError(
                 f"onnxruntime's optimized graph of {model_path} has no inlinable Scan"
             )
-        onnx.save(inlined, str(tmp / INLINE_FILE))
+        onnx.save(result.model, str(tmp / INLINE_FILE))
         try:
             tmp.rename(final)
         except OSError:  # another process made it first

@@ -332,14 +332,17 @@ def _prepare(
             )
         graph, out.hidden_state = exposed.model, exposed.output
     if settings.last_logits:
-        graph, out.logits_to_keep, out.logits_reason = keep_last_logits(graph, io.logits)
+        kept = keep_last_logits(graph, io.logits)
+        graph, out.logits_to_keep, out.logits_reason = kept.model, kept.modified, kept.report
         if not out.logits_to_keep:
             log.info("logits are computed for every position: %s", out.logits_reason)
     with WeightFile(build / WEIGHTS_FILE, folder / WEIGHTS_FILE) as weights:
         if settings.on_cpu and io.state_pairs:
-            graph, out.fast_ops = apply_fast_ops(graph, settings.fast_ops)
+            fast = apply_fast_ops(graph, settings.fast_ops)
+            graph, out.fast_ops = fast.model, fast.report
         if settings.on_cpu and settings.fuse:
-            graph, out.fusions = fuse_for_decode(graph, base, store=weights.store)
+            fused = fuse_for_decode(graph, base, store=weights.store)
+            graph, out.fusions = fused.model, fused.report
         _analyses(out, graph, io, settings)
         if graph is original and not weights.used and model_path.suffix != ".textproto":
             return out  # nothing rewritten: the session loads the export itself (onnxruntime reads no text)

@@ -360,13 +360,14 @@ class DecoderSession:
         runs some forwards of a decode state must round as this session does (plans are checked bit for
         bit), so it takes the same passes or none."""
         if self.logits_to_keep:
-            graph, done, reason = keep_last_logits(graph, self.io.logits)
-            if not done:
-                raise UnsupportedModelError(f"the graph takes no logits-to-keep input: {reason}")
+            kept = keep_last_logits(graph, self.io.logits)
+            if not kept.modified:
+                raise UnsupportedModelError(f"the graph takes no logits-to-keep input: {kept.report}")
+            graph = kept.model
         if not self.fast_ops.off:  # the pass ran on this session's graph
-            graph, _ = apply_fast_ops(graph, True)
+            graph = apply_fast_ops(graph, True).model
         if self._settings.fuse:
-            graph, _ = fuse_for_decode(graph, base_dir)
+            graph = fuse_for_decode(graph, base_dir).model
         return graph
 
     def _load(self, source: str | bytes) -> ort.InferenceSession:

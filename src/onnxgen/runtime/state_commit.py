@@ -36,7 +36,7 @@ import onnxruntime as ort
 from onnxgen.graph.fused_state_window import emit_fused_state_window
 from onnxgen.graph.scan_state_window import emit_scan_states
 from onnxgen.graph.state_capture import (
-    CaptureResult,
+    CaptureReport,
     capture_state_inputs,
     commit_graph,
     conv_state_after,
@@ -96,7 +96,7 @@ class CapturePlan(VerifyPlan):
 
     strategy = "capture"
 
-    def __init__(self, captured: CaptureResult, io: DecoderIO, model: onnx.ModelProto) -> None:
+    def __init__(self, captured: CaptureReport, io: DecoderIO, model: onnx.ModelProto) -> None:
         self.captured = captured
         # what the commit graph imports (no graph is kept: the model's opsets and IR version only)
         self.opsets = [(o.domain, o.version) for o in model.opset_import]
@@ -220,14 +220,16 @@ def plan_graph(
     if strategy == "per-position" or (strategy == "auto" and cuda):
         passes = [emit_fused_state_window] if cuda else []
         for rewrite in [*passes, emit_scan_states] if strategy == "per-position" else passes:
-            rewritten, per = rewrite(model, pairs)
+            done = rewrite(model, pairs)
+            per = done.report
             if per.covers(outputs):
-                return rewritten, PerPositionPlan(per.per_position, io), ""
+                return done.model, PerPositionPlan(per.per_position, io), ""
             reasons.update(per.skipped)
     if strategy in ("auto", "capture"):
-        rewritten, cap = capture_state_inputs(model, pairs)
+        captured = capture_state_inputs(model, pairs)
+        cap = captured.report
         if cap.covers(outputs):
-            return rewritten, CapturePlan(cap, io, model), ""
+            return captured.model, CapturePlan(cap, io, model), ""
         reasons.update(cap.skipped)
     why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
     return model, None, f"no {strategy} verify plan covers every state ({why})"
