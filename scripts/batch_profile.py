@@ -69,6 +69,7 @@ class Timed:
 
 def open_session(model: Path, threads: int, profile_prefix: str | None) -> object:
     from onnxgen.model import ModelPackage
+    from onnxgen.runtime.graph_cache import session_graph
     from onnxgen.runtime.session import DecoderSession, make_session_options
 
     package = ModelPackage.open(model)
@@ -76,7 +77,9 @@ def open_session(model: Path, threads: int, profile_prefix: str | None) -> objec
     if profile_prefix:
         opts.enable_profiling = True
         opts.profile_file_prefix = profile_prefix
-    return DecoderSession(package.model_path, package.io, threads=threads, options=opts, verify=False)
+    return DecoderSession(
+        session_graph(package.model_path, package.io), threads=threads, options=opts, verify=False
+    )
 
 
 def token_ids(count: int, vocab: int) -> list[int]:

@@ -46,13 +46,16 @@ def split_runs(events: list[dict]) -> list[tuple[float, dict[str, float]]]:
 
 def onnxgen_profile(model: Path, threads: int, prompt: list[int], steps: int, folder: Path) -> list:
     from onnxgen.model import ModelPackage
+    from onnxgen.runtime.graph_cache import session_graph
     from onnxgen.runtime.session import DecoderSession, make_session_options
 
     package = ModelPackage.open(model)
     opts = make_session_options(threads)
     opts.enable_profiling = True
     opts.profile_file_prefix = str(folder / "onnxgen")
-    session = DecoderSession(package.model_path, package.io, threads=threads, options=opts, verify=False)
+    session = DecoderSession(
+        session_graph(package.model_path, package.io), threads=threads, options=opts, verify=False
+    )
     state = session.new_state(len(prompt) + steps + 1)
     logits = session.forward(state, np.array([prompt]), 1)[0, -1]
     for _ in range(steps):

@@ -19,7 +19,7 @@ from sigbuild import base_inputs, logits_port, qwen36_27b, sig_model, write_pack
 from onnxgen.cli import main
 from onnxgen.generation.params import SamplingParams
 from onnxgen.llm import default_model_dir, load
-from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.graph_cache import SessionGraph
 from onnxgen.testing import build_model
 from onnxgen.validate import validate
 
@@ -143,10 +143,10 @@ def test_inspect_names_the_decode_plan_a_load_chooses_and_why(
 
 
 def _nudged_logits(rewrites: Callable[..., onnx.ModelProto]) -> Callable[..., onnx.ModelProto]:
-    """``DecoderSession.same_rewrites`` whose sibling adds 1e-6 to every logit: the inline plan then
+    """``SessionGraph.same_rewrites`` whose sibling adds 1e-6 to every logit: the inline plan then
     differs from the Scan plan in the last bits, as a graph that rounds differently once inlined does."""
 
-    def rewrite(self: DecoderSession, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
+    def rewrite(self: SessionGraph, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
         graph = rewrites(self, graph, base_dir)
         name = self.io.logits
         producer = next(n for n in graph.graph.node if name in n.output)
@@ -161,7 +161,7 @@ def _nudged_logits(rewrites: Callable[..., onnx.ModelProto]) -> Callable[..., on
 def test_inspect_and_validate_name_the_scan_plan_where_the_inline_plans_check_fails(
     scan_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(DecoderSession, "same_rewrites", _nudged_logits(DecoderSession.same_rewrites))
+    monkeypatch.setattr(SessionGraph, "same_rewrites", _nudged_logits(SessionGraph.same_rewrites))
     assert main(["inspect", str(scan_dir), "--json", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
     llm = load(scan_dir, threads=1)
@@ -231,3 +231,41 @@ def test_inspect_memory_splits_the_resident_memory_of_a_load_and_a_request(
     assert main(["inspect", str(model_dir), *flags]) == 0
     text = capsys.readouterr().out
     assert "prepared graph: hit" in text and "heap added by the load" in text
+
+
+@pytest.mark.parametrize("family", ["genai-dense", "hybrid-genai", "hybrid-mobius"])
+def test_inspect_prepares_the_model_without_an_onnxruntime_session_where_no_check_must_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    """The graph passes run (or are read from the cache) and the decode plan is chosen with no session;
+    what inspect says is what the passes' dry runs on the export say and what a load's session has."""
+    import onnxruntime
+
+    from onnxgen.graph.decode_fusions import planned_fusions
+    from onnxgen.graph.hybrid_ops import apply_fast_ops
+    from onnxgen.model import ModelPackage
+
+    model_dir = build_model(tmp_path / family, family, precision="int4")
+
+    def no_session(*args: object, **kwargs: object) -> None:
+        raise AssertionError("inspect made an onnxruntime session")
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", no_session)
+    outs = []
+    for _ in range(2):  # the first prepares the graph, the second reads it from the cache
+        assert main(["inspect", str(model_dir), "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1]
+    with pytest.raises(Exception, match="inspect made an onnxruntime session"):  # the patch catches a load
+        load(model_dir, threads=1)
+    monkeypatch.undo()
+    out, package = outs[0], ModelPackage.open(model_dir)
+    assert out["decode_plan"] == "main" and out["decode_plan_check"] == "not needed"
+    assert out["decode_fusions"] == planned_fusions(package.graph).summary()
+    llm = load(model_dir, threads=1)
+    assert "merged" in out["decode_fusions"] and out["decode_fusions"] == llm.session.fusions.summary()
+    if family.startswith("hybrid"):
+        assert out["fast_ops"] == apply_fast_ops(package.graph, None).report.summary()
+        assert out["fast_ops"] == llm.session.fast_ops.summary()
+    else:
+        assert "fast_ops" not in out

@@ -14,6 +14,7 @@ import onnxgen
 from onnxgen import GenerationError, SamplingParams, TokenizerError
 from onnxgen.llm import LLM
 from onnxgen.model import ModelPackage
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import FAMILIES, build_model, special_token_ids
 
@@ -34,7 +35,7 @@ def hybrid(model_dirs: dict[str, Path]) -> LLM:
 
 def plain_greedy_loop(model_dir: Path, prompt: list[int], steps: int) -> list[int]:
     package = ModelPackage.open(model_dir)
-    session = DecoderSession(package.model_path, package.io, threads=1)
+    session = DecoderSession(session_graph(package.model_path, package.io), threads=1)
     state = session.new_state(len(prompt) + steps)
     out = [int(np.argmax(session.forward(state, np.asarray([prompt]))[0, -1]))]
     while len(out) < steps:

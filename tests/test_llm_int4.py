@@ -10,6 +10,7 @@ import pytest
 import onnxgen
 from onnxgen import SamplingParams
 from onnxgen.model import ModelPackage
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import build_model
 
@@ -30,7 +31,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str]
 
 def teacher_forced_logits(model_dir: Path) -> np.ndarray:
     package = ModelPackage.open(model_dir)
-    session = DecoderSession(package.model_path, package.io, threads=1)
+    session = DecoderSession(session_graph(package.model_path, package.io), threads=1)
     state = session.new_state(len(PROMPT) + len(CONTINUATION))
     rows = [session.forward(state, np.asarray([PROMPT]))[0, -1]]
     rows += [session.forward(state, np.asarray([[t]]))[0, -1] for t in CONTINUATION]

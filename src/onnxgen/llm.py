@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, cast, overload
 
 import numpy as np
-import onnx
 
 from onnxgen.cache.prefix import PrefixCache
 from onnxgen.chat.continuation import next_turn_prefix
@@ -24,16 +23,15 @@ from onnxgen.config import EngineConfig
 from onnxgen.engine.batch_run import run_batch
 from onnxgen.engine.engine import Engine
 from onnxgen.engine.limits import BatchLimits
-from onnxgen.errors import GenerationError, OnnxgenError, TokenizerError
+from onnxgen.errors import GenerationError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SAMPLING_FIELDS, SamplingParams, resolve_params
 from onnxgen.generation.speculative import DraftModel, Speculative
-from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.model import ModelPackage
-from onnxgen.model.mtp import find_mtp_head, mtp_head_io
-from onnxgen.runtime.decode_routing import prepare_decode_plan
+from onnxgen.model.mtp import mtp_head_io
+from onnxgen.prepare import prepare
 from onnxgen.runtime.mtp_head import MTPHeadSession
-from onnxgen.runtime.session import DecoderSession, default_threads
+from onnxgen.runtime.session import default_threads
 from onnxgen.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -61,36 +59,19 @@ class LLM:
         self.package = package
         self.io = package.io
         self.config = config = config if config is not None else EngineConfig()
-        providers = config.providers
-        self.decode_plan = prepare_decode_plan(package, config.decode_plan, providers=providers)
-        # an MTP head beside the model: the session also outputs the final hidden state the head reads
-        self._mtp_missing = (
-            f"MTP speculation needs the model's MTP head: {package.root} has no mtp.onnx; write it with "
-            "`onnxgen export-mtp CHECKPOINT_DIR MODEL_DIR` from the checkpoint this model was exported from"
-        )
-        self.mtp_path = self._find_mtp(package, self.decode_plan.graph)
         self._mtp: MTPHeadSession | None = None
         self._mtp_lock = threading.Lock()
-        self._providers = providers
-        # the tokenizer and the token settings load on another thread while onnxruntime makes the session
-        # (it releases the GIL while it repacks the weights, most of a load)
+        self._providers = config.providers
+        # the tokenizer and the token settings load on another thread while the model is prepared and
+        # onnxruntime makes the session (it releases the GIL while it repacks the weights, most of a load)
         with ThreadPoolExecutor(1, thread_name_prefix="onnxgen-load") as pool:
             tokenizer = pool.submit(_load_tokenizer, package)
-            self.session = DecoderSession(
-                self.decode_plan.model_path,
-                self.io,
-                threads=config.threads,
-                providers=providers,
-                graph=self.decode_plan.graph,
-                huge_pages=config.huge_pages,
-                verify_now=config.speculative,
-                fast_ops=config.fast_ops,
-                fuse=config.fuse,
-                hidden_state=self.mtp_path is not None,
-            )
+            self.prepared = prepared = prepare(package, config)
+            self.decode_plan = prepared.decode
+            # an MTP head beside the model: the session also outputs the final hidden state the head reads
+            self.mtp_path, self._mtp_missing = prepared.mtp.path, prepared.mtp.missing
+            self.session = prepared.open_session()
             self.tokenizer: Tokenizer | None = tokenizer.result()
-        self.decode_plan.plan.attach(self.session)
-        self.decode_plan.graph = None  # no graph is kept once the session is made
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
         if not eos:
             log.warning(
@@ -157,27 +138,6 @@ class LLM:
         return self.generator.constraints.token_bytes(token_id)
 
     # -- speculative decoding -----------------------------------------------------------------------
-    def _find_mtp(self, package: ModelPackage, graph: onnx.ModelProto) -> Path | None:
-        """The MTP head beside the model, where the decoder's final hidden state can be output for it (from
-        ``graph``, what the session loads); otherwise None, and why in ``_mtp_missing`` (plain decoding is
-        not held up by a broken head)."""
-        try:
-            path = find_mtp_head(package)
-        except OnnxgenError as e:
-            self._mtp_missing = str(e)
-            log.warning("MTP speculation is unavailable: %s", e)
-            return None
-        if path is None:
-            return None
-        exposed = expose_hidden_state(graph, package.io.logits)
-        if exposed.output is None:
-            self._mtp_missing = (
-                f"{path} cannot be used: the decoder's final hidden state cannot be output ({exposed.report})"
-            )
-            log.warning("%s", self._mtp_missing)
-            return None
-        return path
-
     def mtp_head(self) -> MTPHeadSession:
         """The model's MTP head session (checked against the decoder), loaded with the model when
         ``EngineConfig.speculative`` is set, else on first use."""

@@ -215,19 +215,17 @@ def export_logits(llm: Any, prompt: list[int], continuation: Sequence[int]) -> n
 def unchanged_export(path: str | Path, threads: int | None = None) -> Reference:
     """An export run with its ops as exported (no fast ops, no fusions, no decode plan, all logits)."""
     from onnxgen.model import ModelPackage
+    from onnxgen.runtime.graph_cache import session_graph
     from onnxgen.runtime.session import DecoderSession
 
     package = ModelPackage.open(path)
     session = DecoderSession(
-        package.model_path,
-        package.io,
+        session_graph(
+            package.model_path, package.io, graph=package.graph, last_logits=False, fast_ops=False, fuse=False
+        ),
         threads=threads,
-        graph=package.graph,
-        last_logits=False,
         verify=False,
         inplace=False,
-        fast_ops=False,
-        fuse=False,
     )
 
     def run(prompt: list[int], new_tokens: int) -> tuple[list[int], np.ndarray]:

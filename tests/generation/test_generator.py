@@ -14,6 +14,7 @@ import onnxgen
 from onnxgen import GenerationError, SamplingParams
 from onnxgen.llm import LLM
 from onnxgen.model import ModelPackage
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import build_model, special_token_ids
 
@@ -45,7 +46,7 @@ def greedy(max_new_tokens: int = N, **kw: Any) -> SamplingParams:
 def plain_greedy_loop(model_dir: Path, prompt: list[int], steps: int) -> list[int]:
     """Argmax decoding written out over DecoderSession.forward (a fresh session and state)."""
     package = ModelPackage.open(model_dir)
-    session = DecoderSession(package.model_path, package.io, threads=1)
+    session = DecoderSession(session_graph(package.model_path, package.io), threads=1)
     state = session.new_state(len(prompt) + steps)
     logits = session.forward(state, np.asarray([prompt]))[0, -1]
     out: list[int] = []

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxgen.graph.decode_fusions import fuse_for_decode
 from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import build_model
 from onnxgen.testing.quant import quantize_int4
@@ -206,7 +207,10 @@ def test_norms_that_differ_or_are_not_attention_inputs_are_not_merged(
 def test_session_logits_are_bit_identical_with_and_without_the_fusions(tmp_path: Path, family: str) -> None:
     """Through the session (prefill, decode lane steps, external weights) on int4 fixtures."""
     package = ModelPackage.open(build_model(tmp_path, family, precision="int4"))
-    sessions = [DecoderSession(package.model_path, package.io, threads=2, fuse=f) for f in (True, False)]
+    sessions = [
+        DecoderSession(session_graph(package.model_path, package.io, fuse=f), threads=2)
+        for f in (True, False)
+    ]
     assert sessions[0].fusions.merged_matmuls > 0 and not sessions[1].fusions.rewritten
     runs = []
     for session in sessions:

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxgen
 from onnxgen.graph.hybrid_ops import rewrite_hybrid_ops
 from onnxgen.model import ModelPackage
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import TinySpec, build_model, reference_logits
 from onnxgen.testing.spec import make_weights
@@ -142,10 +143,10 @@ def test_sessions_run_fast_ops_by_default_with_the_exports_logits_and_tokens(
 ) -> None:
     package = ModelPackage.open(fused_dir)
     path, io = fused_dir / "model.onnx", package.io
-    fast = DecoderSession(path, io, threads=1)
+    fast = DecoderSession(session_graph(path, io), threads=1)
     spec = TinySpec.hybrid()
     assert len(fast.fast_ops.rewritten) == 2 * len(spec.linear_layers)  # a norm and a conv per layer
-    exported = DecoderSession(path, io, threads=1, fast_ops=False)
+    exported = DecoderSession(session_graph(path, io, fast_ops=False), threads=1)
     assert not exported.fast_ops.rewritten
     monkeypatch.setenv("ONNXGEN_FAST_OPS", "0")
     assert not onnxgen.load(fused_dir, threads=1).session.fast_ops.rewritten
@@ -183,11 +184,11 @@ def test_by_default_the_pass_skips_exports_that_quantize_activations_to_int8(
     for model_dir, auto in ((int4, True), (level4, False)):
         io = ModelPackage.open(model_dir).io
         path = model_dir / "model.onnx"
-        session = DecoderSession(path, io, threads=1)
+        session = DecoderSession(session_graph(path, io), threads=1)
         assert bool(session.fast_ops.rewritten) is auto
         assert auto or "int8 activations" in session.fast_ops.off
-        assert DecoderSession(path, io, threads=1, fast_ops=True).fast_ops.rewritten
-        assert not DecoderSession(path, io, threads=1, fast_ops=False).fast_ops.rewritten
+        assert DecoderSession(session_graph(path, io, fast_ops=True), threads=1).fast_ops.rewritten
+        assert not DecoderSession(session_graph(path, io, fast_ops=False), threads=1).fast_ops.rewritten
         monkeypatch.setenv("ONNXGEN_FAST_OPS", "1")  # EngineConfig.from_env reads it for load()
         assert onnxgen.load(model_dir, threads=1).session.fast_ops.rewritten
         monkeypatch.setenv("ONNXGEN_FAST_OPS", "0")

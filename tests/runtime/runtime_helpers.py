@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxgen.model import ModelPackage
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 from onnxgen.testing import TinySpec
@@ -28,7 +29,7 @@ def open_session(model_dir: Path, *, shared_kv: bool | None = None) -> DecoderSe
     io = ModelPackage.open(model_dir).io
     if shared_kv is not None:
         io = dataclasses.replace(io, past_present_share_buffer=shared_kv)
-    return DecoderSession(model_dir / "model.onnx", io, threads=1)
+    return DecoderSession(session_graph(model_dir / "model.onnx", io), threads=1)
 
 
 def ids(tokens: list[int] | int) -> np.ndarray:

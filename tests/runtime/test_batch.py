@@ -12,6 +12,7 @@ from runtime_helpers import DENSE_FAMILIES, HYBRID_FAMILIES, ids, open_session, 
 from onnxgen.errors import GenerationError
 from onnxgen.runtime import batch as batch_module
 from onnxgen.runtime.batch import BatchState, invariant_min_rows, lone_row_matches_block
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.testing import build_model, int8_activations
 
@@ -351,7 +352,7 @@ def test_rows_updated_in_place_equal_double_buffered_rows_bit_for_bit(
     model = family_dirs[family] / "model.onnx"
     runs = []
     for inplace in (True, False):
-        session = DecoderSession(model, io, threads=1, inplace=inplace)
+        session = DecoderSession(session_graph(model, io), threads=1, inplace=inplace)
         assert bool(session.inplace_states) == inplace
         driver = Driver(session, 3)
         driver.admit(0)

@@ -10,6 +10,7 @@ from runtime_helpers import PROMPT, ids, open_session
 
 from onnxgen.errors import GenerationError
 from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession, LengthMask, StepLane
 from onnxgen.runtime.state import DecodeState
 
@@ -174,7 +175,7 @@ def test_lanes_follow_the_session_onto_its_verify_plan_graph(family_dirs: dict[s
 
 def _session(model_dir: Path, inplace: bool) -> DecoderSession:
     return DecoderSession(
-        model_dir / "model.onnx", ModelPackage.open(model_dir).io, threads=1, inplace=inplace
+        session_graph(model_dir / "model.onnx", ModelPackage.open(model_dir).io), threads=1, inplace=inplace
     )
 
 

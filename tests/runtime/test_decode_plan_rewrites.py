@@ -19,7 +19,7 @@ import onnxgen.llm
 from onnxgen.cli import build_parser
 from onnxgen.cli import main as cli_main
 from onnxgen.config import EngineConfig
-from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.graph_cache import SessionGraph
 from onnxgen.testing import TinySpec, build_model
 
 PROMPT = [5, 17, 200, 33, 44]
@@ -55,12 +55,12 @@ def test_a_sibling_without_the_main_sessions_fast_ops_is_caught_and_said_once_wi
 ) -> None:
     """Negative control: the first-step probe sees the rounding of a sibling left without the fast ops."""
 
-    def without_fast_ops(self: DecoderSession, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
+    def without_fast_ops(self: SessionGraph, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
         from onnxgen.graph.logits_to_keep import keep_last_logits
 
         return keep_last_logits(graph, self.io.logits).model
 
-    monkeypatch.setattr(DecoderSession, "same_rewrites", without_fast_ops)
+    monkeypatch.setattr(SessionGraph, "same_rewrites", without_fast_ops)
     with caplog.at_level(logging.WARNING):
         for _ in range(2):  # two loads of one model: one warning
             llm = onnxgen.load(scan_fused, threads=1, decode_plan="inline")

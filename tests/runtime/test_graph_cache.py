@@ -44,9 +44,11 @@ def decode(session: DecoderSession, steps: int = STEPS) -> np.ndarray:
     return np.stack(rows)
 
 
-def open_session(model_dir: Path, **kwargs: object) -> DecoderSession:
+def open_session(model_dir: Path, verify: bool = True, **passes: bool) -> DecoderSession:
     package = ModelPackage.open(model_dir)
-    return DecoderSession(package.model_path, package.io, threads=1, **kwargs)  # type: ignore[arg-type]
+    return DecoderSession(
+        graph_cache.session_graph(package.model_path, package.io, **passes), threads=1, verify=verify
+    )
 
 
 def in_memory_logits(model_dir: Path, tokens: list[int], tmp_path: Path, capacity: int) -> np.ndarray:

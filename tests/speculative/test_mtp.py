@@ -23,6 +23,7 @@ from speculative_helpers import (
 from onnxgen import MTP, GenerationError, SamplingParams
 from onnxgen.generation.speculative.mtp import MTPProposer
 from onnxgen.llm import LLM
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
@@ -68,7 +69,7 @@ def test_a_session_that_outputs_the_hidden_state_gives_the_plain_sessions_logits
 ) -> None:
     llm = mtp_zoo.llm("hybrid-genai", "int4")
     assert llm.session.hidden_state == "hidden_states"
-    plain = DecoderSession(llm.package.model_path, llm.io, threads=1)
+    plain = DecoderSession(session_graph(llm.package.model_path, llm.io), threads=1)
     assert plain.hidden_state is None
     tokens = [*PROMPT, 3, 99, 250]
     a, b = llm.session.new_state(32), plain.new_state(32)

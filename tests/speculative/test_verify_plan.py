@@ -27,6 +27,7 @@ from speculative_helpers import (
 from onnxgen import SamplingParams, load
 from onnxgen.generation.speculative.loop import SpeculativeLoop
 from onnxgen.model import ModelPackage
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 from onnxgen.runtime.state_commit import CapturePlan, PerPositionPlan
@@ -50,7 +51,9 @@ class Scripted(NoisyOracle):
 
 def session_with(zoo: ModelZoo, family: str, verify: bool | str) -> DecoderSession:
     model_dir = zoo.dir(family)
-    return DecoderSession(model_dir / "model.onnx", ModelPackage.open(model_dir).io, threads=1, verify=verify)
+    return DecoderSession(
+        session_graph(model_dir / "model.onnx", ModelPackage.open(model_dir).io), threads=1, verify=verify
+    )
 
 
 def replay_session(zoo: ModelZoo, family: str) -> DecoderSession:
@@ -109,7 +112,7 @@ def test_a_session_told_it_will_speculate_starts_on_the_plan_graph_and_loads_not
     verify; speculative and plain decoding on it give what they give on a lazily planned session."""
     model_dir = zoo.dir(family)
     io = ModelPackage.open(model_dir).io
-    eager = DecoderSession(model_dir / "model.onnx", io, threads=1, verify_now=True)
+    eager = DecoderSession(session_graph(model_dir / "model.onnx", io), threads=1, verify_now=True)
     lazy = session_with(zoo, family, True)
     assert eager._verify_strategy is None and isinstance(eager._verify_plan, CapturePlan)
     assert len(eager.session.get_outputs()) == len(lazy.session.get_outputs()) + len(
@@ -137,7 +140,9 @@ def test_a_session_told_it_will_speculate_starts_on_the_plan_graph_and_loads_not
 def test_the_commit_graph_runs_without_a_thread_pool_of_its_own(zoo: ModelZoo, family: str) -> None:
     """A second pool would spin after every commit on the cores the model's session needs."""
     model_dir = zoo.dir(family)
-    session = DecoderSession(model_dir / "model.onnx", ModelPackage.open(model_dir).io, threads=2)
+    session = DecoderSession(
+        session_graph(model_dir / "model.onnx", ModelPackage.open(model_dir).io), threads=2
+    )
     plan = session.verify_plan
     assert isinstance(plan, CapturePlan) and plan._session is not None
     assert session.session.get_session_options().intra_op_num_threads == 2

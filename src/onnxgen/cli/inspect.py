@@ -1,5 +1,6 @@
-"""``onnxgen inspect [MODEL] [--json] [--memory]``: a model's export family, derived I/O topology and
-decode plan (the model is loaded only where the inline plan's check must run to settle it); with
+"""``onnxgen inspect [MODEL] [--json] [--memory]``: a model's export family, derived I/O topology, graph
+passes and decode plan, from the model prepared as a load prepares it (:func:`onnxgen.prepare.prepare`; an
+onnxruntime session is made only where the inline plan's check must run to settle the plan); with
 ``--memory`` it loads the model and one request and says where the memory went."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from onnxgen.cli.generate import MODEL_ENV, resolve_model
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage
+    from onnxgen.prepare import PreparedModel
 
 
 def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
@@ -36,44 +38,37 @@ def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:  # typ
     p.set_defaults(run=_run)
 
 
-def decode_plan_summary(model: Path, package: ModelPackage, threads: int | None = None) -> dict[str, str]:
-    """The plan ``load(model)`` (``decode_plan="auto"``) runs single-token steps on, and why. From the graph
-    alone where that settles it; where the inline plan is chosen, the model is loaded and the inline plan's
-    first-step check run as the first decode step would (:meth:`DecodePlan.settle`), so the plan named is
-    the one the runtime uses, the Scan plan where the check fails."""
-    from onnxgen.runtime.decode_routing import choose_decode_plan, summarize_scans
-
-    choice = choose_decode_plan("auto", summarize_scans(package.graph))
+def decode_plan_summary(prepared: PreparedModel) -> dict[str, str]:
+    """The plan ``load(model)`` runs single-token steps on, and why. Decided by :func:`onnxgen.prepare.prepare`
+    where the graph settles it; where the inline plan is chosen, a session is made on the prepared graph and
+    the inline plan's first-step check run as the first decode step would (:meth:`DecodePlan.settle`), so the
+    plan named is the one the runtime uses, the Scan plan where the check fails."""
+    choice = prepared.decode.choice
     if choice.plan != "inline":
         return {
             "decode_plan": choice.plan,
             "decode_plan_reason": choice.reason,
             "decode_plan_check": "not needed",
         }
-    from onnxgen import load
-
-    plan = load(model, threads=threads).decode_plan.plan
+    prepared.open_session()  # the plan's check runs on the session it is attached to
+    plan = prepared.decode.plan
     settled = plan.settle()
     check = plan.check
     verdict = "not run" if check is None else "passed" if check.equal else "failed"
     return {"decode_plan": settled.plan, "decode_plan_reason": settled.reason, "decode_plan_check": verdict}
 
 
-def fast_ops_summary(package: ModelPackage) -> dict[str, str]:
-    """What ``load(model)`` on the CPU does with a hybrid's fused ops (:mod:`onnxgen.graph.hybrid_ops`);
-    nothing for a model without recurrent state."""
-    from onnxgen.graph.hybrid_ops import apply_fast_ops
-
-    if not package.io.state_pairs:
+def fast_ops_summary(prepared: PreparedModel) -> dict[str, str]:
+    """What ``load(model)`` does with a hybrid's fused ops (:mod:`onnxgen.graph.hybrid_ops`); nothing for a
+    model without recurrent state."""
+    if not prepared.package.io.state_pairs:
         return {}
-    return {"fast_ops": apply_fast_ops(package.graph, None).report.summary()}
+    return {"fast_ops": prepared.graph.fast_ops.summary()}
 
 
-def fusions_summary(package: ModelPackage) -> dict[str, str]:
-    """What ``load(model)`` on the CPU merges for decode steps (:mod:`onnxgen.graph.decode_fusions`)."""
-    from onnxgen.graph.decode_fusions import planned_fusions
-
-    return {"decode_fusions": planned_fusions(package.graph).summary()}
+def fusions_summary(prepared: PreparedModel) -> dict[str, str]:
+    """What ``load(model)`` merges for decode steps (:mod:`onnxgen.graph.decode_fusions`)."""
+    return {"decode_fusions": prepared.graph.fusions.summary()}
 
 
 MB = float(1 << 20)
@@ -201,16 +196,19 @@ def _run(args: argparse.Namespace) -> int:
         report = memory_report(resolve_model(args.model), args.threads, args.prompt_tokens, args.new_tokens)
         print(json.dumps(report, indent=2) if args.json else format_memory(report))
         return 0
+    from onnxgen.config import EngineConfig
     from onnxgen.model.inspect import describe, format_text
     from onnxgen.model.package import ModelPackage
+    from onnxgen.prepare import prepare
 
     model = resolve_model(args.model)
     package = ModelPackage.open(model)
     summary = describe(package)
-    summary.update(fast_ops_summary(package))
-    summary.update(fusions_summary(package))
+    prepared = prepare(package, EngineConfig.from_env(threads=args.threads))
+    summary.update(fast_ops_summary(prepared))
+    summary.update(fusions_summary(prepared))
     summary.update(mtp_summary(package))
     summary.update(prefix_cache_summary(package))
-    summary.update(decode_plan_summary(model, package, args.threads))
+    summary.update(decode_plan_summary(prepared))
     print(json.dumps(summary, indent=2) if args.json else format_text(summary))
     return 0

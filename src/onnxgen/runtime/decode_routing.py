@@ -304,9 +304,11 @@ class DecodePlan:
 
 def build_sibling(main: DecoderSession, inline_path: Path) -> ort.InferenceSession:
     """A session over the inlined graph at ``inline_path`` with ``main``'s options, providers and graph
-    rewrites (:meth:`DecoderSession.same_rewrites`: logits-to-keep, fast ops, decode fusions); raises when
+    rewrites (:meth:`SessionGraph.same_rewrites`: logits-to-keep, fast ops, decode fusions); raises when
     it cannot be made or does not match ``main`` bit for bit on a step."""
-    inlined = main.same_rewrites(onnx.load(str(inline_path), load_external_data=False), inline_path.parent)
+    inlined = main.prepared.same_rewrites(
+        onnx.load(str(inline_path), load_external_data=False), inline_path.parent
+    )
     opts = main.session.get_session_options()
     if _has_config(opts, FOLDER_KEY):  # the main session's weights folder: locations relative to it
         relocate(inlined, inline_path.parent.resolve(), Path(opts.get_session_config_entry(FOLDER_KEY)))

@@ -1,6 +1,7 @@
 """Session graphs: the export after onnxgen's graph passes, prepared once and kept on disk.
 
-A :class:`~onnxgen.runtime.session.DecoderSession` does not hand onnxruntime the export as it is: it may
+A :class:`~onnxgen.runtime.session.DecoderSession` does not hand onnxruntime the export as it is but the
+graph :func:`session_graph` prepared for it (:func:`onnxgen.prepare.prepare` for a whole model): it may
 output the final hidden state (:mod:`onnxgen.graph.hidden_state`, for an MTP head), adds a
 logits-to-keep input (:mod:`onnxgen.graph.logits_to_keep`), may move hybrid ops onto vectorized kernels
 (:mod:`onnxgen.graph.hybrid_ops`) and merges projections that read one input
@@ -35,7 +36,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -79,7 +80,7 @@ class PassSettings:
 
 @dataclass
 class SessionGraph:
-    """The graph a session runs and what the passes found in it.
+    """The graph a session runs, the I/O and settings it was prepared for, and what the passes found in it.
 
     ``graph_path`` is the prepared graph in the cache (None: the export runs as it is, from
     ``model_path``); its weight locations are relative to ``root``. ``cache`` says how it was got:
@@ -87,6 +88,8 @@ class SessionGraph:
     """
 
     model_path: Path
+    io: DecoderIO
+    settings: PassSettings
     graph_path: Path | None = None
     root: Path | None = None
     logits_to_keep: bool = False
@@ -109,6 +112,34 @@ class SessionGraph:
         """The graph the session runs, weights by reference (for passes that rewrite it further)."""
         return onnx.load(str(self.graph_path or self.model_path), load_external_data=False)
 
+    def still_on_disk(self) -> SessionGraph:
+        """This graph, or the same prepared again where its cache entry was pruned since (another process,
+        other settings)."""
+        if self.graph_path is None or self.graph_path.is_file():
+            return self
+        return _with_defaults(prepare_session_graph(self.model_path, self.io, self.settings))
+
+    @property
+    def fast_ops_ran(self) -> bool:
+        """Whether the fast-ops pass ran on this graph (a hybrid on the CPU, not turned off)."""
+        return self.settings.on_cpu and bool(self.io.state_pairs) and not self.fast_ops.off
+
+    def same_rewrites(self, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
+        """``graph`` (a sibling of this graph's model, e.g. its Scans inlined) with the rewrites this graph
+        got: logits-to-keep, fast ops, decode fusions, in that order. A sibling that runs some forwards of a
+        decode state must round as the session on this graph does (plans are checked bit for bit), so it
+        takes the same passes or none."""
+        if self.logits_to_keep:
+            kept = keep_last_logits(graph, self.io.logits)
+            if not kept.modified:
+                raise UnsupportedModelError(f"the graph takes no logits-to-keep input: {kept.report}")
+            graph = kept.model
+        if self.fast_ops_ran:
+            graph = apply_fast_ops(graph, True).model
+        if self.settings.fuse:
+            graph = fuse_for_decode(graph, base_dir).model
+        return graph
+
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
@@ -125,9 +156,13 @@ class SessionGraph:
         }
 
     @classmethod
-    def from_json(cls, facts: dict, model_path: Path, folder: Path) -> SessionGraph:
+    def from_json(
+        cls, facts: dict, model_path: Path, io: DecoderIO, settings: PassSettings, folder: Path
+    ) -> SessionGraph:
         return cls(
             model_path=model_path,
+            io=io,
+            settings=settings,
             graph_path=folder / GRAPH_FILE if facts["rewritten"] else None,
             root=Path(facts["root"]) if facts["root"] else None,
             logits_to_keep=facts["logits_to_keep"],
@@ -237,6 +272,63 @@ def inplace_states(graph: onnx.ModelProto, io: DecoderIO) -> frozenset[str]:
 # -- preparing ----------------------------------------------------------------------------------------------
 
 
+def session_graph(
+    model_path: str | Path,
+    io: DecoderIO,
+    *,
+    providers: Sequence[str] | None = None,
+    graph: onnx.ModelProto | None = None,
+    last_logits: bool = True,
+    fast_ops: bool | None = None,
+    fuse: bool | None = None,
+    hidden_state: bool = False,
+    cache_dir: str | Path | None = None,
+) -> SessionGraph:
+    """The graph a session on ``providers`` (default: the CPU) runs for the export at ``model_path``, whose
+    graph (weights not loaded) is ``graph`` when the caller has it: logits for the kept positions only
+    (``last_logits``); on the CPU, hybrid contrib ops on onnxruntime's vectorized kernels
+    (:mod:`onnxgen.graph.hybrid_ops`: the same math, rounded differently; ``fast_ops``) and fewer kernel
+    launches per decode step with the same output bits (:mod:`onnxgen.graph.decode_fusions`; ``fuse``);
+    the final hidden state as an output where ``hidden_state`` (what an MTP head drafts from); and the
+    analyses a session reads. Prepared once per model and settings and kept on disk; every weight stays
+    in its file."""
+    providers = list(providers or ["CPUExecutionProvider"])
+    on_cpu = providers[0] == "CPUExecutionProvider"
+    settings = PassSettings(
+        last_logits=last_logits,
+        on_cpu=on_cpu,
+        fast_ops=fast_ops,
+        fuse=on_cpu and fuse is not False,
+        hidden_state=hidden_state,
+    )
+    prepared = _with_defaults(prepare_session_graph(Path(model_path), io, settings, graph, cache_dir))
+    if hidden_state and prepared.hidden_state is None:
+        raise UnsupportedModelError(
+            f"{model_path} does not output its final hidden state, which an MTP head needs, and the "
+            "graph passes that would add it did not run (see the warning above)"
+        )
+    if prepared.fast_ops.skipped:
+        log.info("hybrid ops left as exported: %s", prepared.fast_ops.skipped)
+    if prepared.fast_ops.off and on_cpu and io.state_pairs:
+        log.info("hybrid ops run as exported: %s", prepared.fast_ops.off)
+    if prepared.fusions.rewritten:
+        log.info(
+            "decode fusions: %d MatMulNBits merged, %d query/key norm pairs merged",
+            prepared.fusions.merged_matmuls,
+            prepared.fusions.merged_norms,
+        )
+    for why in prepared.fusions.skipped:
+        log.info("decode fusion left out: %s", why)
+    return prepared
+
+
+def _with_defaults(prepared: SessionGraph) -> SessionGraph:
+    """``prepared`` saying why the fast-ops pass did not run where it does not apply at all."""
+    if not (prepared.settings.on_cpu and prepared.io.state_pairs):
+        prepared.fast_ops = FastOps(off="not a hybrid on onnxruntime's CPU provider")
+    return prepared
+
+
 def prepare_session_graph(
     model_path: Path,
     io: DecoderIO,
@@ -252,7 +344,7 @@ def prepare_session_graph(
     key = cache_key(model_path, graph, io, settings)
     root = _writable_root(cache_dir)
     folder = root / key
-    cached = _read(folder, model_path)
+    cached = _read(folder, model_path, io, settings)
     if cached is not None:
         os.utime(folder / FACTS_FILE)  # last used: what pruning keeps
         return cached
@@ -264,7 +356,7 @@ def prepare_session_graph(
         try:
             build.rename(folder)
         except OSError:  # another process wrote it first: use theirs
-            cached = _read(folder, model_path)
+            cached = _read(folder, model_path, io, settings)
             if cached is None:
                 raise
             return cached
@@ -289,14 +381,14 @@ def _prune(root: Path, model_path: Path, keep: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _read(folder: Path, model_path: Path) -> SessionGraph | None:
+def _read(folder: Path, model_path: Path, io: DecoderIO, settings: PassSettings) -> SessionGraph | None:
     try:
         facts = json.loads((folder / FACTS_FILE).read_text())
     except (OSError, ValueError):
         return None
     if facts.get("format") != FORMAT or (facts["rewritten"] and not (folder / GRAPH_FILE).is_file()):
         return None
-    return SessionGraph.from_json(facts, model_path, folder)
+    return SessionGraph.from_json(facts, model_path, io, settings, folder)
 
 
 def _prepare(
@@ -309,7 +401,7 @@ def _prepare(
 ) -> SessionGraph:
     """Run the passes on ``graph`` (new weights into ``build/weights.bin``) and save what changed."""
     base = model_path.parent
-    out = SessionGraph(model_path, cache="miss")
+    out = SessionGraph(model_path, io, settings, cache="miss")
     try:
         root = Path(os.path.commonpath([base.resolve(), folder.parent.resolve()]))
     except ValueError:  # no folder holds both (Windows drives): the export runs as it is

@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxgen.model.mtp import MTPHeadIO
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
@@ -30,7 +31,11 @@ class MTPHeadSession:
         fuse: bool | None = None,
     ) -> None:
         self.head = head
-        self.session = DecoderSession(head.path, head.io, threads=threads, providers=providers, fuse=fuse)
+        self.session = DecoderSession(
+            session_graph(head.path, head.io, providers=providers, fuse=fuse),
+            threads=threads,
+            providers=providers,
+        )
         self.hidden_size = head.hidden_size
         self.vocab_size = self.session.vocab_size
         self._fetch = (head.hidden_output,)  # one tuple object: forwards bind its buffers once

@@ -19,19 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError, UnsupportedModelError
-from onnxgen.graph.decode_fusions import fuse_for_decode
-from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
-from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
-from onnxgen.model.io import DecoderIO
+from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
-from onnxgen.runtime.graph_cache import PassSettings, prepare_session_graph
+from onnxgen.runtime.graph_cache import SessionGraph
 from onnxgen.runtime.state import DecodeState, StepIO
-from onnxgen.runtime.state_commit import VERIFY_STRATEGIES, VerifyPlan, plan_graph
+from onnxgen.runtime.state_commit import VerifyPlan, plan_graph, verify_strategy
 
 if TYPE_CHECKING:
     import onnxruntime.capi.onnxruntime_pybind11_state as C
@@ -203,44 +199,42 @@ class StepLane:
 
 
 class DecoderSession:
-    """Runs forwards of one decoder export over a :class:`DecodeState`."""
+    """Runs forwards of one decoder export over a :class:`DecodeState`, on the graph prepared for it
+    (:func:`onnxgen.runtime.graph_cache.session_graph`, or :func:`onnxgen.prepare.prepare` for a model):
+    the session rewrites no graph but the verify plan's, made when speculation first asks for it."""
 
     def __init__(
         self,
-        model_path: str | Path,
-        io: DecoderIO,
+        prepared: SessionGraph,
         *,
         threads: int | None = None,
         providers: Sequence[str] | None = None,
         options: ort.SessionOptions | None = None,
-        graph: onnx.ModelProto | None = None,
-        last_logits: bool = True,
         verify: bool | str = True,
         huge_pages: bool | None = None,
         inplace: bool | None = None,
         verify_now: bool = False,
-        fast_ops: bool | None = None,
-        fuse: bool | None = None,
-        hidden_state: bool = False,
     ) -> None:
-        self.io = io
+        self.io = io = prepared.io
         providers = list(providers or ["CPUExecutionProvider"])
         on_cpu = providers[0] == "CPUExecutionProvider"
+        if on_cpu != prepared.settings.on_cpu:
+            raise ValueError(
+                f"the graph was prepared for {'the CPU' if prepared.settings.on_cpu else 'another'} provider "
+                f"but the session runs on {providers[0]}: prepare it with the session's providers"
+            )
         # back the weights with transparent huge pages (onnxgen.runtime.hugepages); host memory only
         self._huge_pages = huge_pages is not False and on_cpu
         self.threads = threads or default_threads()
-        self._model_path = Path(model_path)
+        self._model_path = prepared.model_path
         self._options = options or make_session_options(self.threads)
         self._providers = providers
-        self._settings = PassSettings(
-            last_logits=last_logits,
-            on_cpu=on_cpu,
-            fast_ops=fast_ops,
-            fuse=on_cpu and fuse is not False,
-            hidden_state=hidden_state,
-        )
-        self._prepare_graph(graph, on_cpu)
-        del graph  # the caller's graph is not kept (the prepared one is read from disk when needed)
+        self.prepared = prepared
+        # ``hidden_state``: the graph also outputs the final hidden state (what an MTP head drafts from)
+        self.hidden_state: str | None = prepared.hidden_state
+        self.logits_to_keep = prepared.logits_to_keep
+        self.fast_ops = prepared.fast_ops
+        self.fusions = prepared.fusions
         # recurrent states (by input name) that steady decoding updates in place (DecodeState's cycle,
         # BatchState); onnxruntime's CPU kernels only, where the ops' reads were checked (tests compare
         # against double buffering)
@@ -250,7 +244,7 @@ class DecoderSession:
         # mask bound and write one element per step (onnxgen.graph.mask_lengths; CPU kernel checked)
         self.length_mask = self.prepared.length_mask
         self._verify_plan: VerifyPlan | None = None
-        self._verify_strategy = self._verify_strategy_of(verify)  # a plan not yet made
+        self._verify_strategy = verify_strategy(verify, io)[0]  # a plan not yet made (None: replay)
         self._verify_lock = threading.Lock()
         # bindings made on this session (decode and batch states): dropped when the session is replaced
         self._binding_owners: weakref.WeakSet[BindingOwner] = weakref.WeakSet()
@@ -258,54 +252,6 @@ class DecoderSession:
         self.epoch = 0  # bumped when the session is replaced; decode states drop bindings of older ones
         self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.decode_routing)
         self._set_up_binding()
-
-    def _prepare_graph(self, graph: onnx.ModelProto | None, on_cpu: bool) -> None:
-        """Run the graph passes, once per model and settings and kept on disk
-        (onnxgen.runtime.graph_cache): logits for the kept positions only; hybrid contrib ops on
-        onnxruntime's vectorized CPU kernels (onnxgen.graph.hybrid_ops: the same math, rounded
-        differently); fewer kernel launches per decode step with the same output bits
-        (onnxgen.graph.decode_fusions: merged sibling MatMulNBits, one query/key RMSNorm); and the
-        analyses the session reads. Every weight stays in its file: onnxruntime maps it."""
-        io, model_path = self.io, self._model_path
-        self.prepared = prepare_session_graph(model_path, io, self._settings, graph)
-        # ``hidden_state``: the graph also outputs the final hidden state (what an MTP head drafts from)
-        self.hidden_state: str | None = self.prepared.hidden_state
-        if self._settings.hidden_state and self.hidden_state is None:
-            raise UnsupportedModelError(
-                f"{model_path} does not output its final hidden state, which an MTP head needs, and the "
-                "graph passes that would add it did not run (see the warning above)"
-            )
-        self.logits_to_keep = self.prepared.logits_to_keep
-        self.fast_ops = self.prepared.fast_ops
-        if self.fast_ops.skipped:
-            log.info("hybrid ops left as exported: %s", self.fast_ops.skipped)
-        if self.fast_ops.off and on_cpu and io.state_pairs:
-            log.info("hybrid ops run as exported: %s", self.fast_ops.off)
-        elif not (on_cpu and io.state_pairs):
-            self.fast_ops = FastOps(off="not a hybrid on onnxruntime's CPU provider")
-        self.fusions = self.prepared.fusions
-        if self.fusions.rewritten:
-            log.info(
-                "decode fusions: %d MatMulNBits merged, %d query/key norm pairs merged",
-                self.fusions.merged_matmuls,
-                self.fusions.merged_norms,
-            )
-        for why in self.fusions.skipped:
-            log.info("decode fusion left out: %s", why)
-
-    def _verify_strategy_of(self, verify: bool | str) -> str | None:
-        """The verify plan's strategy still to make (None: verifies replay).
-
-        Speculative commits without replay; ``verify`` is True ("auto"), a strategy, or False ("replay").
-        The rewritten graph's extra outputs cost every plain step too, so the session runs the plain graph
-        until the first speculative verify asks for the plan (:attr:`verify_plan`); the plan's session
-        then replaces it, the plain one released first, so that only one holds the weights at a time."""
-        if not verify or verify == "replay" or not self.io.state_pairs:
-            return None
-        strategy = "auto" if verify is True else str(verify)
-        if strategy not in VERIFY_STRATEGIES:
-            raise ValueError(f"verify strategy {strategy!r} is not one of {', '.join(VERIFY_STRATEGIES)}")
-        return strategy
 
     def _open_session(self, verify_now: bool) -> None:
         """Create the onnxruntime session on the prepared graph, or on the verify plan's with
@@ -354,22 +300,6 @@ class DecoderSession:
         # speculation's ``auto`` compares verifies with it
         self.lane_step_s: float | None = None
 
-    def same_rewrites(self, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
-        """``graph`` (a sibling of this session's model, e.g. its Scans inlined) with the rewrites this
-        session made to its own: logits-to-keep, fast ops, decode fusions, in that order. A sibling that
-        runs some forwards of a decode state must round as this session does (plans are checked bit for
-        bit), so it takes the same passes or none."""
-        if self.logits_to_keep:
-            kept = keep_last_logits(graph, self.io.logits)
-            if not kept.modified:
-                raise UnsupportedModelError(f"the graph takes no logits-to-keep input: {kept.report}")
-            graph = kept.model
-        if not self.fast_ops.off:  # the pass ran on this session's graph
-            graph = apply_fast_ops(graph, True).model
-        if self._settings.fuse:
-            graph = fuse_for_decode(graph, base_dir).model
-        return graph
-
     def _load(self, source: str | bytes) -> ort.InferenceSession:
         try:
             with hugepages.collapsing(self._huge_pages):
@@ -406,9 +336,7 @@ class DecoderSession:
         """The prepared graph rewritten for the verify plan (serialized, weights by reference) and the plan;
         None (and why, logged) where no plan covers the model's states."""
         assert self._verify_strategy is not None
-        if self.prepared.graph_path is not None and not self.prepared.graph_path.is_file():
-            # its cache entry was pruned (another process, other settings) since: prepare it again
-            self.prepared = prepare_session_graph(self._model_path, self.io, self._settings)
+        self.prepared = self.prepared.still_on_disk()
         graph = self.prepared.load_graph()
         rewritten, plan, why = plan_graph(graph, self.io, self._providers, self._verify_strategy)
         if plan is None:

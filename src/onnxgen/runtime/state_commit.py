@@ -198,6 +198,22 @@ class CapturePlan(VerifyPlan):
 VERIFY_STRATEGIES = ("auto", "capture", "per-position", "replay")
 
 
+def verify_strategy(verify: bool | str, io: DecoderIO) -> tuple[str | None, str]:
+    """The verify plan's strategy to make at the first speculative verify (None: verifies replay), and why.
+
+    ``verify`` is True ("auto"), a strategy, or False ("replay"). Whether the strategy covers every state is
+    known once its graph is made (:func:`plan_graph`), which a session does when speculation first needs it:
+    the rewritten graph's extra outputs cost every plain step too."""
+    if not verify or verify == "replay":
+        return None, "the replay strategy was asked for"
+    if not io.state_pairs:
+        return None, "the model has no recurrent state"
+    strategy = "auto" if verify is True else str(verify)
+    if strategy not in VERIFY_STRATEGIES:
+        raise ValueError(f"verify strategy {strategy!r} is not one of {', '.join(VERIFY_STRATEGIES)}")
+    return strategy, f"verify={strategy!r}: its graph is made at the first speculative verify"
+
+
 def plan_graph(
     model: onnx.ModelProto, io: DecoderIO, providers: Sequence[str], strategy: str = "auto"
 ) -> tuple[onnx.ModelProto, VerifyPlan | None, str]:
