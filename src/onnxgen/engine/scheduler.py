@@ -100,7 +100,7 @@ class Scheduler:
         self.lane_factory = lanes
         self.lanes: list[Lane] = []
         self.parked: dict[Sequence, Lane] = {}  # the lanes of speculative sequences decoding in batch rows
-        self.yields = 0  # lanes moved into batch rows (plain company came)
+        self.yields = 0  # speculative sequences moved into (or started in) batch rows for plain company
         self.resumes = 0  # speculative batch rows moved into their lanes (the company left)
         self._quiet = 0  # iterations in a row without plain company
         self.rows_only: set[Sequence] = set()  # speculative sequences whose move into a lane failed
@@ -261,6 +261,8 @@ class Scheduler:
             return
         seq.slot = self.batch.admit(self._prefill_state)
         self.running.append(seq)
+        if seq.speculative is not None:  # a greedy one that came with plain company: it starts as a row
+            self.yields += 1
 
     # -- lanes ------------------------------------------------------------------------------------------
     def _open_lanes(self) -> None:
