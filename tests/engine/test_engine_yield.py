@@ -86,6 +86,7 @@ def run(engine: Engine, watch: Watch, requests: dict[str, tuple[list[int], Sampl
     for rid, (ids, params, speculative) in requests.items():
         engine.add_request(rid, ids, params, speculative)
     tokens: dict[str, list[int]] = {}
+    stats: dict[str, dict[str, Any]] = {}
     places: list[str] = []
     beside = 0  # steps in which a lane forward ran while plain rows decoded in the batch
     shared = 0  # steps in which the speculative sequence decoded in the batch beside plain rows
@@ -106,7 +107,9 @@ def run(engine: Engine, watch: Watch, requests: dict[str, tuple[list[int], Sampl
         for out in outputs:
             assert out.finish_reason != "error", out.error
             tokens.setdefault(str(out.request_id), []).extend(out.token_ids)
-    return {"tokens": tokens, "places": places, "beside": beside, "shared": shared}
+            if out.finish_reason is not None:
+                stats[str(out.request_id)] = out.stats or {}
+    return {"tokens": tokens, "stats": stats, "places": places, "beside": beside, "shared": shared}
 
 
 def test_a_greedy_speculative_request_decodes_as_a_row_beside_plain_ones(
@@ -234,7 +237,8 @@ def test_a_request_arriving_beside_plain_rows_starts_as_a_row_and_takes_its_lane
         engine.step()
     got = run(engine, watch, {"s": (prompts[0], LONG, LOOKUP)})
     monkeypatch.undo()
-    assert got["places"] == ["row", "lane"] and engine.scheduler.resumes == 1
+    assert got["places"] == ["row", "lane"] and engine.scheduler.yields == engine.scheduler.resumes == 1
+    assert got["stats"]["s"]["speculation_yields"] == 1 and got["stats"]["s"]["proposed_draft_tokens"] > 0
     assert got["beside"] == 0
     assert got["tokens"]["s"] == llm.generate(prompts[0], LONG).token_ids
 

@@ -311,9 +311,10 @@ class Scheduler:
     def _unpark(self, seq: Sequence) -> None:
         """Move a speculative sequence from its batch row into its lane (opened now if it started as a row)."""
         lane = self.parked.pop(seq, None)
-        if lane is None:
+        if lane is None:  # it started as a row
             assert self.lane_factory is not None
             lane = self.lane_factory.open(seq, resume=False)
+            lane.yields = 1
         row = seq.slot
         assert row is not None
         try:
@@ -397,6 +398,8 @@ class Scheduler:
         if lane is not None:
             assert self.lane_factory is not None
             self.lane_factory.close(lane, seq.finish_reason not in (None, "error"), cache=False)
+        elif seq.speculative is not None:  # it started as a row and never had a lane
+            seq.extra_stats = {"speculation_yields": 1, "batch_row_tokens": seq.generated}
 
     def _free_row(self, seq: Sequence) -> None:
         """Free ``seq``'s row; the last row moves into it (the batch keeps its rows contiguous)."""
