@@ -255,3 +255,23 @@ def test_an_mtp_request_moves_and_its_head_catches_up(monkeypatch: pytest.Monkey
     assert got["tokens"] == llm.generate(prompts[0], LONG).token_ids
     assert got["tokens"] == llm.generate(prompts[0], LONG, speculative=mtp).token_ids
     assert got["stats"]["accepted_draft_tokens"] > 0
+
+
+def test_moves_with_the_prefix_cache_cache_exact_states(
+    llm: LLM, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sequence that moved finishes in its lane and caches its reply from the lane's state (adopted from
+    the row): a follow-up turn resumed from that entry gets plain decoding's tokens; a repeat of the request
+    resumes its prompt from the cache and moves again to the same tokens."""
+    cached = onnxgen.load(
+        llm.package.root, threads=1, max_batch=4, prefill_chunk=4, min_rows=1, prefix_cache_mb=8
+    )
+    want = llm.generate(prompts[0], LONG).token_ids
+    for _ in range(2):
+        got = mid_move(cached, prompts, monkeypatch)
+        assert got["places"] == ["lane", "row", "lane"] and got["tokens"] == want
+    assert got["stats"]["cached_tokens"] > 0
+    follow = prompts[0] + want + prompts[2][:5]
+    again = cached.generate(follow, GREEDY)
+    assert again.stats["cached_tokens"] >= len(prompts[0]) + len(want) - 1
+    assert again.token_ids == llm.generate(follow, GREEDY).token_ids
