@@ -95,6 +95,15 @@ def main() -> None:
         yields = statistics.median(r["yields"] for r in rounds)
         per = ", ".join(f"{r['plain']:.1f}|{r['neighbour']:.1f}" for r in rounds)
         print(f"{load:11} {plain:16.1f}  {other:15.1f}  {yields:6.0f}  {per}")
+    for what, a, b, key in (
+        ("plain rows beside a speculative / a plain neighbour", "spec", "plain", "plain"),
+        ("the neighbour alone, speculative / plain", "solo-spec", "solo-plain", "neighbour"),
+    ):
+        ratios = sorted(x[key] / y[key] for x, y in zip(results[a], results[b], strict=True) if y[key] > 0)
+        if ratios:
+            print(
+                f"{what}: median of per-round ratios {statistics.median(ratios):.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})"
+            )
 
 
 if __name__ == "__main__":

@@ -319,7 +319,7 @@ class Scheduler:
         assert row is not None
         try:
             lane.adopt(lambda state: self.batch.load_row(row, state))
-        except OnnxgenError:  # it goes on in its row, which holds its state as it was
+        except (OnnxgenError, ValueError):  # it goes on in its row, which holds its state as it was
             log.exception("moving a speculative sequence into its lane failed; it stays a batch row")
             self.rows_only.add(seq)
             assert self.lane_factory is not None
