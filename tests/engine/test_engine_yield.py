@@ -19,31 +19,12 @@ from onnxgen.engine.scheduler import Scheduler
 from onnxgen.generation.speculative import Speculative
 from onnxgen.runtime.batch import BatchState
 from onnxgen.runtime.state import DecodeState
-from onnxgen.testing import build_model
 
 LOOKUP = PromptLookup(num_draft_tokens=3)
 GREEDY = SamplingParams(max_new_tokens=14, ignore_eos=True)
 LONG = SamplingParams(max_new_tokens=40, ignore_eos=True)
 SHORT = SamplingParams(max_new_tokens=3, ignore_eos=True)
 SEEDED = SamplingParams(max_new_tokens=14, temperature=0.8, top_k=50, seed=7, ignore_eos=True)
-
-
-@pytest.fixture(scope="module", params=["genai-dense", "hybrid-genai"])
-def llm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LLM:
-    model = build_model(tmp_path_factory.mktemp(request.param), request.param)
-    return onnxgen.load(model, threads=1, max_batch=4, prefill_chunk=4, min_rows=1)
-
-
-@pytest.fixture(scope="module")
-def prompts(llm: LLM) -> list[list[int]]:
-    """Prompts that repeat a head and the model's own continuation of it (prompt lookup's drafts pass)."""
-    out = []
-    for k, n in enumerate((6, 9, 4, 11)):
-        head = [(37 * i + 11 * k) % 300 + 3 for i in range(n)]
-        head += head[:5] + head
-        reply = llm.generate(head, GREEDY).token_ids
-        out.append(head + reply[:6] + head + reply[:3])
-    return out
 
 
 class Watch:
