@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import onnxgen
-from onnxgen import LLM, MTP, PromptLookup, SamplingParams
+from onnxgen import LLM, MTP, GenerationError, PromptLookup, SamplingParams
 from onnxgen.engine.engine import Engine
 from onnxgen.engine.lane import Lane
 from onnxgen.engine.scheduler import Scheduler
@@ -256,3 +256,34 @@ def test_moves_with_the_prefix_cache_cache_exact_states(
     again = cached.generate(follow, GREEDY)
     assert again.stats["cached_tokens"] >= len(prompts[0]) + len(want) - 1
     assert again.token_ids == llm.generate(follow, GREEDY).token_ids
+
+
+def test_an_aborted_yielded_sequence_frees_its_row_and_lane(llm: LLM, prompts: list[list[int]]) -> None:
+    engine = Engine(llm.generator, llm.engine().limits, llm.draft_generator)
+    engine.add_request("s", prompts[0], LONG, LOOKUP)
+    engine.step()  # its lane runs its prompt
+    engine.add_request("p", prompts[1], GREEDY)
+    while not engine.scheduler.parked:
+        engine.step()
+    (out,) = engine.abort("s")
+    assert out.finish_reason == "abort"
+    assert not engine.scheduler.parked and not engine.scheduler.lanes
+    plain: list[int] = []
+    while engine.has_unfinished():
+        plain += [t for out in engine.step() for t in out.token_ids]
+    assert plain == llm.generate(prompts[1], GREEDY).token_ids[-len(plain) :]
+    assert engine.scheduler.free_rows == engine.limits.max_batch
+
+
+def test_a_failed_move_into_the_lane_leaves_the_sequence_in_its_row(
+    llm: LLM, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fails(self: BatchState, row: int, state: DecodeState) -> None:
+        raise GenerationError("the move failed")
+
+    monkeypatch.setattr(BatchState, "load_row", fails)
+    got = mid_move(llm, prompts, monkeypatch)
+    monkeypatch.undo()
+    assert got["places"] == ["lane", "row"] and got["engine"].scheduler.resumes == 0
+    assert got["tokens"] == llm.generate(prompts[0], LONG).token_ids
+    assert not got["engine"].scheduler.rows_only and got["engine"].scheduler.free_rows == 4
