@@ -12,7 +12,6 @@ import onnxgen
 from onnxgen import LLM, MTP, DraftModel, GenerationError, PromptLookup, SamplingParams
 from onnxgen.engine.engine import Engine, RequestOutput
 from onnxgen.runtime.state import DecodeState
-from onnxgen.testing import build_model
 
 LOOKUP = PromptLookup(num_draft_tokens=3)
 # a fixed draft length: the adaptive one follows measured times, and so (with sampling) do the random
@@ -22,25 +21,6 @@ FIXED = PromptLookup(num_draft_tokens=3, adaptive=False)
 
 GREEDY = SamplingParams(max_new_tokens=14, ignore_eos=True)
 SEEDED = SamplingParams(max_new_tokens=14, temperature=0.8, top_k=50, seed=7, ignore_eos=True)
-
-
-@pytest.fixture(scope="module", params=["genai-dense", "hybrid-genai"])
-def llm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LLM:
-    model = build_model(tmp_path_factory.mktemp(request.param), request.param)
-    return onnxgen.load(model, threads=1, max_batch=4, prefill_chunk=4, min_rows=1)
-
-
-@pytest.fixture(scope="module")
-def prompts(llm: LLM) -> list[list[int]]:
-    """Prompts that repeat a head and the model's own continuation of it, so that prompt lookup finds
-    drafts the model accepts."""
-    out = []
-    for k, n in enumerate((6, 9, 4, 11)):
-        head = [(37 * i + 11 * k) % 300 + 3 for i in range(n)]
-        head += head[:5] + head
-        reply = llm.generate(head, GREEDY).token_ids
-        out.append(head + reply[:6] + head + reply[:3])
-    return out
 
 
 def drive(engine: Engine, requests: list[tuple[list[int], SamplingParams, object]]) -> list[list[int]]:

@@ -162,6 +162,39 @@ def test_a_rows_recurrent_state_after_batched_steps_is_the_state_of_the_sequence
         np.testing.assert_allclose(value, ref.kv_arrays()[name][0], atol=ATOL, rtol=0, err_msg=name)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_load_row_gives_a_decode_state_the_rows_kv_and_states_bit_for_bit(
+    sessions: dict[str, DecoderSession], family: str
+) -> None:
+    """The inverse of admit (a speculative sequence going back to its lane): a row loaded into a batch-1
+    state that held another sequence holds the row's tokens, KV and states exactly; it decodes on as the
+    row does, and admitted again it is the same row."""
+    session = sessions[family]
+    batch = BatchState(session, 3, CAPACITY)
+    (p0, c0), (p2, c2) = ROWS[0], ROWS[2]
+    for prompt in (p0, p2):
+        batch.admit(prefill(session, prompt)[0])  # type: ignore[arg-type]
+    for t0, t2 in zip(c0[:3], c2[:3], strict=True):
+        batch.step([t0, t2])
+    state = prefill(session, ROWS[1][0])[0]  # another sequence: load_row empties the state first
+    batch.load_row(1, state)  # type: ignore[arg-type]
+    assert state.length == batch.lengths[1] == len(p2) + 3  # type: ignore[attr-defined]
+    axes = {name: pair.batch_axis for pair in session.io.kv_pairs for name in pair.inputs}
+    kv, states = state.kv_arrays(), state.state_arrays()  # type: ignore[attr-defined]
+    for name, value in batch.row_kv(1).items():
+        np.testing.assert_array_equal(np.take(kv[name], 0, axis=axes[name]), value, err_msg=name)
+    for name, value in batch.row_states(1).items():
+        np.testing.assert_array_equal(states[name][0], value, err_msg=name)
+    again = BatchState(session, 1, CAPACITY)
+    again.admit(state)  # type: ignore[arg-type]
+    for name, value in batch.row_kv(1).items():
+        np.testing.assert_array_equal(again.row_kv(0)[name], value, err_msg=name)
+    for t0, t2 in zip(c0[3:6], c2[3:6], strict=True):
+        rows = batch.step([t0, t2])
+        alone = session.forward(state, ids([t2]), 1)[0, -1]  # type: ignore[arg-type]
+        np.testing.assert_allclose(alone, rows[1], atol=ATOL, rtol=0)
+
+
 def test_a_full_batch_refuses_another_row_and_a_step_needs_one_token_per_row(
     sessions: dict[str, DecoderSession],
 ) -> None:

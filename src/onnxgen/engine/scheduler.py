@@ -11,7 +11,15 @@ Each :meth:`Scheduler.step`
 
 A speculative sequence (``Sequence.speculative``) runs in a lane of its own instead (:mod:`.lane`: one
 verify or plain step per iteration, on its own state, through the library's speculative loop), beside the
-batch; it counts against ``max_batch`` as a row does.
+batch; it counts against ``max_batch`` as a row does. A lane's forward is one more the iteration waits
+for, so a greedy speculative sequence *yields while plain rows decode*: with plain company (a plain row
+running, or a plain prompt prefilling) it decodes as an ordinary batch row (its state copied into one),
+and goes back to its lane, state copied back, once it has been without plain company for
+``RESUME_AFTER`` iterations in a row (one that arrives with plain company is prefilled as a row, and gets
+its lane then). Its tokens stay plain greedy decoding's whichever path computes them. A sampled one keeps
+its lane throughout: its tokens come from the speculative acceptance rule and its random draws, which a
+batch row would change with the company it had. Speculative sequences are no company to each other (each
+asked to speculate); ``yields`` and ``resumes`` count the moves.
 
 With the model's prefix cache (:mod:`onnxgen.cache.prefix`), a prompt's prefill starts from its longest
 cached prefix, stops at the cache's checkpoints (caching each), and a finished row's sequence is cached
@@ -61,6 +69,9 @@ class QueueFull(GenerationError):
     """More sequences wait than ``max_queue`` allows; retry later."""
 
 
+RESUME_AFTER = 4  # iterations without plain company before a yielded sequence takes its lane again
+
+
 def prefill_cut(left: int, chunk: int) -> int:
     """The next prefill forward's tokens of a prompt with ``left`` tokens to go, in chunks of ``chunk``: cut
     at fixed offsets (multiples of ``chunk``) whatever else a step prefills, and never a lone last token
@@ -88,6 +99,11 @@ class Scheduler:
         self.session = session
         self.lane_factory = lanes
         self.lanes: list[Lane] = []
+        self.parked: dict[Sequence, Lane] = {}  # the lanes of speculative sequences decoding in batch rows
+        self.yields = 0  # speculative sequences moved into (or started in) batch rows for plain company
+        self.resumes = 0  # speculative batch rows moved into their lanes (the company left)
+        self._quiet = 0  # iterations in a row without plain company
+        self.rows_only: set[Sequence] = set()  # speculative sequences whose move into a lane failed
         self.limits = limits
         self.export = export  # named by the error when a prompt's logits are not finite
         self.prefix_cache = prefix_cache
@@ -136,6 +152,7 @@ class Scheduler:
         touched: list[Emitted] = []
         self._open_lanes()
         self._prefill_some(touched)
+        self._balance()
         if self.lanes:
             self._step_lanes(touched)
         if self.running:
@@ -244,16 +261,73 @@ class Scheduler:
             return
         seq.slot = self.batch.admit(self._prefill_state)
         self.running.append(seq)
+        if seq.speculative is not None:  # a greedy one that came with plain company: it starts as a row
+            self.yields += 1
 
     # -- lanes ------------------------------------------------------------------------------------------
     def _open_lanes(self) -> None:
-        """Give the speculative groups at the head of the queue a lane per sequence, while rows are free."""
+        """Give the speculative groups at the head of the queue a lane per sequence, while rows are free
+        (greedy ones only without plain company: with it they are prefilled as rows)."""
         while self.waiting and self.waiting[0][0].speculative is not None:
             if len(self.waiting[0]) > self.free_rows:
+                return
+            if self.waiting[0][0].sampler is None and self._plain_company():
                 return
             assert self.lane_factory is not None
             for seq in self.waiting.popleft():
                 self.lanes.append(self.lane_factory.open(seq))
+
+    def _plain_company(self) -> bool:
+        """Whether plain sequences decode in the batch now or are about to (their prompt prefilling)."""
+        prefilling = self.prefilling is not None and self.prefilling[0].speculative is None
+        return prefilling or any(seq.speculative is None for seq in self.running)
+
+    def _balance(self) -> None:
+        """Move greedy speculative sequences between their lanes and batch rows: into rows at once when
+        plain company is there, back into lanes after ``RESUME_AFTER`` iterations without it."""
+        if self._plain_company():
+            self._quiet = 0
+            for lane in [lane for lane in self.lanes if lane.movable and lane.started]:
+                self._park(lane)
+            return
+        self._quiet += 1
+        if self._quiet >= RESUME_AFTER:
+            for seq in [seq for seq in self.running if self._movable_row(seq)]:
+                self._unpark(seq)
+
+    def _movable_row(self, seq: Sequence) -> bool:
+        return seq.speculative is not None and seq.sampler is None and seq not in self.rows_only
+
+    def _park(self, lane: Lane) -> None:
+        """Move a started lane's sequence (no token held back, its state at the pending token) into a row."""
+        seq = lane.seq
+        seq.slot = self.batch.admit(lane.loop.state)
+        self.lanes.remove(lane)
+        self.running.append(seq)
+        self.parked[seq] = lane
+        lane.yields += 1
+        self.yields += 1
+
+    def _unpark(self, seq: Sequence) -> None:
+        """Move a speculative sequence from its batch row into its lane (opened now if it started as a row)."""
+        lane = self.parked.pop(seq, None)
+        if lane is None:  # it started as a row
+            assert self.lane_factory is not None
+            lane = self.lane_factory.open(seq, resume=False)
+            lane.yields = 1
+        row = seq.slot
+        assert row is not None
+        try:
+            lane.adopt(lambda state: self.batch.load_row(row, state))
+        except (OnnxgenError, ValueError):  # it goes on in its row, which holds its state as it was
+            log.exception("moving a speculative sequence into its lane failed; it stays a batch row")
+            self.rows_only.add(seq)
+            assert self.lane_factory is not None
+            self.lane_factory.close(lane, finished=False)
+            return
+        self._free_row(seq)
+        self.lanes.append(lane)
+        self.resumes += 1
 
     def _step_lanes(self, touched: list[Emitted]) -> None:
         for lane in list(self.lanes):
@@ -317,6 +391,17 @@ class Scheduler:
 
     # -- endings ----------------------------------------------------------------------------------------
     def _retire(self, seq: Sequence) -> None:
+        """Free ``seq``'s row for good (a yielded speculative sequence's lane closes with it)."""
+        self._free_row(seq)
+        self.rows_only.discard(seq)
+        lane = self.parked.pop(seq, None)
+        if lane is not None:
+            assert self.lane_factory is not None
+            self.lane_factory.close(lane, seq.finish_reason not in (None, "error"), cache=False)
+        elif seq.speculative is not None:  # it started as a row and never had a lane
+            seq.extra_stats = {"speculation_yields": 1, "batch_row_tokens": seq.generated}
+
+    def _free_row(self, seq: Sequence) -> None:
         """Free ``seq``'s row; the last row moves into it (the batch keeps its rows contiguous)."""
         row = seq.slot
         assert row is not None and self.running[row] is seq

@@ -136,13 +136,14 @@ class Generator:
         speculative: Speculative | None,
         draft: Generator | None,
         constraint: Constraint | None = None,
+        resume: bool = True,
     ) -> TokenLoop:
         """The loop that decodes one request alone on a state of its own (checked out: :meth:`give_back`
-        it), resumed from the prefix cache where it has one."""
+        it), resumed from the prefix cache where it has one (unless ``resume`` is False)."""
         state = self.state_for(len(prompt_ids) + params.max_new_tokens)
         if speculative is None:
             loop = TokenLoop(self.session, state, prompt_ids, params, self.eos_ids, constraint, self.export)
-            if self.prefix_cache is not None:
+            if self.prefix_cache is not None and resume:
                 loop.resume(self.prefix_cache)
             return loop
         from onnxgen.generation.speculative.loop import SpeculativeLoop
@@ -177,7 +178,7 @@ class Generator:
         )
         # (an MTP head reads the target's hidden states of every prompt position, which a cached prefix
         # does not keep: such requests prefill the whole prompt, and still cache their reply)
-        if self.prefix_cache is not None and not loop.wanted:
+        if self.prefix_cache is not None and not loop.wanted and resume:
             loop.resume(self.prefix_cache)
         return loop
 

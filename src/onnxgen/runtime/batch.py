@@ -200,6 +200,21 @@ class BatchState:
         self.n += 1
         return row
 
+    def load_row(self, row: int, state: DecodeState) -> None:
+        """Copy ``row`` (its KV prefix and recurrent states) into a batch-1 ``state``, emptied first: the
+        inverse of :meth:`admit`, so that the sequence decodes on from ``state`` to the same bits."""
+        if state.batch != 1:
+            raise ValueError(f"load_row() fills a batch-1 decode state (got batch {state.batch})")
+        if not 0 <= row < self.n:
+            raise ValueError(f"row must be in [0, {self.n}) (got {row})")
+        kv, states = self.row_kv(row), self.row_states(row)
+        pieces = [
+            [np.expand_dims(kv[name], pair.batch_axis)]
+            for name, pair in zip(self._kv_in, self._kv_pairs, strict=True)
+        ]
+        state.reset()
+        state.load_prefix(int(self.lengths[row]), pieces, [states[name] for name in self._state_in])
+
     def _grown_arrays(self) -> list[np.ndarray]:
         return [v.array if isinstance(v, HostBuffer) else v.numpy() for v in self._kv_grown]
 

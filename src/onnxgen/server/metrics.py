@@ -109,6 +109,16 @@ class ServerMetrics:
         )
         self.batch_size = histogram("onnxgen_batch_size", "rows per batched decode step", BATCH_BUCKETS)
         self.step_seconds = histogram("onnxgen_decode_step_seconds", "wall time of one batched decode step")
+        self.speculative_yields = Counter(
+            "onnxgen_speculative_yields",
+            "greedy speculative sequences moved into (or started in) batch rows while plain rows decoded",
+            registry=r,
+        )
+        self.speculative_resumes = Counter(
+            "onnxgen_speculative_resumes",
+            "speculative sequences moved from batch rows back into their lanes (no plain rows left)",
+            registry=r,
+        )
         self.ttft = Both(
             histogram("onnxgen_time_to_first_token_seconds", "arrival to first token, per choice"),
             vllm_histogram("time_to_first_token_seconds", "arrival to first token, per choice"),

@@ -98,10 +98,12 @@ class Scheduler:
         self._end_cancelled()
         self._take_incoming()
         scheduler = self.engine.scheduler
-        prefilled = scheduler.prefilled_tokens
+        prefilled, yields, resumes = scheduler.prefilled_tokens, scheduler.yields, scheduler.resumes
         scheduler.last_decode = (0, 0.0)
         outputs = self.engine.step()
         self.metrics.prompt_tokens.inc(scheduler.prefilled_tokens - prefilled)
+        self.metrics.speculative_yields.inc(scheduler.yields - yields)
+        self.metrics.speculative_resumes.inc(scheduler.resumes - resumes)
         rows, seconds = scheduler.last_decode
         if rows:
             self.metrics.batch_size.observe(rows)

@@ -15,14 +15,15 @@ token and all k drafts, so the model must be brought back to "pending + j drafts
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 from onnxruntime import OrtValue
 
+from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint
-from onnxgen.generation.logprobs import token_logprob
+from onnxgen.generation.logprobs import TokenLogprob, token_logprob
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative.accept import accept_greedy_lazily, accept_sampled
 from onnxgen.generation.speculative.budget import DraftBudget
@@ -173,6 +174,16 @@ class SpeculativeLoop(TokenLoop):
         token = self.select(self._prefill())
         reason = self._emit(token)
         yield token, reason
+        if reason is None:
+            yield from self.drafting()
+
+    def drafting(self) -> Iterator[tuple[int, str | None]]:
+        """:meth:`tokens` after the first: drafts and verifies from the pending token ``ids[n - 1]``, the
+        state holding ``ids[:n - 1]`` (also where :meth:`adopt` leaves a loop)."""
+        if not self.speculating:
+            yield from self._plain_rest()
+            return
+        reason = None
         while reason is None:
             room = self.params.max_new_tokens - (self.n - self.prompt_len)
             k = min(self.k, room - 1)
@@ -207,10 +218,37 @@ class SpeculativeLoop(TokenLoop):
                 if reason is not None:
                     return
             if not self.speculating:  # auto turned drafting off: the rest is plain decoding
-                logits = self.session.step(self.state, int(self.ids[self.n - 1]))
-                self.forward_passes += 1
-                yield from self._decode(logits)
+                yield from self._plain_rest()
                 return
+
+    def _plain_rest(self) -> Iterator[tuple[int, str | None]]:
+        logits = self.session.step(self.state, int(self.ids[self.n - 1]))
+        self.forward_passes += 1
+        yield from self._decode(logits)
+
+    def adopt(
+        self, ids: np.ndarray, scores: list[TokenLogprob] | None, load: Callable[[DecodeState], None]
+    ) -> None:
+        """Take the sequence over where another forward path (a batch row) left it: ``ids`` (the last one
+        pending), its ``scores`` so far, and ``load``, which writes that path's state of ``ids[:-1]`` into this
+        loop's (emptied) state, exactly. A proposer that reads target outputs is first handed those of the
+        positions this loop did not run, from a forward of them on its own state (which ``load`` then
+        replaces: that forward's rounding reaches the drafts only, never the tokens). :meth:`drafting`
+        goes on from there."""
+        n = len(ids)
+        if not self.state.length < n <= len(self.ids):
+            raise GenerationError(
+                f"a loop at {self.state.length} tokens cannot adopt a sequence of {n} ids (capacity {len(self.ids)})"
+            )
+        self.ids[:n] = ids
+        self.n = n
+        self.ready = 0
+        if scores is not None:
+            self.scores = list(scores)
+        if self.wanted and self.speculating and self.state.length < n - 1:
+            self._forward_fetching(n - 1 - self.state.length, 1)
+            self.forward_passes += 1
+        load(self.state)
 
     def _verify(self, drafts: list[int], q: list[np.ndarray] | None) -> list[int]:
         k = len(drafts)
