@@ -185,12 +185,14 @@ class LLM:
             if self._mtp is None:
                 if self.mtp_path is None:
                     raise GenerationError(self._mtp_missing)
-                # one thread: a head forward is one layer over a token or a few, too small to split
-                # (the bundled model: 0.80 ms on one thread, 0.81 on two), and a second thread's pool
-                # spins after each forward on a core the target needs (under load the target's verifies
-                # ran 2-3x slower beside a two-thread head)
+                # one thread: a head forward (one layer over a few tokens) gains nothing from a second,
+                # whose pool would spin after each forward on a core the target needs; an int4 lm_head:
+                # cheaper drafts, the output unchanged (docs/speculative-mtp.md, "Cost")
                 head = MTPHeadSession(
-                    mtp_head_io(self.package, self.mtp_path), threads=1, providers=self._providers
+                    mtp_head_io(self.package, self.mtp_path),
+                    threads=1,
+                    providers=self._providers,
+                    int4_lm_head=True,
                 )
                 port = next(
                     (o for o in self.session.current().get_outputs() if o.name == self.session.hidden_state),

@@ -49,6 +49,7 @@ from onnxgen.errors import UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
 from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
+from onnxgen.graph.int4_lm_head import int4_lm_head
 from onnxgen.graph.logits_to_keep import keep_last_logits
 from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
 from onnxgen.model.external_data import external_tensors, location_of, safe_location
@@ -75,6 +76,7 @@ class PassSettings:
     fast_ops: bool | None = None  # None: the pass decides
     fuse: bool = True
     hidden_state: bool = False  # output the final hidden state (what an MTP head reads)
+    int4_lm_head: bool = False  # a drafter's float lm_head as int4 (onnxgen.graph.int4_lm_head)
 
 
 @dataclass
@@ -331,6 +333,10 @@ def _prepare(
                 f"{model_path} does not show its final hidden state, which an MTP head needs: {exposed.report}"
             )
         graph, out.hidden_state = exposed.model, exposed.output
+    if settings.int4_lm_head:
+        graph, why = int4_lm_head(graph, io.logits, base)
+        if why:
+            log.info("the drafter's lm_head is left as it is: %s", why)
     if settings.last_logits:
         graph, out.logits_to_keep, out.logits_reason = keep_last_logits(graph, io.logits)
         if not out.logits_to_keep:

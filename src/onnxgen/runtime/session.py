@@ -222,6 +222,7 @@ class DecoderSession:
         fast_ops: bool | None = None,
         fuse: bool | None = None,
         hidden_state: bool = False,
+        int4_lm_head: bool = False,
     ) -> None:
         self.io = io
         providers = list(providers or ["CPUExecutionProvider"])
@@ -238,6 +239,7 @@ class DecoderSession:
             fast_ops=fast_ops,
             fuse=on_cpu and fuse is not False,
             hidden_state=hidden_state,
+            int4_lm_head=int4_lm_head,
         )
         self._prepare_graph(graph, on_cpu)
         del graph  # the caller's graph is not kept (the prepared one is read from disk when needed)
