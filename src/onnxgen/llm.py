@@ -187,7 +187,7 @@ class LLM:
                     raise GenerationError(self._mtp_missing)
                 # one thread: a head forward (one layer over a few tokens) gains nothing from a second,
                 # whose pool would spin after each forward on a core the target needs; an int4 lm_head:
-                # cheaper drafts, the output unchanged (docs/speculative-mtp.md, "Cost")
+                # cheaper drafts, the output unchanged (docs/speculative-mtp.md, "Cost on the bundled model")
                 head = MTPHeadSession(
                     mtp_head_io(self.package, self.mtp_path),
                     threads=1,

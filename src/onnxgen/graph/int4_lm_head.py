@@ -5,7 +5,7 @@ logits, and rejection sampling takes the drafter's distribution as it is, so nei
 sampled distribution depends on how the drafter rounds. An MTP head reuses the decoder's lm_head, which on a
 small fp32 model is most of what a head forward reads (the bundled model: 3 MB of 3.4 MB). This pass
 makes it int4 ``MatMulNBits`` (symmetric, block 32, int8 activations: ``accuracy_level`` 4, onnxruntime's
-own quantizer); what that saved and what it did to acceptance: docs/speculative-mtp.md, "Cost".
+own quantizer); what that saved and what it did to acceptance: docs/speculative-mtp.md, "Cost on the bundled model".
 
 The pass replaces a plain float ``MatMul`` lm_head over a rank-2 initializer; the initializer stays (the
 head's embedding may read it). Anything else (an lm_head already int4, a weight computed in the graph) is

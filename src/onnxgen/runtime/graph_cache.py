@@ -3,8 +3,9 @@
 A :class:`~onnxgen.runtime.session.DecoderSession` does not hand onnxruntime the export as it is: it may
 output the final hidden state (:mod:`onnxgen.graph.hidden_state`, for an MTP head), adds a
 logits-to-keep input (:mod:`onnxgen.graph.logits_to_keep`), may move hybrid ops onto vectorized kernels
-(:mod:`onnxgen.graph.hybrid_ops`) and merges projections that read one input
-(:mod:`onnxgen.graph.decode_fusions`, which makes new, merged weights). :func:`prepare_session_graph` runs
+(:mod:`onnxgen.graph.hybrid_ops`), merges projections that read one input
+(:mod:`onnxgen.graph.decode_fusions`, which makes new, merged weights) and, for an MTP head that drafts,
+runs its lm_head as int4 (:mod:`onnxgen.graph.int4_lm_head`). :func:`prepare_session_graph` runs
 those passes once per model and settings and writes the result to ``cache_root()/graphs/<key>/``:
 
 - ``graph.onnx``: the rewritten graph, every weight held by reference (no weight is copied into it);
