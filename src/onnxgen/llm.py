@@ -145,10 +145,14 @@ class LLM:
             if self._mtp is None:
                 if self.mtp_path is None:
                     raise GenerationError(self._mtp_missing)
+                # one thread: a head forward (one layer over a few tokens) gains nothing from a second,
+                # whose pool would spin after each forward on a core the target needs; an int4 lm_head:
+                # cheaper drafts, the output unchanged (docs/speculative-mtp.md, "Cost on the bundled model")
                 head = MTPHeadSession(
                     mtp_head_io(self.package, self.mtp_path),
-                    threads=draft_threads(self.session.threads),
+                    threads=1,
                     providers=self._providers,
+                    int4_lm_head=True,
                 )
                 port = next(
                     (o for o in self.session.current().get_outputs() if o.name == self.session.hidden_state),

@@ -262,3 +262,33 @@ def test_with_the_verify_plan_the_targets_states_agree_with_a_plain_run_to_round
         (final.kv_arrays(), fresh.kv_arrays()),
     ):
         assert list(mismatches(ours, theirs, atol=1e-5)) == []
+
+
+def test_the_engine_drafts_with_an_int4_lm_head_and_a_head_loaded_alone_keeps_the_exact_one(
+    mtp_zoo: MTPZoo,
+) -> None:
+    """The engine's head runs its lm_head as int4 (cheaper drafts; the verified output is plain greedy's,
+    above); its draft logits stay close to the exact head's, which a head loaded alone still gives."""
+    import onnx
+
+    from onnxgen.graph.logits_to_keep import find_lm_head
+
+    llm = mtp_zoo.llm("hybrid-genai")
+    engine = llm.mtp_head()
+    exact = MTPHeadSession(engine.head, threads=1)
+
+    def lm_head_op(head: MTPHeadSession) -> str:
+        prepared = head.session.prepared.graph_path
+        graph = onnx.load(str(prepared or head.head.path), load_external_data=False).graph
+        node, why = find_lm_head(graph, head.head.io.logits)
+        assert node is not None, why
+        return node.op_type
+
+    assert (lm_head_op(engine), lm_head_op(exact)) == ("MatMulNBits", "MatMul")
+    hidden = np.random.default_rng(0).standard_normal((1, 4, engine.hidden_size)).astype(np.float32)
+    tokens = np.array([[5, 17, 42, 99]], dtype=np.int64)
+    got, _ = engine.forward(engine.new_state(8), tokens, hidden)
+    want, _ = exact.forward(exact.new_state(8), tokens, hidden)
+    assert not np.array_equal(got, want)
+    error = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert error < 0.2, f"int4 draft logits {error:.0%} off the exact ones (for other inputs: ~150%)"

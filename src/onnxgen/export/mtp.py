@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 from onnxgen.errors import ModelPackageError, UnsupportedModelError
 from onnxgen.export import PRECISIONS as PRECISIONS
-from onnxgen.export.mtp_graph import BLOCK_SIZE, MS, Borrowed, Quantize, Transposed, build_mtp_graph
+from onnxgen.export.mtp_graph import MS, Borrowed, Quantize, Transposed, build_mtp_graph
 from onnxgen.export.mtp_weights import MTPGeometry, check_weights, read_mtp_checkpoint
+from onnxgen.graph.int4_lm_head import quantize_int4
 from onnxgen.graph.logits_to_keep import find_lm_head
 from onnxgen.model.mtp import MTP_FILE, find_mtp_head, mtp_head_io
 from onnxgen.model.package import ModelPackage
@@ -84,7 +84,7 @@ def write_mtp_head(
     level = _accuracy_level(decoder)
     precision = precision or ("int4" if level is not None else "fp32")
     level = level if level is not None else DEFAULT_ACCURACY_LEVEL
-    quantize: Quantize | None = _quantize_int4 if precision == "int4" else None
+    quantize: Quantize | None = quantize_int4 if precision == "int4" else None
     model = build_mtp_graph(geometry, weights, embedding, lm_head, quantize, level)
     report = MTPExport(root / MTP_FILE, precision, level if precision == "int4" else None)
     own = []
@@ -212,21 +212,6 @@ def _accuracy_level(decoder: ir.Model) -> int | None:
             attr = node.attributes.get("accuracy_level")
             return attr.as_int() if attr is not None else 0
     return None
-
-
-def _quantize_int4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric blockwise int4 of ``w`` ``[K, N]`` by onnxruntime's own kernel (the one its
-    ``MatMulNBitsQuantizer``, and so onnxruntime-genai's builder, runs; called directly, as that module's
-    import pulls in sympy): packed ``[N, blocks, 16]`` uint8 and scales ``[N, blocks]``."""
-    k, n = w.shape
-    blocks = -(-k // BLOCK_SIZE)
-    padded = np.zeros((blocks * BLOCK_SIZE, n), dtype=np.float32)
-    padded[:k] = w
-    packed = np.zeros((n, blocks, BLOCK_SIZE // 2), dtype=np.uint8)
-    scales = np.zeros((n, blocks), dtype=np.float32)
-    zero_points = np.zeros((n, (blocks + 1) // 2), dtype=np.uint8)
-    quantize_matmul_4bits(packed, padded, scales, zero_points, BLOCK_SIZE, n, blocks * BLOCK_SIZE, True)
-    return packed, scales
 
 
 def check_head(export_dir: str | Path) -> None:

@@ -26,10 +26,10 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxgen.export.mtp_weights import LAYER, MTPGeometry
+from onnxgen.graph.int4_lm_head import BLOCK_SIZE
 
 MS = "com.microsoft"
 OPSET = 23  # RMSNormalization
-BLOCK_SIZE = 32
 
 # ports (onnxruntime-genai's mtp.onnx names)
 TOKENS, HIDDEN_IN, MASK, POSITIONS = "input_ids", "hidden_states", "attention_mask", "position_ids"

@@ -4,8 +4,9 @@ A :class:`~onnxgen.runtime.session.DecoderSession` does not hand onnxruntime the
 graph :func:`session_graph` prepared for it (:func:`onnxgen.prepare.prepare` for a whole model): it may
 output the final hidden state (:mod:`onnxgen.graph.hidden_state`, for an MTP head), adds a
 logits-to-keep input (:mod:`onnxgen.graph.logits_to_keep`), may move hybrid ops onto vectorized kernels
-(:mod:`onnxgen.graph.hybrid_ops`) and merges projections that read one input
-(:mod:`onnxgen.graph.decode_fusions`, which makes new, merged weights). :func:`prepare_session_graph` runs
+(:mod:`onnxgen.graph.hybrid_ops`), merges projections that read one input
+(:mod:`onnxgen.graph.decode_fusions`, which makes new, merged weights) and, for an MTP head that drafts,
+runs its lm_head as int4 (:mod:`onnxgen.graph.int4_lm_head`). :func:`prepare_session_graph` runs
 those passes once per model and settings and writes the result to ``cache_root()/graphs/<key>/``:
 
 - ``graph.onnx``: the rewritten graph, every weight held by reference (no weight is copied into it);
@@ -50,6 +51,7 @@ from onnxgen.errors import UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
 from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
+from onnxgen.graph.int4_lm_head import int4_lm_head
 from onnxgen.graph.logits_to_keep import keep_last_logits
 from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
 from onnxgen.model.external_data import external_tensors, location_of, safe_location
@@ -76,6 +78,7 @@ class PassSettings:
     fast_ops: bool | None = None  # None: the pass decides
     fuse: bool = True
     hidden_state: bool = False  # output the final hidden state (what an MTP head reads)
+    int4_lm_head: bool = False  # a drafter's float lm_head as int4 (onnxgen.graph.int4_lm_head)
 
 
 @dataclass
@@ -282,6 +285,7 @@ def session_graph(
     fast_ops: bool | None = None,
     fuse: bool | None = None,
     hidden_state: bool = False,
+    int4_lm_head: bool = False,
     cache_dir: str | Path | None = None,
 ) -> SessionGraph:
     """The graph a session on ``providers`` (default: the CPU) runs for the export at ``model_path``, whose
@@ -300,6 +304,7 @@ def session_graph(
         fast_ops=fast_ops,
         fuse=on_cpu and fuse is not False,
         hidden_state=hidden_state,
+        int4_lm_head=int4_lm_head,
     )
     prepared = _with_defaults(prepare_session_graph(Path(model_path), io, settings, graph, cache_dir))
     if hidden_state and prepared.hidden_state is None:
@@ -423,6 +428,11 @@ def _prepare(
                 f"{model_path} does not show its final hidden state, which an MTP head needs: {exposed.report}"
             )
         graph, out.hidden_state = exposed.model, exposed.output
+    if settings.int4_lm_head:
+        quantized = int4_lm_head(graph, io.logits, base)
+        graph = quantized.model
+        if not quantized.modified:
+            log.info("the drafter's lm_head is left as it is: %s", quantized.report)
     if settings.last_logits:
         kept = keep_last_logits(graph, io.logits)
         graph, out.logits_to_keep, out.logits_reason = kept.model, kept.modified, kept.report

@@ -3,7 +3,9 @@
 The head is a one-layer decoder, so it runs on a :class:`~onnxgen.runtime.session.DecoderSession` like any
 decoder (IO binding, a :class:`~onnxgen.runtime.state.DecodeState` for its KV cache, logits of the last
 row only); the hidden-state input is bound per forward (``feeds``) and the head's output hidden state is
-fetched beside the logits (``fetch``).
+fetched beside the logits (``fetch``). ``int4_lm_head`` runs a float lm_head as int4
+(:mod:`onnxgen.graph.int4_lm_head`): the engine drafts with it, since verification makes the drafts' rounding
+invisible in the output; the head's exact logits (export checks, tests against a reference) are its default.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ class MTPHeadSession:
         threads: int | None = None,
         providers: Sequence[str] | None = None,
         fuse: bool | None = None,
+        int4_lm_head: bool = False,
     ) -> None:
         self.head = head
         self.session = DecoderSession(
-            session_graph(head.path, head.io, providers=providers, fuse=fuse),
+            session_graph(head.path, head.io, providers=providers, fuse=fuse, int4_lm_head=int4_lm_head),
             threads=threads,
             providers=providers,
         )

@@ -85,7 +85,8 @@ class MTPProposer:
         self.head_forwards += 1
         drafts: list[int] = []
         rows: list[np.ndarray] = []
-        history = [int(t) for t in ids]
+        # the processor chain reads the history (penalties); plain greedy has no chain and reads none
+        history = [int(t) for t in ids] if self.choose.chain else []
         for i in range(k):
             token = self.choose(logits, history, rows)
             drafts.append(token)
