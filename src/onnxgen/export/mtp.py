@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 from onnxgen.errors import ModelPackageError, UnsupportedModelError
 from onnxgen.export import PRECISIONS as PRECISIONS
@@ -28,6 +27,7 @@ from onnxgen.export.mtp_weights import MTPGeometry, check_weights, read_mtp_chec
 from onnxgen.graph.logits_to_keep import find_lm_head
 from onnxgen.model.mtp import MTP_FILE, find_mtp_head, mtp_head_io
 from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.binding import OrtInternals
 from onnxgen.runtime.mtp_head import MTPHeadSession
 
 MTP_DATA = "mtp.onnx.data"
@@ -225,7 +225,9 @@ def _quantize_int4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     packed = np.zeros((n, blocks, BLOCK_SIZE // 2), dtype=np.uint8)
     scales = np.zeros((n, blocks), dtype=np.float32)
     zero_points = np.zeros((n, (blocks + 1) // 2), dtype=np.uint8)
-    quantize_matmul_4bits(packed, padded, scales, zero_points, BLOCK_SIZE, n, blocks * BLOCK_SIZE, True)
+    OrtInternals.quantize_matmul_4bits()(
+        packed, padded, scales, zero_points, BLOCK_SIZE, n, blocks * BLOCK_SIZE, True
+    )
     return packed, scales
 
 

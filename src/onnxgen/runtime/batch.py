@@ -41,8 +41,9 @@ from onnxgen.errors import GenerationError
 from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.model.io import KVPair
+from onnxgen.runtime.binding import Binder, StateBindings
 from onnxgen.runtime.buffers import HostBuffer, dtype_of, index_dtype
-from onnxgen.runtime.session import Binder, DecoderSession
+from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
 
@@ -145,7 +146,7 @@ class BatchState:
             shape = (max_batch, *(int(d) for d in pair.shape[1:]))  # type: ignore[arg-type]
             self._states.append(RowBuffer(shape, dtype_of(pair.dtype)))
             self._spares.append(RowBuffer(shape, dtype_of(pair.dtype)))
-        self._binders: dict[tuple[ort.InferenceSession, int], Binder] = {}
+        self._bindings = StateBindings()
         session.track(self)  # its binders are dropped when the session is replaced
         self._token_dtype = index_dtype(io, io.token_input)
         self._mask_dtype = index_dtype(io, io.attention_mask)
@@ -162,7 +163,7 @@ class BatchState:
 
     def drop_bindings(self) -> None:
         """Forget the binders made for this batch (their session is being replaced)."""
-        self._binders.clear()
+        self._bindings.drop()
 
     @property
     def free_rows(self) -> int:
@@ -274,10 +275,9 @@ class BatchState:
                 f"a batch row would exceed its capacity of {self.capacity} tokens; retire it first"
             )
         run = self.session.current() if self.session.plan is None else self.session.plan.session_for(1)
-        binder = self._binders.get((run, self.steps % 2))
-        if binder is None:  # two per session: the recurrent states ping-pong between two buffers (but
-            # the ones updated in place)
-            binder = self._binders[(run, self.steps % 2)] = Binder(run.io_binding())
+        # two binders per session: the recurrent states ping-pong between two buffers (but the ones updated
+        # in place)
+        binder = self._bindings.binder(run, self.steps % 2)
         small = self._bind_small_inputs(binder.binding, tokens)
         self._bind_caches(binder, m)
         if self._logits is not None:

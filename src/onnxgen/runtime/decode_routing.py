@@ -36,9 +36,10 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import UnsupportedModelError
+from onnxgen.runtime.binding import Binder
 from onnxgen.runtime.graph_cache import cache_root, relocate
 from onnxgen.runtime.plan_names import DECODE_PLANS as DECODE_PLANS
-from onnxgen.runtime.session import FOLDER_KEY, Binder
+from onnxgen.runtime.session import FOLDER_KEY
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage

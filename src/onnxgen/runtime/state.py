@@ -37,17 +37,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError
 from onnxgen.model.io import DecoderIO, StatePair
+from onnxgen.runtime.binding import StateBindings
 from onnxgen.runtime.buffers import HostBuffer, dtype_of
-
-if TYPE_CHECKING:
-    from onnxgen.runtime.session import Binder, LengthMask, StepLane
 
 
 @dataclass(frozen=True)
@@ -108,9 +105,9 @@ class DecodeState:
         self.shared_kv = shared_kv
         self.length = 0
         self.steps = 0  # forwards run; its parity picks one of two cached bindings (ping-pong buffers)
-        # Cached IO bindings, keyed by (session, step parity); owned by the sessions that run this state.
-        self.bindings: dict[tuple[ort.InferenceSession, int], Binder] = {}
-        self.bindings_epoch = 0  # the DecoderSession.epoch they were made for
+        # Cached IO bindings (binders by session and step parity, lanes); filled by the sessions that run
+        # this state.
+        self.bindings = StateBindings()
         self._pinned: dict[int, int] = {}
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
         self._inplace = frozenset(inplace)
@@ -126,11 +123,6 @@ class DecodeState:
         # the steady cycle's StepIO for each step parity (see the module docstring), while valid
         self._cycle: list[StepIO | None] = [None, None]
         self._cycle_from: int | None = None  # ``steps`` when the running cycle's buffers were last synced
-        # Per step parity: a session's prepared steady step over this state (DecoderSession.step), valid
-        # while the next step's StepIO is the very one it binds (:meth:`take_cycle`); owned by the session,
-        # like bindings.
-        self.lanes: list[StepLane | None] = [None, None]
-        self.lane_mask: LengthMask | None = None  # the lanes' bound mask, where the session keeps one
         self._make_kv(io, batch, capacity, shared_kv)
         # Shared mode: which forward last wrote each position, so that restoring a snapshot whose
         # positions were overwritten since (restore earlier, run other tokens, restore later) is refused.
@@ -483,8 +475,7 @@ class DecodeState:
 
     def drop_bindings(self) -> None:
         """Forget the IO bindings and lanes made for this state (their session is being replaced)."""
-        self.bindings.clear()
-        self.lanes = [None, None]
+        self.bindings.drop()
 
     def reset(self) -> None:
         """Back to an empty sequence: length 0, zero states."""
