@@ -31,6 +31,7 @@ sequence axis second, whatever the graph's layout (``[2, batch, heads, seq, dim]
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,6 +44,7 @@ from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.model.io import KVPair
 from onnxgen.runtime.binding import Binder, StateBindings
 from onnxgen.runtime.buffers import HostBuffer, dtype_of, index_dtype
+from onnxgen.runtime.observer import ForwardEvent
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
@@ -264,7 +266,18 @@ class BatchState:
 
     # -- one batched forward ------------------------------------------------------------------------------
     def step(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Feed one token per live row (``tokens[r]`` to row ``r``); return logits ``[n, vocab]`` (a copy)."""
+        """Feed one token per live row (``tokens[r]`` to row ``r``); return logits ``[n, vocab]`` (a copy).
+        The session's forward observer, if any, sees the step once it ran."""
+        observer = self.session.forward_observer
+        if observer is None:
+            return self._step(tokens)
+        started, past = time.perf_counter(), int(self.lengths[: self.n].max(initial=0))
+        logits = self._step(tokens)
+        observer(ForwardEvent("decode", len(logits), 1, past, time.perf_counter() - started))
+        return logits
+
+    def _step(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """:meth:`step`, unobserved."""
         n, m = self.n, self.bound_rows
         tokens = np.asarray(tokens, dtype=self._token_dtype).reshape(-1)
         if n == 0 or len(tokens) != n:

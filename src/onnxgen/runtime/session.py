@@ -30,6 +30,7 @@ from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.binding import Binder, LengthMask, OrtInternals, SingleInputs, StepLane
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
 from onnxgen.runtime.graph_cache import PassSettings, prepare_session_graph
+from onnxgen.runtime.observer import ForwardEvent, ForwardObserver, phase_of
 from onnxgen.runtime.state import DecodeState, StepIO
 from onnxgen.runtime.state_commit import VERIFY_STRATEGIES, VerifyPlan, plan_graph
 
@@ -226,6 +227,8 @@ class DecoderSession:
         # ... and a moving average of their seconds: what a plain decode step costs (None before one ran);
         # speculation's ``auto`` compares verifies with it
         self.lane_step_s: float | None = None
+        # called after every forward with its phase, shape and time (onnxgen.runtime.observer); None: off
+        self.forward_observer: ForwardObserver | None = None
 
     def same_rewrites(self, graph: onnx.ModelProto, base_dir: Path) -> onnx.ModelProto:
         """``graph`` (a sibling of this session's model, e.g. its Scans inlined) with the rewrites this
@@ -367,7 +370,27 @@ class DecoderSession:
         ``copy=False`` the logits may be a view of a buffer that the forward after next on this state
         overwrites, for a caller that consumes them at once (the decode loop saves a logits copy per token).
         ``feeds`` gives graph inputs beyond the decoder's roles by name (an MTP head's hidden-state input),
-        each ``[batch, T, ...]``."""
+        each ``[batch, T, ...]``. The :attr:`forward_observer`, if any, sees the forward once it ran."""
+        observer = self.forward_observer
+        if observer is None:
+            return self._forward(state, ids, num_logits, fetch, fetched, copy, feeds)
+        started, past = time.perf_counter(), state.length
+        logits = self._forward(state, ids, num_logits, fetch, fetched, copy, feeds)
+        batch, t = ids.shape
+        observer(ForwardEvent(phase_of(t, logits.shape[1]), batch, t, past, time.perf_counter() - started))
+        return logits
+
+    def _forward(
+        self,
+        state: DecodeState,
+        ids: np.ndarray,
+        num_logits: int | None,
+        fetch: Sequence[str],
+        fetched: dict[str, ort.OrtValue] | None,
+        copy: bool,
+        feeds: Mapping[str, np.ndarray] | None,
+    ) -> np.ndarray:
+        """:meth:`forward`, unobserved."""
         batch, t = ids.shape
         keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
@@ -541,17 +564,22 @@ class DecoderSession:
             state.commit_cycle()
             if fetched is not None and lane.fetched is not None:
                 fetched.update(lane.fetched)
-            self._count_lane_step(time.perf_counter() - started)
+            self._count_lane_step(time.perf_counter() - started, past)
             return lane.logits
         ids = np.full((1, 1), token, dtype=np.int64)
-        # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``
+        # the class's forward, not a wrapper a caller put on this instance's ``forward`` (which sees forwards,
+        # not steps); the forward observer sees it as a decode step
         return type(self).forward(self, state, ids, 1, fetch=fetch, fetched=fetched, copy=False)[0, -1]
 
-    def _count_lane_step(self, seconds: float) -> None:
-        """Count a lane step and fold its time into :attr:`lane_step_s` (a moving average)."""
+    def _count_lane_step(self, seconds: float, past: int) -> None:
+        """Count a lane step, fold its time into :attr:`lane_step_s` (a moving average) and show it to the
+        forward observer."""
         self.lane_steps += 1
         seen = self.lane_step_s
         self.lane_step_s = seconds if seen is None else LANE_DECAY * seen + (1.0 - LANE_DECAY) * seconds
+        observer = self.forward_observer
+        if observer is not None:
+            observer(ForwardEvent("decode", 1, 1, past, seconds))
 
     def step_run_options(self) -> ort.RunOptions:
         """The run options of a single-token forward: the arena shrinks after one that follows a prefill."""
