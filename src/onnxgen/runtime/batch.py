@@ -59,9 +59,9 @@ def invariant_min_rows(graph: onnx.ModelProto, session: DecoderSession | None = 
     alike alone or in a block (fp32 kernels always are), 2 where it may not be.
 
     A MatMulNBits node on int8 activations (``accuracy_level`` 4) may compute a single row on another
-    kernel than a block of rows; which one onnxruntime picks depends on the CPU (on an AVX2-only AMD EPYC
-    Milan the logits of a lone row differed by up to ~0.17, on an AVX-512 VNNI EPYC Genoa they were the
-    same bits). Without ``session`` such a graph gets 2; with it, :func:`lone_row_matches_block` decides
+    kernel than a block of rows; which one onnxruntime picks depends on the CPU (on an AVX2-only CPU the
+    logits of a lone row differed from the same row's in a block, on one with AVX-512 VNNI they were the
+    same bits: docs/benchmarks.md). Without ``session`` such a graph gets 2; with it, :func:`lone_row_matches_block` decides
     on this machine, and 1 spares a lone request the 2-row step."""
     if not int8_activations(graph):
         return 1
