@@ -8,6 +8,7 @@ bound costs a call into onnxruntime per port, so every state keeps its bindings 
 - :class:`StateBindings`: the binders of one decode or batch state, by (session, slot), plus the state's
   prepared single-token steps (:class:`StepLane`) and the attention mask those keep bound
   (:class:`LengthMask`);
+- :class:`OnesMasks`: a session's attention masks of ones, one OrtValue per shape;
 - :class:`OrtInternals`: onnxruntime's private attributes that the single-token lane uses, named in
   :attr:`OrtInternals.ATTRIBUTES` and read in one method, so that a release renaming one of them shows
   up in one place (tests/runtime/test_binding.py fails naming it) and the engine falls back to the
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from onnxgen.runtime.state import StepIO
 
 log = logging.getLogger(__name__)
+
+MASK_VALUES = 8192  # attention-mask OrtValues kept per session, one per (batch, length)
 
 
 class Binder:
@@ -136,6 +139,32 @@ class LengthMask:
         self.row[:length] = 1
         self.row[length:] = 0
         self.filled = length
+
+
+class OnesMasks:
+    """``[batch, length]`` attention masks of ones as OrtValues, each a view of one read-only buffer, made
+    once per shape: binding a kept OrtValue is much cheaper than making one from numpy at every step of a
+    decode loop. At most ``MASK_VALUES`` shapes are kept (then they are made again)."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.buffer = np.ones(0, dtype=dtype)
+        self.values: dict[tuple[int, int], ort.OrtValue] = {}
+
+    def get(self, batch: int, length: int) -> ort.OrtValue:
+        value = self.values.get((batch, length))
+        if value is not None:
+            return value
+        n = batch * length
+        if self.buffer.size < n:
+            self.buffer = np.ones(max(n, 2 * self.buffer.size), dtype=self.dtype)
+            self.buffer.flags.writeable = False
+        if len(self.values) >= MASK_VALUES:
+            self.values.clear()
+        value = self.values[(batch, length)] = ort.OrtValue.ortvalue_from_numpy(
+            self.buffer[:n].reshape(batch, length)
+        )
+        return value
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP, keep_last_logits
 from onnxgen.model.io import DecoderIO
 from onnxgen.runtime import hugepages, memory
-from onnxgen.runtime.binding import Binder, LengthMask, OrtInternals, SingleInputs, StepLane
+from onnxgen.runtime.binding import Binder, LengthMask, OnesMasks, OrtInternals, SingleInputs, StepLane
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
 from onnxgen.runtime.graph_cache import PassSettings, prepare_session_graph
 from onnxgen.runtime.observer import ForwardEvent, ForwardObserver, phase_of
@@ -51,7 +51,6 @@ class BindingOwner(Protocol):
 
 LANE_DECAY = 0.8  # weight of the past in the moving average of lane steps' time
 SMALL_STEP = 16  # forwards of at most this many tokens bind persistent buffers (inputs, fetched outputs)
-MASK_VALUES = 8192  # attention-mask OrtValues kept per session, one per (batch, length)
 
 
 def default_threads() -> int:
@@ -213,8 +212,7 @@ class DecoderSession:
         self._static_dtypes = (
             (index_dtype(io, static.write_indices), index_dtype(io, static.kv_lengths)) if static else None
         )
-        self._ones_buf = np.ones(0, dtype=self._mask_dtype)
-        self._ones_values: dict[tuple[int, int], ort.OrtValue] = {}
+        self._ones = OnesMasks(self._mask_dtype).get  # attention masks of ones, one OrtValue per shape
         self._run_options = ort.RunOptions()  # what the wrapper's run_with_iobinding passes by default
         # After a forward over many tokens (a prefill) onnxruntime's arena holds its activations: tens to
         # hundreds of MB at real sizes, kept (and grown by later prefills) for the life of the session.
@@ -647,23 +645,6 @@ class DecoderSession:
         if buf is None:
             buf = binder.logits[key] = HostBuffer.zeros((batch, rows, self.vocab_size), self._logits_dtype)
         return buf
-
-    def _ones(self, batch: int, length: int) -> ort.OrtValue:
-        """A ``[batch, length]`` attention mask of ones: a view of one read-only buffer, made once per shape
-        (binding a kept OrtValue is much cheaper than making one from numpy at every step of a decode loop)."""
-        value = self._ones_values.get((batch, length))
-        if value is not None:
-            return value
-        n = batch * length
-        if self._ones_buf.size < n:
-            self._ones_buf = np.ones(max(n, 2 * self._ones_buf.size), dtype=self._mask_dtype)
-            self._ones_buf.flags.writeable = False
-        if len(self._ones_values) >= MASK_VALUES:
-            self._ones_values.clear()
-        value = self._ones_values[(batch, length)] = ort.OrtValue.ortvalue_from_numpy(
-            self._ones_buf[:n].reshape(batch, length)
-        )
-        return value
 
     def _position_shape(self, batch: int, tokens: int) -> tuple[int, ...]:
         """Position ids of ``tokens`` tokens per row: ``[batch, T]``, or ``[3, batch, T]`` (mRoPE)."""
