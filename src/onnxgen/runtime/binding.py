@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
+from onnxgen.errors import OnnxgenError
 from onnxgen.runtime.buffers import HostBuffer
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ class OrtInternals:
         module = importlib.import_module("onnxruntime.capi._pybind_state")
         fn = getattr(module, "quantize_matmul_4bits", None)
         if fn is None:
-            raise RuntimeError(
+            raise OnnxgenError(
                 f"onnxruntime {ort.__version__} has no onnxruntime.capi._pybind_state.quantize_matmul_4bits, "
                 "which exporting an MTP head quantizes with; install an onnxruntime that has it"
             )
