@@ -15,13 +15,13 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxgen import bench
-from onnxgen.bench import BenchConfig, decode_rate, run_bench, synthetic_prompt
-from onnxgen.bench_engine import OnnxgenEngine
-from onnxgen.bench_genai import BenchError
-from onnxgen.bench_prompts import CODE_SNIPPET, novel_prompt, repetitive_prompt
-from onnxgen.bench_stats import ratio
-from onnxgen.bench_worker import process_threads
+from onnxgen.bench import harness as bench
+from onnxgen.bench.genai_engine import BenchError
+from onnxgen.bench.harness import BenchConfig, decode_rate, run_bench, synthetic_prompt
+from onnxgen.bench.onnxgen_engine import OnnxgenEngine
+from onnxgen.bench.prompts import CODE_SNIPPET, novel_prompt, repetitive_prompt
+from onnxgen.bench.stats import ratio
+from onnxgen.bench.worker import process_threads
 from onnxgen.cli import main
 from onnxgen.cli.bench_table import format_report
 from onnxgen.generation.params import SamplingParams
@@ -351,7 +351,7 @@ def test_the_genai_worker_imports_nothing_of_onnxgens_engine() -> None:
     import subprocess
     import sys
 
-    from onnxgen.bench_worker import WORKER_CODE
+    from onnxgen.bench.worker import WORKER_CODE
 
     code = (
         WORKER_CODE[GENAI].split(";")[0]
@@ -363,7 +363,7 @@ def test_the_genai_worker_imports_nothing_of_onnxgens_engine() -> None:
 
 @pytest.mark.skipif(not HAS_GENAI, reason="onnxruntime_genai is not installed")
 def test_genai_engine_thread_setting_changes_the_thread_pool(dense_dir: Path) -> None:
-    from onnxgen.bench_genai import GenaiEngine
+    from onnxgen.bench.genai_engine import GenaiEngine
 
     keep = [GenaiEngine(dense_dir, 1)]  # first load starts onnxruntime-genai's own threads
     before = process_threads()

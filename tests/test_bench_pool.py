@@ -1,4 +1,4 @@
-"""Pooling benchmark reports across commands (onnxgen.bench_pool)."""
+"""Pooling benchmark reports across commands (onnxgen.bench.pool)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from onnxgen.bench_pool import command_interval, main, markdown_rows, pool
+from onnxgen.bench.pool import command_interval, main, markdown_rows, pool
 
 GENAI = "onnxruntime-genai"
 

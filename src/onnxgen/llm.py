@@ -496,9 +496,8 @@ def draft_threads(target_threads: int) -> int:
     """Intra-op threads for a draft model loaded beside a target that uses ``target_threads``.
 
     The draft runs between the target's forwards, and the target's thread pool spins for a while after
-    each of them: a draft whose own pool needs those cores makes both wait (2 cores, fp32 demo target
-    and int4 demo draft at 2 threads each: speculation ran at 0.40x of plain decoding, 0.69x with a
-    1-thread draft). So the draft gets the cores the target leaves, plus the calling thread.
+    each of them: a draft whose own pool needs those cores makes both wait (docs/benchmarks.md). So the
+    draft gets the cores the target leaves, plus the calling thread.
     """
     return max(1, default_threads() - target_threads + 1)
 

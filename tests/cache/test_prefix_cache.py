@@ -344,7 +344,7 @@ def test_least_recently_used_prefixes_go_first_and_a_used_one_stays(dirs: dict[s
 
 
 def test_the_chat_benchmark_resumes_every_turn_after_the_first(dirs: dict[str, Path]) -> None:
-    from onnxgen.bench_prefix import PrefixBenchConfig, PrefixBenchReport, format_prefix_report, run_chat
+    from onnxgen.bench.prefix import PrefixBenchConfig, PrefixBenchReport, format_prefix_report, run_chat
 
     cfg = PrefixBenchConfig(str(dirs["hybrid-genai-split"]), 1, turns=3, turn_tokens=20, new_tokens=4, runs=1)
     report = PrefixBenchReport(cfg.model)

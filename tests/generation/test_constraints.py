@@ -19,8 +19,8 @@ import pytest
 
 import onnxgen
 from onnxgen import GenerationError, SamplingParams
-from onnxgen.bench_constraints import CONSTRAINTS
-from onnxgen.bench_prompts import synthetic_prompt
+from onnxgen.bench.constraints import CONSTRAINTS
+from onnxgen.bench.prompts import synthetic_prompt
 from onnxgen.generation.constraints import Constraint, ConstraintError
 from onnxgen.generation.generator import GenerationResult
 from onnxgen.generation.speculative import DraftModel, PromptLookup

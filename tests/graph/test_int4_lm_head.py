@@ -7,9 +7,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxgen.graph.int4_lm_head import BLOCK_SIZE, int4_lm_head, quantize_int4
+from onnxgen.graph.int4_lm_head import BLOCK_SIZE, int4_lm_head
 from onnxgen.graph.logits_to_keep import find_lm_head
 from onnxgen.model.external_data import read_array
+from onnxgen.runtime.int4 import quantize_int4
 from onnxgen.testing import build_model
 
 
@@ -55,7 +56,7 @@ def test_the_lm_head_becomes_int4_and_the_logits_stay_close(tmp_path: Path) -> N
     model = onnx.load(str(d / "model.onnx"), load_external_data=False)
     head, _ = find_lm_head(model.graph, "logits")
     assert head is not None and head.op_type == "MatMul"
-    result = int4_lm_head(model, "logits", d)
+    result = int4_lm_head(model, "logits", d, quantize_int4)
     out = result.model
     assert result.modified and result.report == ""
     node, _ = find_lm_head(out.graph, "logits")
@@ -105,7 +106,7 @@ def test_an_lm_head_that_is_not_a_float_matmul_is_left_alone() -> None:
         ],
     )
     model = helper.make_model(graph)
-    result = int4_lm_head(model, "logits", None)
+    result = int4_lm_head(model, "logits", None, quantize_int4)
     assert result.model is model and not result.modified and "MatMulNBits" in result.report
     relu = helper.make_model(
         helper.make_graph(
@@ -115,5 +116,5 @@ def test_an_lm_head_that_is_not_a_float_matmul_is_left_alone() -> None:
             [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 8])],
         )
     )
-    result = int4_lm_head(relu, "logits", None)
+    result = int4_lm_head(relu, "logits", None, quantize_int4)
     assert result.model is relu and not result.modified and "Relu" in result.report

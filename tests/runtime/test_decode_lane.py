@@ -10,8 +10,9 @@ from runtime_helpers import PROMPT, ids, open_session
 
 from onnxgen.errors import GenerationError
 from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.binding import LengthMask, StepLane
 from onnxgen.runtime.graph_cache import session_graph
-from onnxgen.runtime.session import DecoderSession, LengthMask, StepLane
+from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
 SHARED_FAMILIES = ("genai-dense", "hybrid-genai")  # GroupQueryAttention: the steady cycle runs
@@ -169,7 +170,7 @@ def test_lanes_follow_the_session_onto_its_verify_plan_graph(family_dirs: dict[s
     assert session.session is not old
     for t in STEPS:
         np.testing.assert_array_equal(session.step(state, t), reference.forward(ref_state, ids(t))[0, -1])
-    lanes = [lane for lane in state.lanes if lane is not None]
+    lanes = [lane for lane in state.bindings.lanes if lane is not None]
     assert lanes and all(lane.session is session.session for lane in lanes)  # type: ignore[attr-defined]
 
 
@@ -298,7 +299,7 @@ def test_a_step_that_fails_inside_onnxruntime_commits_nothing_or_asks_for_a_rese
     for t in STEPS[:4]:
         session.step(state, t)
         session.forward(reference, ids(t))
-    lane = state.lanes[state.steps & 1]
+    lane = state.bindings.lanes[state.steps & 1]
     assert lane is not None
     run = lane.run  # type: ignore[attr-defined]
 

@@ -147,7 +147,7 @@ def test_the_verify_plan_session_is_made_after_the_plain_one_is_gone(
         ids = np.array([PROMPT]) if i == 0 else np.array([[7 + i]])
         session.forward(state, ids, 1)
         plain.forward(ref, ids, 1)
-    assert state.bindings
+    assert state.bindings.binders
     old = weakref.ref(session.session._sess)
     seen: list[bool] = []
     load = session._load

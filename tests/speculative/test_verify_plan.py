@@ -101,7 +101,7 @@ def test_the_plan_graph_is_loaded_at_the_first_speculative_verify_and_decoding_g
         np.testing.assert_array_equal(got, want)
     assert not list(mismatches(state.state_arrays(), ref.state_arrays()))
     assert not list(mismatches(state.kv_arrays(), ref.kv_arrays()))
-    assert session.epoch == 1 and all(key[0] is session.session for key in state.bindings)
+    assert session.epoch == 1 and all(key[0] is session.session for key in state.bindings.binders)
 
 
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from onnxgen.bench_constraints import CONSTRAINTS
-from onnxgen.bench_genai import GENAI
-from onnxgen.bench_prompts import PROMPT_KINDS
+from onnxgen.bench.constraints import CONSTRAINTS
+from onnxgen.bench.genai_engine import GENAI
+from onnxgen.bench.prompts import PROMPT_KINDS
 from onnxgen.cli.generate import MODEL_ENV, THREADS_ENV, add_fast_ops_flag, resolve_model, resolve_threads
 from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.runtime.plan_names import DECODE_PLANS
@@ -109,7 +109,7 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
         "--prefix-cache",
         action="store_true",
         help="instead: a 10-turn chat and 8 server clients sharing a system prompt, with the prefix cache "
-        "and without (onnxgen.bench_prefix)",
+        "and without (onnxgen.bench.prefix)",
     )
     p.add_argument(
         "--prefix-cache-mb", type=float, default=512, help="the cache's budget there (default 512)"
@@ -127,13 +127,13 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from onnxgen.bench import BenchConfig, run_bench, to_json
+    from onnxgen.bench.harness import BenchConfig, run_bench, to_json
     from onnxgen.cli.bench_table import format_report
     from onnxgen.runtime.session import default_threads
 
     threads = resolve_threads(args.threads) or default_threads()
     if args.prefix_cache:
-        from onnxgen.bench_prefix import PrefixBenchConfig, format_prefix_report, run_prefix_bench
+        from onnxgen.bench.prefix import PrefixBenchConfig, format_prefix_report, run_prefix_bench
 
         model = str(resolve_model(args.model))
         cfg = PrefixBenchConfig(

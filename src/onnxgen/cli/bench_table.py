@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxgen.bench_engine import ONNXGEN
-from onnxgen.bench_genai import GENAI
+from onnxgen.bench.genai_engine import GENAI
+from onnxgen.bench.onnxgen_engine import ONNXGEN
 from onnxgen.generation.speculative.loop import MAX_DRAFT_FACTOR
 
 COLUMNS = (
@@ -274,7 +274,7 @@ def constraint_lines(report: dict[str, Any]) -> list[str]:
                 )
     return [
         "constraints: plain and constrained greedy runs alternate in one worker (built-in constraints that "
-        "cannot end early: onnxgen.bench_constraints)",
+        "cannot end early: onnxgen.bench.constraints)",
         *_table(rows),
         "slowdown: median over run pairs of constrained / plain decode time per token - 1; constraint "
         "us/token: its own time (following the sequence, computing and applying masks); share: of a "

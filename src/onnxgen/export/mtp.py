@@ -24,10 +24,10 @@ from onnxgen.errors import ModelPackageError, UnsupportedModelError
 from onnxgen.export import PRECISIONS as PRECISIONS
 from onnxgen.export.mtp_graph import MS, Borrowed, Quantize, Transposed, build_mtp_graph
 from onnxgen.export.mtp_weights import MTPGeometry, check_weights, read_mtp_checkpoint
-from onnxgen.graph.int4_lm_head import quantize_int4
 from onnxgen.graph.logits_to_keep import find_lm_head
 from onnxgen.model.mtp import MTP_FILE, find_mtp_head, mtp_head_io
 from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.int4 import quantize_int4
 from onnxgen.runtime.mtp_head import MTPHeadSession
 
 MTP_DATA = "mtp.onnx.data"

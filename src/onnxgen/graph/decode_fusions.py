@@ -18,11 +18,8 @@ needs; both rewrites compute every output value exactly as before (tests compare
    (``x / rms * weight``): with weight 1 it gives ``x / rms`` exactly, and the ``Mul`` rounds the same
    product (float32 only; tests check the bits, so an onnxruntime that computed it otherwise fails them).
 
-Measured on onnxruntime-genai's ~60M-parameter int4 exports at 2 threads, 16-token prompt, two sessions
-in one process with shuffled rounds (``scripts/runtime_ab.py MODEL --feature fuse``): decode steps 1.011x
-(Qwen3, median of 6 processes) and 1.019x (Qwen3.5, 8 processes) through the stream; 1.026x for Qwen3 in a
-bare onnxruntime loop (12 processes). Between processes these ratios spread over 0.95-1.10x. At 1 thread
-(no thread pool) and on the fp32 export (query/key norms only) they are within 1% of 1.00x.
+What the fusions save per step, and how it was measured (``scripts/runtime_ab.py MODEL --feature fuse``):
+docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

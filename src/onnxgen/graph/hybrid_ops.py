@@ -3,8 +3,8 @@
 Qwen3.5-style exports (onnxruntime-genai's builder, :mod:`onnxgen.testing.linear`) normalise the linear
 attention's output with ``com.microsoft::GatedRMSNorm`` and run the short convolution through
 ``com.microsoft::CausalConvWithState`` with a fused SiLU. onnxruntime 1.32's CPU kernels of both compute
-the activation one element at a time: on the bundled demo model they took 15% and 11% of a 128-token
-prefill, more than every attention layer together (docs/benchmarks.md). The same math runs on
+the activation one element at a time, which made them a large share of a hybrid's prefill
+(docs/benchmarks.md). The same math runs on
 onnxruntime's vectorized kernels when written as
 
 - ``GatedRMSNorm(X, scale, Z)`` (SiLU or sigmoid gate) ->

@@ -14,39 +14,30 @@ left as it is, with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
 from onnxgen.graph.logits_to_keep import find_lm_head
 from onnxgen.graph.passes import PassResult
 from onnxgen.model.external_data import read_array
 
 BLOCK_SIZE = 32
+# a float [K, N] weight -> MatMulNBits' packed int4 blocks and scales
+Quantize = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 DRAFT_ACCURACY_LEVEL = 4  # int8 activations: the drafter's rounding does not reach the output
 
 
-def quantize_int4(w: np.ndarray, block_size: int = BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric blockwise int4 of ``w`` ``[K, N]`` by onnxruntime's own kernel (the one its
-    ``MatMulNBitsQuantizer``, and so onnxruntime-genai's builder, runs; called directly, as that module's
-    import pulls in sympy): packed ``[N, blocks, block_size / 2]`` uint8 and scales ``[N, blocks]``."""
-    k, n = w.shape
-    blocks = -(-k // block_size)
-    padded = np.zeros((blocks * block_size, n), dtype=np.float32)
-    padded[:k] = w
-    packed = np.zeros((n, blocks, block_size // 2), dtype=np.uint8)
-    scales = np.zeros((n, blocks), dtype=np.float32)
-    zero_points = np.zeros((n, (blocks + 1) // 2), dtype=np.uint8)
-    quantize_matmul_4bits(packed, padded, scales, zero_points, block_size, n, blocks * block_size, True)
-    return packed, scales
-
-
-def int4_lm_head(model: onnx.ModelProto, logits: str, base_dir: Path | None) -> PassResult[str]:
+def int4_lm_head(
+    model: onnx.ModelProto, logits: str, base_dir: Path | None, quantize: Quantize
+) -> PassResult[str]:
     """A copy of ``model`` whose lm_head (the node writing ``logits``) is int4 ``MatMulNBits``; or ``model``
-    itself, unmodified, with why not as the report. ``base_dir`` resolves an external weight."""
+    itself, unmodified, with why not as the report. ``base_dir`` resolves an external weight; ``quantize``
+    turns a float ``[K, N]`` weight into MatMulNBits' packed ``[N, blocks, BLOCK_SIZE / 2]`` uint8 and
+    ``[N, blocks]`` scales (:func:`onnxgen.runtime.int4.quantize_int4`)."""
     head, reason = find_lm_head(model.graph, logits)
     if head is None:
         return PassResult(model, False, reason)
@@ -57,7 +48,7 @@ def int4_lm_head(model: onnx.ModelProto, logits: str, base_dir: Path | None) -> 
         return PassResult(
             model, False, "the lm_head's weight is not a float [hidden, vocabulary] initializer"
         )
-    packed, scales = quantize_int4(read_array(weight, base_dir).astype(np.float32))
+    packed, scales = quantize(read_array(weight, base_dir).astype(np.float32))
     k, n = weight.dims
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -89,4 +80,4 @@ def int4_lm_head(model: onnx.ModelProto, logits: str, base_dir: Path | None) -> 
     return PassResult(out, True, "")
 
 
-__all__ = ["BLOCK_SIZE", "DRAFT_ACCURACY_LEVEL", "int4_lm_head", "quantize_int4"]
+__all__ = ["BLOCK_SIZE", "DRAFT_ACCURACY_LEVEL", "Quantize", "int4_lm_head"]

@@ -31,6 +31,7 @@ sequence axis second, whatever the graph's layout (``[2, batch, heads, seq, dim]
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,8 +42,10 @@ from onnxgen.errors import GenerationError
 from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.model.io import KVPair
+from onnxgen.runtime.binding import Binder, StateBindings
 from onnxgen.runtime.buffers import HostBuffer, dtype_of, index_dtype
-from onnxgen.runtime.session import Binder, DecoderSession
+from onnxgen.runtime.observer import ForwardEvent
+from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
 
@@ -56,9 +59,9 @@ def invariant_min_rows(graph: onnx.ModelProto, session: DecoderSession | None = 
     alike alone or in a block (fp32 kernels always are), 2 where it may not be.
 
     A MatMulNBits node on int8 activations (``accuracy_level`` 4) may compute a single row on another
-    kernel than a block of rows; which one onnxruntime picks depends on the CPU (on an AVX2-only AMD EPYC
-    Milan the logits of a lone row differed by up to ~0.17, on an AVX-512 VNNI EPYC Genoa they were the
-    same bits). Without ``session`` such a graph gets 2; with it, :func:`lone_row_matches_block` decides
+    kernel than a block of rows; which one onnxruntime picks depends on the CPU (on an AVX2-only CPU the
+    logits of a lone row differed from the same row's in a block, on one with AVX-512 VNNI they were the
+    same bits: docs/benchmarks.md). Without ``session`` such a graph gets 2; with it, :func:`lone_row_matches_block` decides
     on this machine, and 1 spares a lone request the 2-row step."""
     if not int8_activations(graph):
         return 1
@@ -145,7 +148,7 @@ class BatchState:
             shape = (max_batch, *(int(d) for d in pair.shape[1:]))  # type: ignore[arg-type]
             self._states.append(RowBuffer(shape, dtype_of(pair.dtype)))
             self._spares.append(RowBuffer(shape, dtype_of(pair.dtype)))
-        self._binders: dict[tuple[ort.InferenceSession, int], Binder] = {}
+        self._bindings = StateBindings()
         session.track(self)  # its binders are dropped when the session is replaced
         self._token_dtype = index_dtype(io, io.token_input)
         self._mask_dtype = index_dtype(io, io.attention_mask)
@@ -162,7 +165,7 @@ class BatchState:
 
     def drop_bindings(self) -> None:
         """Forget the binders made for this batch (their session is being replaced)."""
-        self._binders.clear()
+        self._bindings.drop()
 
     @property
     def free_rows(self) -> int:
@@ -278,7 +281,18 @@ class BatchState:
 
     # -- one batched forward ------------------------------------------------------------------------------
     def step(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Feed one token per live row (``tokens[r]`` to row ``r``); return logits ``[n, vocab]`` (a copy)."""
+        """Feed one token per live row (``tokens[r]`` to row ``r``); return logits ``[n, vocab]`` (a copy).
+        The session's forward observer, if any, sees the step once it ran."""
+        observer = self.session.forward_observer
+        if observer is None:
+            return self._step(tokens)
+        started, past = time.perf_counter(), int(self.lengths[: self.n].max(initial=0))
+        logits = self._step(tokens)
+        observer(ForwardEvent("decode", len(logits), 1, past, time.perf_counter() - started))
+        return logits
+
+    def _step(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """:meth:`step`, unobserved."""
         n, m = self.n, self.bound_rows
         tokens = np.asarray(tokens, dtype=self._token_dtype).reshape(-1)
         if n == 0 or len(tokens) != n:
@@ -289,10 +303,9 @@ class BatchState:
                 f"a batch row would exceed its capacity of {self.capacity} tokens; retire it first"
             )
         run = self.session.current() if self.session.plan is None else self.session.plan.session_for(1)
-        binder = self._binders.get((run, self.steps % 2))
-        if binder is None:  # two per session: the recurrent states ping-pong between two buffers (but
-            # the ones updated in place)
-            binder = self._binders[(run, self.steps % 2)] = Binder(run.io_binding())
+        # two binders per session: the recurrent states ping-pong between two buffers (but the ones updated
+        # in place)
+        binder = self._bindings.binder(run, self.steps % 2)
         small = self._bind_small_inputs(binder.binding, tokens)
         self._bind_caches(binder, m)
         if self._logits is not None:

@@ -36,9 +36,10 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import UnsupportedModelError
+from onnxgen.runtime.binding import Binder
 from onnxgen.runtime.graph_cache import cache_root, relocate
 from onnxgen.runtime.plan_names import DECODE_PLANS as DECODE_PLANS
-from onnxgen.runtime.session import FOLDER_KEY, Binder
+from onnxgen.runtime.session import FOLDER_KEY
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage
@@ -114,7 +115,7 @@ def summarize_scans(graph: onnx.ModelProto) -> ScanSummary:
     """Which Scans of ``graph`` (weights not needed) the inline pass would splice, and the weight bytes."""
     if not any(n.op_type == "Scan" for n in graph.graph.node):
         return ScanSummary(weight_bytes=_weight_bytes(graph))
-    # onnx-ir (and the sympy it imports, ~36 MB and ~0.5 s) only for graphs that have a Scan
+    # onnx-ir (and the sympy it imports, slow to import and large) only for graphs that have a Scan
     import onnx_ir as ir
 
     from onnxgen.graph.scan_inline import find_inlinable_scans

@@ -56,6 +56,7 @@ from onnxgen.graph.logits_to_keep import keep_last_logits
 from onnxgen.graph.mask_lengths import mask_feeds_lengths_only
 from onnxgen.model.external_data import external_tensors, location_of, safe_location
 from onnxgen.model.io import DecoderIO
+from onnxgen.runtime.int4 import quantize_int4
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +430,7 @@ def _prepare(
             )
         graph, out.hidden_state = exposed.model, exposed.output
     if settings.int4_lm_head:
-        quantized = int4_lm_head(graph, io.logits, base)
+        quantized = int4_lm_head(graph, io.logits, base, quantize_int4)
         graph = quantized.model
         if not quantized.modified:
             log.info("the drafter's lm_head is left as it is: %s", quantized.report)

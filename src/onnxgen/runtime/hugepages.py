@@ -10,7 +10,7 @@ usual default) or whose mapping happens to be aligned (``always``), and onnxrunt
 session was created, it marks the mappings the session added or grew (the heap among them)
 ``MADV_HUGEPAGE`` and collapses them into huge pages now (``MADV_COLLAPSE``, Linux 6.1+), skipping
 mappings that are mostly unpopulated (collapsing those would make their holes resident). It copies the
-memory once (roughly 0.3-0.4 s per 100 MB on a 2-core machine): up to ``SYNC_LIMIT`` bytes before the
+memory once (time in proportion to its size): up to ``SYNC_LIMIT`` bytes before the
 session is returned, a larger model on a background thread (``madvise`` releases the GIL), so loading a
 big model is not held up by seconds and its steps speed up once the collapse is done (:func:`wait`).
 Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a large

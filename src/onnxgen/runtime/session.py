@@ -14,7 +14,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
@@ -24,14 +23,14 @@ import onnxruntime as ort
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.runtime import hugepages, memory
+from onnxgen.runtime.binding import Binder, LengthMask, OnesMasks, OrtInternals, SingleInputs, StepLane
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
 from onnxgen.runtime.graph_cache import SessionGraph
+from onnxgen.runtime.observer import ForwardEvent, ForwardObserver, phase_of
 from onnxgen.runtime.state import DecodeState, StepIO
 from onnxgen.runtime.state_commit import VerifyPlan, plan_graph, verify_strategy
 
 if TYPE_CHECKING:
-    import onnxruntime.capi.onnxruntime_pybind11_state as C
-
     from onnxgen.runtime.decode_routing import DecodePlan
 
 # onnxruntime's session option naming the folder external weights are read from
@@ -48,7 +47,6 @@ class BindingOwner(Protocol):
 
 LANE_DECAY = 0.8  # weight of the past in the moving average of lane steps' time
 SMALL_STEP = 16  # forwards of at most this many tokens bind persistent buffers (inputs, fetched outputs)
-MASK_VALUES = 8192  # attention-mask OrtValues kept per session, one per (batch, length)
 
 
 def default_threads() -> int:
@@ -71,131 +69,6 @@ def make_session_options(threads: int | None) -> ort.SessionOptions:
 
 def _run_failed(tokens: int, past: int, error: Exception) -> GenerationError:
     return GenerationError(f"forward over {tokens} tokens at position {past} failed: {error}")
-
-
-class Binder:
-    """One IOBinding plus what is bound to it, so unchanged KV/state buffers are not bound again.
-
-    A decode state alternates between two state buffers (ping-pong), so each state keeps two binders
-    (by step parity) and in steady state no KV or state port is rebound at all.
-    """
-
-    def __init__(self, binding: ort.IOBinding) -> None:
-        self.binding = binding
-        self._inputs: dict[str, ort.OrtValue] = {}
-        self._outputs: dict[str, ort.OrtValue | None] = {}
-        self.allocates = False
-        # Logits output buffers by (batch, rows): per binder, hence per state, so that forwards of
-        # different states on other threads never write into the logits one is still copying out.
-        self.logits: dict[tuple[int, int], HostBuffer] = {}
-        # Token/position/logits-to-keep inputs of small forwards by (name, shape): written in place and
-        # bound once, so a steady run of single-token steps binds none of them again.
-        self.step_inputs: dict[tuple[str, tuple[int, ...]], HostBuffer] = {}
-        self.single: dict[int, _SingleInputs] = {}  # by batch: the one-token forward's inputs
-        # Extra outputs of verify forwards (one binder per token count), bound from their second run on.
-        self.fetch_buffers: dict[str, HostBuffer] = {}
-        # once all of them are bound: the fetch list they serve and their values by name
-        self.fetch_bound: tuple[Sequence[str], dict[str, ort.OrtValue]] | None = None
-        # The KV/state bindings last made through this binder (a StepIO's lists): equal lists are bound
-        self.state_inputs: list[tuple[str, ort.OrtValue]] = []
-        self.state_outputs: list[tuple[str, ort.OrtValue | None]] = []
-        self.touched = 0  # forwards through this binder (a lane made after one is valid until the next)
-
-    def input(self, name: str, value: ort.OrtValue) -> None:
-        if self._inputs.get(name) is not value:
-            self.binding.bind_ortvalue_input(name, value)
-            self._inputs[name] = value
-
-    def output(self, name: str, value: ort.OrtValue | None) -> None:
-        """Bind ``value``, or let onnxruntime allocate the output (``None``; rebound every run)."""
-        if value is None:
-            self.binding.bind_output(name, "cpu")
-            if self._outputs.get(name, self) is not None:  # new, or was a buffer
-                self._outputs[name] = None
-                self.allocates = True
-        else:
-            old = self._outputs.get(name, self)
-            if old is not value:
-                self.binding.bind_ortvalue_output(name, value)
-                self._outputs[name] = value
-                if old is None:  # one allocated output fewer
-                    self.allocates = any(v is None for v in self._outputs.values())
-
-    def record_input(self, name: str, value: ort.OrtValue) -> None:
-        """Note that ``value`` was bound to ``name`` past :meth:`input` (a lane binds it directly)."""
-        self._inputs[name] = value
-
-    def bound_input(self, name: str) -> ort.OrtValue | None:
-        return self._inputs.get(name)
-
-    def step_input(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-        """The persistent input buffer ``(name, shape)``, bound; the caller writes its values in place."""
-        buf = self.step_inputs.get((name, shape))
-        if buf is None:
-            buf = self.step_inputs[(name, shape)] = HostBuffer.wrap(np.zeros(shape, dtype=dtype))
-        self.input(name, buf.value)
-        return buf.array
-
-    def allocated_outputs(self) -> dict[str, ort.OrtValue]:
-        """The outputs onnxruntime allocated in the last run, by name (binding order is output order)."""
-        values = self.binding.get_outputs()
-        names = list(self._outputs)
-        return {n: v for n, v in zip(names, values, strict=True) if self._outputs[n] is None}
-
-
-@dataclass
-class _SingleInputs:
-    """A binder's bound token / position / logits-to-keep buffers of one-token forwards."""
-
-    tokens: np.ndarray
-    positions: np.ndarray | None
-    keep: np.ndarray | None  # logits-to-keep: shared with longer forwards of the binder, so written each step
-    token_input: str
-    token_value: ort.OrtValue
-
-    def bound(self, binder: Binder) -> bool:
-        """Whether the binder still has these buffers bound: a longer forward rebinds the token input
-        (another shape) whenever it rebinds the others, so that one is checked."""
-        return binder.bound_input(self.token_input) is self.token_value
-
-
-class LengthMask:
-    """A decode state's ``[1, capacity]`` attention mask that its lanes keep bound (graphs whose mask only
-    gives GroupQueryAttention its lengths, :mod:`onnxgen.graph.mask_lengths`): ones over the first
-    ``filled`` positions, zeros after. Both lanes of the state share it; a step at position ``past``
-    writes one element, or (after a rewind, or steps that ran without a lane) re-fills it first."""
-
-    def __init__(self, capacity: int, dtype: np.dtype) -> None:
-        self.buffer = HostBuffer.wrap(np.zeros((1, capacity), dtype=dtype))
-        self.row = self.buffer.array[0]
-        self.filled = 0
-
-    def fill(self, length: int) -> None:
-        self.row[:length] = 1
-        self.row[length:] = 0
-        self.filled = length
-
-
-@dataclass(eq=False)
-class StepLane:
-    """A prepared steady decode step of a batch-1 state (:meth:`DecoderSession.step`): one binder of the
-    steady cycle with everything bound but the attention mask, driven through onnxruntime's own binding
-    objects. Valid while the state's next step is ``cycle`` and no other forward went through ``binder``
-    (the forward that made it is the binder's ``touched``-th)."""
-
-    session: ort.InferenceSession
-    binder: Binder
-    touched: int
-    cycle: StepIO
-    run: Callable[[C.SessionIOBinding, C.RunOptions], None]  # run_with_iobinding, below its wrapper
-    binding: C.SessionIOBinding  # the binder's IOBinding, as ``run`` takes it
-    bind_input: Callable[[str, C.OrtValue], None]  # bind an OrtValue's C object to an input of ``binding``
-    tokens: np.ndarray  # the bound [1, 1] token buffer
-    positions: np.ndarray | None  # the bound position buffer ([1, 1] or [3, 1, 1])
-    logits: np.ndarray  # [vocab]: the bound logits buffer's row
-    mask: LengthMask | None  # the state's bound capacity-long mask, else a mask is bound per step
-    fetch: Sequence[str] = ()  # extra outputs the lane's binder has bound to persistent buffers ...
-    fetched: Mapping[str, ort.OrtValue] | None = None  # ... and those buffers by name
 
 
 class DecoderSession:
@@ -285,8 +158,7 @@ class DecoderSession:
         self._static_dtypes = (
             (index_dtype(io, static.write_indices), index_dtype(io, static.kv_lengths)) if static else None
         )
-        self._ones_buf = np.ones(0, dtype=self._mask_dtype)
-        self._ones_values: dict[tuple[int, int], ort.OrtValue] = {}
+        self._ones = OnesMasks(self._mask_dtype).get  # attention masks of ones, one OrtValue per shape
         self._run_options = ort.RunOptions()  # what the wrapper's run_with_iobinding passes by default
         # After a forward over many tokens (a prefill) onnxruntime's arena holds its activations: tens to
         # hundreds of MB at real sizes, kept (and grown by later prefills) for the life of the session.
@@ -299,6 +171,8 @@ class DecoderSession:
         # ... and a moving average of their seconds: what a plain decode step costs (None before one ran);
         # speculation's ``auto`` compares verifies with it
         self.lane_step_s: float | None = None
+        # called after every forward with its phase, shape and time (onnxgen.runtime.observer); None: off
+        self.forward_observer: ForwardObserver | None = None
 
     def _load(self, source: str | bytes) -> ort.InferenceSession:
         try:
@@ -423,7 +297,27 @@ class DecoderSession:
         ``copy=False`` the logits may be a view of a buffer that the forward after next on this state
         overwrites, for a caller that consumes them at once (the decode loop saves a logits copy per token).
         ``feeds`` gives graph inputs beyond the decoder's roles by name (an MTP head's hidden-state input),
-        each ``[batch, T, ...]``."""
+        each ``[batch, T, ...]``. The :attr:`forward_observer`, if any, sees the forward once it ran."""
+        observer = self.forward_observer
+        if observer is None:
+            return self._forward(state, ids, num_logits, fetch, fetched, copy, feeds)
+        started, past = time.perf_counter(), state.length
+        logits = self._forward(state, ids, num_logits, fetch, fetched, copy, feeds)
+        batch, t = ids.shape
+        observer(ForwardEvent(phase_of(t, logits.shape[1]), batch, t, past, time.perf_counter() - started))
+        return logits
+
+    def _forward(
+        self,
+        state: DecodeState,
+        ids: np.ndarray,
+        num_logits: int | None,
+        fetch: Sequence[str],
+        fetched: dict[str, ort.OrtValue] | None,
+        copy: bool,
+        feeds: Mapping[str, np.ndarray] | None,
+    ) -> np.ndarray:
+        """:meth:`forward`, unobserved."""
         batch, t = ids.shape
         keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
@@ -481,7 +375,7 @@ class DecoderSession:
         lane = self._lane(state, session, binder, step, logits_buf)
         if lane is not None and fetch:
             lane.fetch, lane.fetched = fetch, binder.fetch_bound[1]  # type: ignore[index]
-        state.lanes[parity] = lane
+        state.bindings.lanes[parity] = lane
 
     @staticmethod
     def _bind_feeds(binder: Binder, feeds: Mapping[str, np.ndarray], t: int) -> None:
@@ -566,7 +460,7 @@ class DecoderSession:
         started = time.perf_counter()
         if not 0 <= token < self._vocab_limit:
             self._bad_ids(np.array([token]), state.length)
-        lane = state.lanes[state.steps & 1]
+        lane = state.bindings.lanes[state.steps & 1]
         if (
             lane is not None
             and lane.touched == lane.binder.touched
@@ -586,7 +480,7 @@ class DecoderSession:
                 held.filled = past + 1
             elif self.io.attention_mask is not None:
                 mask = self._ones(1, past + 1)
-                lane.bind_input(self.io.attention_mask, mask._ortvalue)
+                lane.bind_input(self.io.attention_mask, mask)
                 lane.binder.record_input(self.io.attention_mask, mask)
             try:
                 lane.run(lane.binding, self._shrink_options if self._shrink_pending else self._run_options)
@@ -597,23 +491,28 @@ class DecoderSession:
             state.commit_cycle()
             if fetched is not None and lane.fetched is not None:
                 fetched.update(lane.fetched)
-            self._count_lane_step(time.perf_counter() - started)
+            self._count_lane_step(time.perf_counter() - started, past)
             return lane.logits
         ids = np.full((1, 1), token, dtype=np.int64)
-        # the class's forward: a wrapper put on this instance's ``forward`` sees every step through ``step``
+        # the class's forward, not a wrapper a caller put on this instance's ``forward`` (which sees forwards,
+        # not steps); the forward observer sees it as a decode step
         return type(self).forward(self, state, ids, 1, fetch=fetch, fetched=fetched, copy=False)[0, -1]
 
-    def _count_lane_step(self, seconds: float) -> None:
-        """Count a lane step and fold its time into :attr:`lane_step_s` (a moving average)."""
+    def _count_lane_step(self, seconds: float, past: int) -> None:
+        """Count a lane step, fold its time into :attr:`lane_step_s` (a moving average) and show it to the
+        forward observer."""
         self.lane_steps += 1
         seen = self.lane_step_s
         self.lane_step_s = seconds if seen is None else LANE_DECAY * seen + (1.0 - LANE_DECAY) * seconds
+        observer = self.forward_observer
+        if observer is not None:
+            observer(ForwardEvent("decode", 1, 1, past, seconds))
 
     def step_run_options(self) -> ort.RunOptions | None:
         """The run options of a single-token forward: the arena shrinks after one that follows a prefill;
         otherwise None (the default options). onnxruntime's ``InferenceSession.run_with_iobinding`` looks a
-        run-config key up in any options it is given, and the miss raises and catches an exception inside:
-        ~0.35 ms a call, as much as an MTP head's whole forward on the bundled model."""
+        run-config key up in any options it is given, and the miss raises and catches an exception inside,
+        which costs a small forward's time (docs/benchmarks.md, "Figures behind choices in the code")."""
         if self._shrink_pending:
             self._shrink_pending = False
             return self._shrink_options
@@ -636,19 +535,19 @@ class DecoderSession:
         logits: HostBuffer,
     ) -> StepLane | None:
         """The lane of a single-token forward that just ran through ``binder`` on the steady cycle's
-        ``step``; None where onnxruntime's binding objects are not the ones this version knows."""
+        ``step``; None where onnxruntime's binding objects are not the ones this version knows
+        (:class:`~onnxgen.runtime.binding.OrtInternals`)."""
         single = binder.single.get(1)
-        if self.io.static_cache is not None:  # its write indices are written per step by forward()
+        if self.io.static_cache is not None or single is None:  # static: write indices set by forward()
             return None
-        run = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
-        raw = getattr(binder.binding, "_iobinding", None)
-        if single is None or run is None or raw is None or not hasattr(single.token_value, "_ortvalue"):
+        raw = OrtInternals.raw(session, binder.binding, single.token_value)
+        if raw is None:
             return None
         held = None
         if self.length_mask and session is self.session:  # (length_mask implies a mask input)
-            held = state.lane_mask
+            held = state.bindings.lane_mask
             if held is None:
-                held = state.lane_mask = LengthMask(state.capacity, self._mask_dtype)
+                held = state.bindings.lane_mask = LengthMask(state.capacity, self._mask_dtype)
             held.fill(state.length)  # the bound mask describes the state from the moment it is bound
             binder.input(self.io.attention_mask, held.buffer.value)
         return StepLane(
@@ -656,9 +555,9 @@ class DecoderSession:
             binder=binder,
             touched=binder.touched,
             cycle=step,
-            run=run,
-            binding=raw,
-            bind_input=raw.bind_ortvalue_input,
+            run=raw.run,
+            binding=raw.binding,
+            bind_input=raw.bind_input,
             tokens=single.tokens,
             positions=single.positions,
             logits=logits.array[0, -1],
@@ -666,14 +565,8 @@ class DecoderSession:
         )
 
     def _binder(self, state: DecodeState, session: ort.InferenceSession, kind: int = 0) -> Binder:
-        if state.bindings_epoch != self.epoch:  # the session was replaced: its bindings hold it alive
-            state.bindings.clear()
-            state.bindings_epoch = self.epoch
-        key = (session, state.steps % 2 + kind)
-        binder = state.bindings.get(key)
-        if binder is None:
-            binder = state.bindings[key] = Binder(session.io_binding())
-        return binder  # type: ignore[return-value]
+        # a replaced session's binders (another epoch) hold it alive: they are dropped
+        return state.bindings.binder(session, state.steps % 2 + kind, self.epoch)
 
     def _logits_buffer(self, binder: Binder, batch: int, rows: int) -> HostBuffer | None:
         """A reusable logits output buffer for small fixed shapes (decode steps, kept prefill logits)."""
@@ -685,28 +578,11 @@ class DecoderSession:
             buf = binder.logits[key] = HostBuffer.zeros((batch, rows, self.vocab_size), self._logits_dtype)
         return buf
 
-    def _ones(self, batch: int, length: int) -> ort.OrtValue:
-        """A ``[batch, length]`` attention mask of ones: a view of one read-only buffer, made once per shape
-        (binding a kept OrtValue costs ~1 µs, making one from numpy at every step ~30 µs in a decode loop)."""
-        value = self._ones_values.get((batch, length))
-        if value is not None:
-            return value
-        n = batch * length
-        if self._ones_buf.size < n:
-            self._ones_buf = np.ones(max(n, 2 * self._ones_buf.size), dtype=self._mask_dtype)
-            self._ones_buf.flags.writeable = False
-        if len(self._ones_values) >= MASK_VALUES:
-            self._ones_values.clear()
-        value = self._ones_values[(batch, length)] = ort.OrtValue.ortvalue_from_numpy(
-            self._ones_buf[:n].reshape(batch, length)
-        )
-        return value
-
     def _position_shape(self, batch: int, tokens: int) -> tuple[int, ...]:
         """Position ids of ``tokens`` tokens per row: ``[batch, T]``, or ``[3, batch, T]`` (mRoPE)."""
         return (3, batch, tokens) if self.io.position_ids_rank == 3 else (batch, tokens)
 
-    def _single_inputs(self, binder: Binder, batch: int) -> _SingleInputs:
+    def _single_inputs(self, binder: Binder, batch: int) -> SingleInputs:
         """Bind the binder's persistent buffers of a one-token forward."""
         io = self.io
         tokens = binder.step_input(io.token_input, (batch, 1), self._token_dtype)
@@ -718,7 +594,7 @@ class DecoderSession:
         keep = binder.step_input(LOGITS_TO_KEEP, (1,), np.int64) if self.logits_to_keep else None
         token_value = binder.bound_input(io.token_input)
         assert token_value is not None
-        return _SingleInputs(tokens, positions, keep, io.token_input, token_value)
+        return SingleInputs(tokens, positions, keep, io.token_input, token_value)
 
     def _bind_step_inputs(self, binder: Binder, past: int, ids: np.ndarray, keep: int) -> None:
         """Bind the token, mask, position and logits-to-keep inputs of a forward of ``ids`` after ``past``."""

@@ -22,14 +22,13 @@ something looks at the buffers), instead of rebuilding its lists (the decode loo
 bookkeeping runs with caches the forward just evicted, so what it touches per token counts). Anything
 else that moves buffers (a snapshot, restore, release, commit, reset, a multi-token forward) ends the
 cycle; the next single-token step starts it again where no snapshot is held (so the plain steps between
-speculative verifies run in it too: the three steps after a released snapshot took 8-12% less time than
-when the cycle waited for the second of them).
+speculative verifies run in it too, from the first step after a released snapshot).
 
 In the steady cycle, states named in ``inplace`` (those whose op reads its whole past state before it
 writes the present one, see :func:`onnxgen.runtime.graph_cache.inplace_states`) are bound as input and output
 of the same buffer instead of swapping: the op then updates one buffer where it copied one into the
-other (in-process A/B through the stream: a 1.08-1.13x faster step on Qwen3.5 int4, 1.07x on fp32). Nothing else sees the difference, since no snapshot is held in the
-cycle; but a step that fails inside onnxruntime may have written such a state, so the state is then
+other (a faster step: docs/benchmarks.md). Nothing else sees the difference, since no snapshot is held in
+the cycle; but a step that fails inside onnxruntime may have written such a state, so the state is then
 unusable until :meth:`reset` or :meth:`restore` (ids outside the vocabulary are refused before running).
 """
 
@@ -37,17 +36,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError
 from onnxgen.model.io import DecoderIO, StatePair
+from onnxgen.runtime.binding import StateBindings
 from onnxgen.runtime.buffers import HostBuffer, dtype_of
-
-if TYPE_CHECKING:
-    from onnxgen.runtime.session import Binder, LengthMask, StepLane
 
 
 @dataclass(frozen=True)
@@ -108,9 +104,9 @@ class DecodeState:
         self.shared_kv = shared_kv
         self.length = 0
         self.steps = 0  # forwards run; its parity picks one of two cached bindings (ping-pong buffers)
-        # Cached IO bindings, keyed by (session, step parity); owned by the sessions that run this state.
-        self.bindings: dict[tuple[ort.InferenceSession, int], Binder] = {}
-        self.bindings_epoch = 0  # the DecoderSession.epoch they were made for
+        # Cached IO bindings (binders by session and step parity, lanes); filled by the sessions that run
+        # this state.
+        self.bindings = StateBindings()
         self._pinned: dict[int, int] = {}
         self._slots = [_StateSlot(p, batch) for p in io.state_pairs]
         self._inplace = frozenset(inplace)
@@ -119,18 +115,13 @@ class DecodeState:
         self._broken: str | None = None  # why a failed in-place step left the states unusable
         # reset() leaves the recurrent states as they were and marks them stale: they read as zeros (the
         # next forward binds read-only zero buffers as its past states) until that forward replaces
-        # them, or until something reads them (:meth:`_zero_states`). Zeroing at every request wrote the
-        # whole state (~20 MB at the Qwen3.5-0.8B layout) before its first token.
+        # them, or until something reads them (:meth:`_zero_states`), so a request does not write the whole
+        # state before its first token.
         self._stale = False
         self._zeros: dict[int, HostBuffer] = {}  # by slot index: a zero past state, never written
         # the steady cycle's StepIO for each step parity (see the module docstring), while valid
         self._cycle: list[StepIO | None] = [None, None]
         self._cycle_from: int | None = None  # ``steps`` when the running cycle's buffers were last synced
-        # Per step parity: a session's prepared steady step over this state (DecoderSession.step), valid
-        # while the next step's StepIO is the very one it binds (:meth:`take_cycle`); owned by the session,
-        # like bindings.
-        self.lanes: list[StepLane | None] = [None, None]
-        self.lane_mask: LengthMask | None = None  # the lanes' bound mask, where the session keeps one
         self._make_kv(io, batch, capacity, shared_kv)
         # Shared mode: which forward last wrote each position, so that restoring a snapshot whose
         # positions were overwritten since (restore earlier, run other tokens, restore later) is refused.
@@ -239,8 +230,8 @@ class DecodeState:
     def commit_cycle(self) -> None:
         """:meth:`advance` of a one-token step that :meth:`take_cycle` started. Each such step swaps every
         double-buffered state's current buffer with its spare; the swaps are counted rather than made
-        (:meth:`_sync_cycle`), since the cycle's bindings already alternate (six states cost ~5 µs a
-        token on Qwen3.5 int4 with caches a forward evicted)."""
+        (:meth:`_sync_cycle`), since the cycle's bindings already alternate (swapping every state's buffers
+        per token costs time with caches a forward just evicted)."""
         self.length += 1
         self.steps += 1
 
@@ -483,8 +474,7 @@ class DecodeState:
 
     def drop_bindings(self) -> None:
         """Forget the IO bindings and lanes made for this state (their session is being replaced)."""
-        self.bindings.clear()
-        self.lanes = [None, None]
+        self.bindings.drop()
 
     def reset(self) -> None:
         """Back to an empty sequence: length 0, zero states."""
@@ -492,8 +482,8 @@ class DecodeState:
             self.bindings.clear()
         # Shared KV: the bindings point at this state's own buffers (and their binders' persistent input,
         # logits and verify-output buffers), so they are kept for the next run on this state: a verify
-        # of a token count seen before binds nothing new (re-making them cost every request's first
-        # verify of each draft length; speculative requests ran 2-17% slower).
+        # of a token count seen before binds nothing new (no request's first verify of a draft length
+        # pays for making its binder again).
         self.length = 0
         self._broken = None
         self._end_cycle()

@@ -17,7 +17,7 @@ before the verify and replays the kept tokens: a second forward. A verify plan a
 
 The rewritten graph only gains outputs, so one session serves every forward: ordinary forwards do not
 fetch the extra outputs, verify forwards do (``DecoderSession.forward(..., fetch=, fetched=)``). Those
-outputs still cost every forward (~7% of a plain Qwen3.5 int4 step), so a ``DecoderSession`` loads the
+outputs still cost every forward (a measurable share of a plain step), so a ``DecoderSession`` loads the
 rewritten graph only when its plan is first asked for (the first speculative verify) and runs the plain
 graph until then. Plans bind the same state buffers by the same port names as every other forward: state
 continuity is by name.
@@ -126,8 +126,7 @@ class CapturePlan(VerifyPlan):
         }
         opts = ort.SessionOptions()
         # one thread: the graph is a few small state updates, and a thread pool of its own would spin
-        # after every commit on cores the model's session needs (2 cores, 2 threads: speculation ran
-        # at 0.58-1.01x of plain decoding with a pool here, 1.07-1.27x without)
+        # after every commit on cores the model's session needs (docs/benchmarks.md)
         opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3

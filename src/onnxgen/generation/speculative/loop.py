@@ -42,8 +42,8 @@ AUTO_MIN_GAIN = 1.0
 def next_draft_length(k: int, full_accept: bool, max_k: int) -> int:
     """The draft length after a verify that carried up to ``k`` drafts: doubled (at least +2) after a
     full accept, so that a long accepted run (a quoted span, a loop) reaches ``max_k`` in a few verifies
-    instead of growing by 2 per verify (on the bundled model's repetitive prompt: 29 -> 26 target
-    forwards, ~5% less time per request); one less after a rejection."""
+    instead of growing by 2 per verify (fewer target forwards: docs/benchmarks.md); one less after a
+    rejection."""
     if full_accept:
         return min(max(2 * k, k + 2), max_k)
     return max(1, k - 1)

@@ -1,6 +1,6 @@
 """Pool the reports of several ``onnxgen bench --compare ENGINE --json`` commands into one row per cell.
 
-    python -m onnxgen.bench_pool REPORT.json [REPORT.json ...] [--level 0.9]
+    python -m onnxgen.bench.pool REPORT.json [REPORT.json ...] [--level 0.9]
 
 One benchmark command pairs each onnxgen run with a run of the other engine made right after it, in a few
 fresh worker sets. On a shared machine two commands of the same cell can differ by more than the engines
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxgen.bench_stats import pair_ratio, paired_ratio
+from onnxgen.bench.stats import pair_ratio, paired_ratio
 
 ONNXGEN = "onnxgen"
 
@@ -176,7 +176,7 @@ def markdown_rows(cells: Sequence[Cell], level: float = 0.9) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m onnxgen.bench_pool",
+        prog="python -m onnxgen.bench.pool",
         description="Pool the reports of several `onnxgen bench --compare ENGINE --json` commands, one row per cell.",
     )
     parser.add_argument("reports", nargs="+", type=Path, help="JSON reports of `onnxgen bench --compare ...`")

@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from onnxgen.bench_genai import GENAI, BenchError, GenaiEngine
+from onnxgen.bench.genai_engine import GENAI, BenchError, GenaiEngine
 
 WORKER_CODE = {
-    GENAI: "from onnxgen.bench_worker import genai_worker_main; raise SystemExit(genai_worker_main())",
-    "onnxgen": "from onnxgen.bench_engine import worker_main; raise SystemExit(worker_main())",
+    GENAI: "from onnxgen.bench.worker import genai_worker_main; raise SystemExit(genai_worker_main())",
+    "onnxgen": "from onnxgen.bench.onnxgen_engine import worker_main; raise SystemExit(worker_main())",
 }
 
 
@@ -173,7 +173,7 @@ class Worker:
         self.engine = engine
         self.label = label or engine
         env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[1])  # so the child imports this onnxgen
+        package_root = str(Path(__file__).resolve().parents[2])  # so the child imports this onnxgen
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [

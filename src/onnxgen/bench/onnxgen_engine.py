@@ -1,8 +1,9 @@
 """The onnxgen side of ``onnxgen bench``, as it runs inside a worker process.
 
 :class:`OnnxgenEngine` loads the model with the worker's decode plan and (optionally) speculative setting,
-and times greedy runs through :meth:`onnxgen.llm.LLM.stream`: prefill is the session's first forward,
-TTFT the time to the first event, one step per later token. A speculative run is the same call with the
+and times greedy runs through :meth:`onnxgen.llm.LLM.stream`: prefill is the time of the run's leading
+prefill forwards as the session's forward observer reports them (:mod:`onnxgen.runtime.observer`), TTFT
+the time to the first event, one step per later token. A speculative run is the same call with the
 engine's :class:`~onnxgen.generation.speculative.PromptLookup` or
 :class:`~onnxgen.generation.speculative.DraftModel` (a draft model is loaded once, at start).
 """
@@ -11,17 +12,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
-from onnxgen.bench_constraints import constraint_kwargs
-from onnxgen.bench_genai import GENAI, BenchError, GenaiEngine, step_durations_ms
-from onnxgen.bench_worker import peak_rss_mb, rss_mb, serve
+from onnxgen.bench.constraints import constraint_kwargs
+from onnxgen.bench.genai_engine import GENAI, BenchError, GenaiEngine, step_durations_ms
+from onnxgen.bench.worker import peak_rss_mb, rss_mb, serve
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import Speculative
 from onnxgen.generation.speculative.spec import SpeculativeSpec
 from onnxgen.llm import draft_threads, load
 from onnxgen.runtime import hugepages
+from onnxgen.runtime.observer import ForwardEvent
 
 ONNXGEN = "onnxgen"
 ENGINES = (ONNXGEN, GENAI)
@@ -37,8 +40,8 @@ CONSTRAINT_STATS = ("constraint_s", "constraint_masks", "constraint_unmasked")
 
 
 class OnnxgenEngine:
-    """onnxgen's :class:`~onnxgen.llm.LLM`, driven through its stream; forwards are timed by wrapping
-    the session's ``forward`` (so prefill is the first forward alone)."""
+    """onnxgen's :class:`~onnxgen.llm.LLM`, driven through its stream; the session's forward observer
+    collects each run's forwards (so prefill is the prefill forwards alone)."""
 
     name = ONNXGEN
 
@@ -74,17 +77,8 @@ class OnnxgenEngine:
                 else None
             )
             self.speculative = speculative.build(draft)
-        self._forward_ms: list[float] = []
-        session = self.llm.session
-        inner = session.forward
-
-        def timed_forward(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            out = inner(*args, **kwargs)
-            self._forward_ms.append(1000.0 * (time.perf_counter() - t0))
-            return out
-
-        session.forward = timed_forward  # type: ignore[method-assign]
+        self.forwards: list[ForwardEvent] = []
+        self.llm.session.forward_observer = self.forwards.append
 
     def info(self) -> dict[str, Any]:
         from onnxgen import __version__
@@ -133,7 +127,7 @@ class OnnxgenEngine:
         params = SamplingParams(
             max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=0.0, detokenize=False, **kwargs
         )
-        self._forward_ms.clear()
+        self.forwards.clear()
         ids: list[int] = []
         stamps: list[float] = []
         stats: dict[str, Any] = {}
@@ -143,7 +137,8 @@ class OnnxgenEngine:
             ids.extend(event.token_ids)
             stats = event.stats or stats
         result = {
-            "prefill_ms": self._forward_ms[0],
+            "prefill_ms": 1000.0
+            * sum(f.seconds for f in takewhile(lambda f: f.phase == "prefill", self.forwards)),
             "ttft_ms": 1000.0 * (stamps[0] - start),
             "step_ms": step_durations_ms(stamps),
             "total_ms": 1000.0 * (stamps[-1] - start),
@@ -171,5 +166,5 @@ def make_engine(name: str, model: str, threads: int, options: dict[str, Any]) ->
 
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of a benchmark worker subprocess (see :mod:`onnxgen.bench_worker`)."""
+    """Entry point of a benchmark worker subprocess (see :mod:`onnxgen.bench.worker`)."""
     return serve(make_engine, argv)  # type: ignore[arg-type]

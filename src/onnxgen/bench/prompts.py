@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from onnxgen.bench_genai import BenchError
+from onnxgen.bench.genai_engine import BenchError
 
 SYNTHETIC, REPETITIVE, NOVEL = "synthetic", "repetitive", "novel"
 PROMPT_KINDS = (SYNTHETIC, REPETITIVE, NOVEL)

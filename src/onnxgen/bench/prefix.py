@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxgen.bench_prompts import NOVEL_TEXT
+from onnxgen.bench.prompts import NOVEL_TEXT
 
 MB = 1 << 20
 

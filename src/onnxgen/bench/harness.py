@@ -6,12 +6,12 @@ commands on the worker's stdin and reads one JSON line per reply; runs are inter
 worker 2 run 1, worker 1 run 2, ...) so slow drifts of a shared machine hit all alike. With
 ``speculative`` every onnxgen worker runs plain and speculative greedy generation back to back on the same
 prompt (in alternating order), and the two are compared run by run; with ``constraints`` it runs plain
-and constrained greedy generation the same way (:mod:`onnxgen.bench_constraints`), one variant per
+and constrained greedy generation the same way (:mod:`onnxgen.bench.constraints`), one variant per
 constraint. A fresh set of workers serves each prompt, so its peak RSS belongs to that prompt.
 
 Per run: ``prefill_ms`` (the prefill forward alone), ``ttft_ms`` (request call to first token),
 ``step_ms`` (one entry per later token), ``total_ms`` (request call to last token), ``token_ids``.
-Prompts: :mod:`onnxgen.bench_prompts`; statistics: :mod:`onnxgen.bench_stats`.
+Prompts: :mod:`onnxgen.bench.prompts`; statistics: :mod:`onnxgen.bench.stats`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxgen.bench_constraints import constraint_kwargs
-from onnxgen.bench_engine import ENGINES, ONNXGEN, worker_main
-from onnxgen.bench_genai import GENAI, BenchError, require_genai
-from onnxgen.bench_prompts import NOVEL, PROMPT_KINDS, REPETITIVE, SYNTHETIC, kind_prompt, read_prompt_file
-from onnxgen.bench_prompts import synthetic_prompt as synthetic_prompt
-from onnxgen.bench_stats import (
+from onnxgen.bench.constraints import constraint_kwargs
+from onnxgen.bench.genai_engine import GENAI, BenchError, require_genai
+from onnxgen.bench.onnxgen_engine import ENGINES, ONNXGEN, worker_main
+from onnxgen.bench.prompts import NOVEL, PROMPT_KINDS, REPETITIVE, SYNTHETIC, kind_prompt, read_prompt_file
+from onnxgen.bench.prompts import synthetic_prompt as synthetic_prompt
+from onnxgen.bench.stats import (
     decode_rate,
     memory_ratio,
     paired_ratio,
@@ -40,7 +40,7 @@ from onnxgen.bench_stats import (
     summarize_speculative,
     token_check,
 )
-from onnxgen.bench_worker import Worker, machine_info
+from onnxgen.bench.worker import Worker, machine_info
 from onnxgen.generation.speculative.spec import SpeculativeSpec, parse_speculative
 from onnxgen.runtime.decode_routing import DECODE_PLANS
 
@@ -72,7 +72,7 @@ class BenchConfig:
     draft_tokens: int | None = None
     prompt_kinds: tuple[str, ...] | None = None  # None: see `kinds`
     prompt_files: tuple[str, ...] = ()
-    constraints: tuple[str, ...] = ()  # built-in constraints (bench_constraints) timed beside plain runs
+    constraints: tuple[str, ...] = ()  # built-in constraints (bench.constraints) timed beside plain runs
     processes: int = 1  # worker sets started one after another per prompt; their runs are pooled
     fast_ops: bool | None = None  # onnxgen workers' fast-ops pass (None: load()'s default)
 
