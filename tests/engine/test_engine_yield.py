@@ -192,7 +192,7 @@ def test_a_corrupted_move_changes_the_tokens(
     assert got["tokens"] != llm.generate(prompts[0], LONG).token_ids
 
 
-def test_a_sampled_speculative_request_keeps_its_lane_beside_plain_rows(
+def test_a_seeded_sampled_speculative_request_keeps_its_lane_beside_plain_rows(
     llm: LLM, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its tokens follow the speculative acceptance rule's draws: the same whatever its company, those
@@ -206,6 +206,36 @@ def test_a_sampled_speculative_request_keeps_its_lane_beside_plain_rows(
     assert engine.scheduler.yields == 0 and got["places"] == ["lane"]
     assert got["tokens"]["s"] == llm.generate(prompts[0], SEEDED, speculative=fixed).token_ids
     assert got["tokens"]["a"] == llm.generate(prompts[1], GREEDY).token_ids
+
+
+def test_an_unseeded_sampled_speculative_request_yields_and_goes_back_to_its_lane(
+    llm: LLM, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No tokens were promised for it, so it yields like a greedy one: no lane forward runs beside the
+    plain row, which gets its solo tokens; it goes back to its lane (and speculates) once alone."""
+    unseeded = SamplingParams(max_new_tokens=40, temperature=0.8, top_k=50, ignore_eos=True)
+    engine = Engine(llm.generator, llm.engine().limits, llm.draft_generator)
+    watch = Watch(engine, monkeypatch)
+    engine.add_request("s", prompts[0], unseeded, LOOKUP)
+    tokens: dict[str, list[int]] = {"s": [], "p": []}
+    places, beside, stats = ["lane"], 0, {}
+    for outputs in watch.steps(engine):
+        beside += bool(watch.lane_forward and any(seq.speculative is None for seq in watch.batch_rows))
+        for out in outputs:
+            assert out.finish_reason != "error", out.error
+            tokens[str(out.request_id)] += out.token_ids
+            stats = out.stats if out.request_id == "s" and out.stats else stats
+        if len(tokens["s"]) >= 6 and not engine.scheduler.running and "row" not in places:
+            engine.add_request("p", prompts[1], SHORT)
+        scheduler = engine.scheduler
+        place = "lane" if scheduler.lanes else "row" if scheduler.parked else places[-1]
+        if places[-1] != place:
+            places.append(place)
+    monkeypatch.undo()
+    assert places == ["lane", "row", "lane"] and beside == 0
+    assert engine.scheduler.yields == engine.scheduler.resumes == 1 and stats["speculation_yields"] == 1
+    assert len(tokens["s"]) == 40 and stats["batch_row_tokens"] > 0
+    assert tokens["p"] == llm.generate(prompts[1], SHORT).token_ids
 
 
 def test_a_request_arriving_beside_plain_rows_starts_as_a_row_and_takes_its_lane_later(

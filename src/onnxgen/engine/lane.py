@@ -4,8 +4,8 @@ decoding a :class:`~onnxgen.generation.speculative.loop.SpeculativeLoop`).
 
 A speculative sequence verifies its own drafts, a different number of positions each step, so it does not
 share the batch's one-token-per-row forward: it runs beside the batch, one verify (or plain step) per
-scheduler iteration, and gets the tokens ``LLM.generate`` gives it, prefix cache included. A greedy one
-yields to company (:mod:`.scheduler`): its state moves into a batch row and back (:meth:`Lane.adopt`), its
+scheduler iteration, and gets the tokens ``LLM.generate`` gives it, prefix cache included. A greedy or
+unseeded one yields to company (:mod:`.scheduler`): its state moves into a batch row and back (:meth:`Lane.adopt`), its
 loop and proposer kept meanwhile.
 """
 
@@ -45,10 +45,8 @@ class Lane:
 
     @property
     def movable(self) -> bool:
-        """Whether the sequence may decode in a batch row for a while: a greedy one (its tokens are plain
-        greedy decoding's whichever forward path computes them). A sampled one draws its tokens through
-        the speculative acceptance rule, which a batch row would not: it keeps its lane."""
-        return self.seq.sampler is None and isinstance(self.loop, SpeculativeLoop)
+        """Whether the sequence may decode in a batch row for a while (:attr:`Sequence.may_yield`)."""
+        return self.seq.may_yield and isinstance(self.loop, SpeculativeLoop)
 
     def adopt(self, load: Callable[[DecodeState], None]) -> None:
         """Go on from where a batch row left the sequence: ``load`` writes the row's state into the loop's;

@@ -12,13 +12,15 @@ Each :meth:`Scheduler.step`
 A speculative sequence (``Sequence.speculative``) runs in a lane of its own instead (:mod:`.lane`: one
 verify or plain step per iteration, on its own state, through the library's speculative loop), beside the
 batch; it counts against ``max_batch`` as a row does. A lane's forward is one more the iteration waits
-for, so a greedy speculative sequence *yields while plain rows decode*: with plain company (a plain row
+for, so a speculative sequence *yields while plain rows decode* (greedy ones and unseeded sampled ones:
+``Sequence.may_yield``): with plain company (a plain row
 running, or a plain prompt prefilling) it decodes as an ordinary batch row (its state copied into one),
 and goes back to its lane, state copied back, once it has been without plain company for
 ``RESUME_AFTER`` iterations in a row (one that arrives with plain company is prefilled as a row, and gets
-its lane then). Its tokens stay plain greedy decoding's whichever path computes them. A sampled one keeps
-its lane throughout: its tokens come from the speculative acceptance rule and its random draws, which a
-batch row would change with the company it had. Speculative sequences are no company to each other (each
+its lane then). A greedy one's tokens stay plain greedy decoding's whichever path computes them; an
+unseeded sampled one's are drawn from the same distribution either way. A seeded sampled one keeps its
+lane throughout: its tokens come from the speculative acceptance rule and its seeded draws, which a batch
+row would change with the company it had. Speculative sequences are no company to each other (each
 asked to speculate); ``yields`` and ``resumes`` count the moves.
 
 With the model's prefix cache (:mod:`onnxgen.cache.prefix`), a prompt's prefill starts from its longest
@@ -267,11 +269,11 @@ class Scheduler:
     # -- lanes ------------------------------------------------------------------------------------------
     def _open_lanes(self) -> None:
         """Give the speculative groups at the head of the queue a lane per sequence, while rows are free
-        (greedy ones only without plain company: with it they are prefilled as rows)."""
+        (those that may yield only without plain company: with it they are prefilled as rows)."""
         while self.waiting and self.waiting[0][0].speculative is not None:
             if len(self.waiting[0]) > self.free_rows:
                 return
-            if self.waiting[0][0].sampler is None and self._plain_company():
+            if self.waiting[0][0].may_yield and self._plain_company():
                 return
             assert self.lane_factory is not None
             for seq in self.waiting.popleft():
@@ -283,7 +285,7 @@ class Scheduler:
         return prefilling or any(seq.speculative is None for seq in self.running)
 
     def _balance(self) -> None:
-        """Move greedy speculative sequences between their lanes and batch rows: into rows at once when
+        """Move speculative sequences that may yield between their lanes and batch rows: into rows at once when
         plain company is there, back into lanes after ``RESUME_AFTER`` iterations without it."""
         if self._plain_company():
             self._quiet = 0
@@ -296,7 +298,7 @@ class Scheduler:
                 self._unpark(seq)
 
     def _movable_row(self, seq: Sequence) -> bool:
-        return seq.speculative is not None and seq.sampler is None and seq not in self.rows_only
+        return seq.may_yield and seq not in self.rows_only
 
     def _park(self, lane: Lane) -> None:
         """Move a started lane's sequence (no token held back, its state at the pending token) into a row."""

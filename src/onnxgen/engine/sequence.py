@@ -107,6 +107,15 @@ class Sequence:
         self.extra_stats: dict[str, Any] = {}
 
     @property
+    def may_yield(self) -> bool:
+        """Whether this speculative sequence may decode in a batch row while plain rows decode (and in its
+        lane otherwise): a greedy one (its tokens are plain greedy decoding's whichever forward path
+        computes them) or a sampled one without a seed (no tokens were promised, and a batch row samples
+        the same processed distribution as the speculative acceptance rule does). A seeded sampled one
+        keeps its lane, so that its tokens are the library's for that seed."""
+        return self.speculative is not None and (self.sampler is None or self.params.seed is None)
+
+    @property
     def prompt(self) -> np.ndarray:
         return self.ids[: self.prompt_len]
 
