@@ -173,6 +173,38 @@ def test_the_training_conversations_render_like_the_bundled_chat_template() -> N
     assert rendered == chatml(turns) + "<|im_start|>assistant\n"
 
 
+@pytest.mark.slow
+def test_the_demo_tokenizer_rebuilt_from_the_corpus_is_the_bundled_one(tmp_path: Path) -> None:
+    """The pipeline's tokenizer (onnxgen.testing's BPE setup and save, trained on the training documents)
+    rebuilt from the standard library is the bundled tokenizer.json byte for byte, once compacted as
+    installing does (the builder re-saves it unchanged)."""
+    import sys
+
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    if sys.version_info[:3] != (3, 11, 7):
+        pytest.skip("the bundled tokenizer was trained on CPython 3.11.7's standard library")
+    from onnxgen.testing._hf_tokenizer import save_pretrained
+    from tools.demo_model.corpus import build_corpus
+    from tools.demo_model.data import training_documents
+    from tools.demo_model.tokenizer import train_bpe
+
+    save_pretrained(train_bpe(training_documents(build_corpus(seed=0), 0), 4096), tmp_path, 1024)
+    rebuilt = json.loads((tmp_path / "tokenizer.json").read_text())
+    compact = json.dumps(rebuilt, ensure_ascii=False, separators=(",", ":"))
+    assert compact == (default_model_dir() / "tokenizer.json").read_text(encoding="utf-8")
+
+
+def test_loop_at_finds_a_block_repeated_back_to_back_and_not_short_legitimate_repeats() -> None:
+    from tools.demo_model.evaluate import loop_at
+
+    assert loop_at([5, 6, 7] + [9] * 12) == (3, 1)  # " string" twelve times
+    assert loop_at([1, 2] + [3, 4, 5, 6] * 3 + [7]) == (2, 4)  # a clause three times
+    assert loop_at([9] * 11) is None  # too short to call a loop
+    assert loop_at([1, 2, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) is None  # a line written twice
+    assert loop_at(list(range(64))) is None
+
+
 def test_set_overrides_any_config_field_and_names_the_fields_when_it_cannot() -> None:
     from tools.demo_model.train import _parser, config_from_args
 
