@@ -214,6 +214,9 @@ def test_set_overrides_any_config_field_and_names_the_fields_when_it_cannot() ->
     for bad in ("mtp_wieght=0", "intermediate", "intermediate=wide"):
         with pytest.raises(SystemExit, match=r"intermediate|FIELD"):
             config_from_args(_parser().parse_args(["--set", bad]))
+    for bad in ("schedule=linear", "decay_steps=6800"):  # the cooldown must fit after the warmup
+        with pytest.raises(SystemExit, match=r"invalid settings: (schedule|decay_steps)"):
+            config_from_args(_parser().parse_args(["--set", "schedule=wsd", "--set", bad]))
 
 
 # a demo geometry small enough to train and export in seconds (the bundled tokenizer's 4096 ids)
@@ -432,8 +435,9 @@ def test_resume_reads_the_settings_from_the_checkpoint_and_branches_into_another
         with pytest.raises(SystemExit, match="--resume"):
             resume_point(bad)
     args = _parser().parse_args(["--resume", str(run), "--steps", "400", "--set", "eval_every=10"])
-    config = config_from_args(args, saved_config(run / "train" / "last.pt"))
-    assert config == dataclasses.replace(saved, steps=400, eval_every=10)
+    written, step = saved_config(run / "train" / "last.pt")
+    config = config_from_args(args, written)
+    assert step == 300 and config == dataclasses.replace(saved, steps=400, eval_every=10)
     branch(run, run / "train" / "step-0000200.pt", tmp_path / "cool")
     assert torch.load(tmp_path / "cool" / "train" / "last.pt", weights_only=False)["step"] == 200
     assert (tmp_path / "cool" / "data" / "meta.json").is_file()

@@ -96,7 +96,10 @@ def config_from_args(args: argparse.Namespace, base: DemoConfig | None = None) -
             given[name] = kind(value)
         except ValueError:
             raise SystemExit(f"--set {item!r}: {value!r} is not a {fields[name]}") from None
-    return dataclasses.replace(base or DemoConfig(), **given)
+    try:
+        return dataclasses.replace(base or DemoConfig(), **given)
+    except ValueError as e:
+        raise SystemExit(f"invalid settings: {e}") from None
 
 
 def resume_point(path: Path) -> tuple[Path, Path]:
@@ -115,11 +118,12 @@ def resume_point(path: Path) -> tuple[Path, Path]:
     raise SystemExit(f"--resume {path}: expected a run directory or a train/*.pt checkpoint in one")
 
 
-def saved_config(checkpoint: Path) -> DemoConfig:
-    """The settings a checkpoint was written with."""
+def saved_config(checkpoint: Path) -> tuple[DemoConfig, int]:
+    """The settings a checkpoint was written with, and its step."""
     import torch
 
-    return DemoConfig(**torch.load(checkpoint, weights_only=False, map_location="cpu")["config"])
+    state = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    return DemoConfig(**state["config"]), int(state["step"])
 
 
 def branch(source: Path, checkpoint: Path, out: Path) -> None:
@@ -206,8 +210,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
         out = (args.out or Path("demo-model")).resolve()
     else:
+        from tools.demo_model.trainer import same_steps_until
+
         source, checkpoint = resume_point(args.resume.resolve())
-        config = config_from_args(args, saved_config(checkpoint))
+        written, step = saved_config(checkpoint)
+        config = config_from_args(args, written)
+        if not same_steps_until(written, config, step):
+            parser.error(
+                f"{checkpoint} (step {step}) would not resume as these settings: a setting other than the "
+                "schedule's changed, or the rate or row mix of a step before it differs"
+            )
         out = args.out.resolve() if args.out else source
         if out != source:
             branch(source, checkpoint, out)
