@@ -173,6 +173,38 @@ def test_the_training_conversations_render_like_the_bundled_chat_template() -> N
     assert rendered == chatml(turns) + "<|im_start|>assistant\n"
 
 
+@pytest.mark.slow
+def test_the_demo_tokenizer_rebuilt_from_the_corpus_is_the_bundled_one(tmp_path: Path) -> None:
+    """The pipeline's tokenizer (onnxgen.testing's BPE setup and save, trained on the training documents)
+    rebuilt from the standard library is the bundled tokenizer.json byte for byte, once compacted as
+    installing does (the builder re-saves it unchanged)."""
+    import sys
+
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    if sys.version_info[:3] != (3, 11, 7):
+        pytest.skip("the bundled tokenizer was trained on CPython 3.11.7's standard library")
+    from onnxgen.testing._hf_tokenizer import save_pretrained
+    from tools.demo_model.corpus import build_corpus
+    from tools.demo_model.data import training_documents
+    from tools.demo_model.tokenizer import train_bpe
+
+    save_pretrained(train_bpe(training_documents(build_corpus(seed=0), 0), 4096), tmp_path, 1024)
+    rebuilt = json.loads((tmp_path / "tokenizer.json").read_text())
+    compact = json.dumps(rebuilt, ensure_ascii=False, separators=(",", ":"))
+    assert compact == (default_model_dir() / "tokenizer.json").read_text(encoding="utf-8")
+
+
+def test_loop_at_finds_a_block_repeated_back_to_back_and_not_short_legitimate_repeats() -> None:
+    from tools.demo_model.evaluate import loop_at
+
+    assert loop_at([5, 6, 7] + [9] * 12) == (3, 1)  # " string" twelve times
+    assert loop_at([1, 2] + [3, 4, 5, 6] * 3 + [7]) == (2, 4)  # a clause three times
+    assert loop_at([9] * 11) is None  # too short to call a loop
+    assert loop_at([1, 2, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) is None  # a line written twice
+    assert loop_at(list(range(64))) is None
+
+
 def test_set_overrides_any_config_field_and_names_the_fields_when_it_cannot() -> None:
     from tools.demo_model.train import _parser, config_from_args
 
@@ -182,6 +214,9 @@ def test_set_overrides_any_config_field_and_names_the_fields_when_it_cannot() ->
     for bad in ("mtp_wieght=0", "intermediate", "intermediate=wide"):
         with pytest.raises(SystemExit, match=r"intermediate|FIELD"):
             config_from_args(_parser().parse_args(["--set", bad]))
+    for bad in ("schedule=linear", "decay_steps=6800"):  # the cooldown must fit after the warmup
+        with pytest.raises(SystemExit, match=r"invalid settings: (schedule|decay_steps)"):
+            config_from_args(_parser().parse_args(["--set", "schedule=wsd", "--set", bad]))
 
 
 # a demo geometry small enough to train and export in seconds (the bundled tokenizer's 4096 ids)
@@ -294,6 +329,120 @@ def test_training_trains_the_head_and_an_interrupted_run_resumes_exactly(tmp_pat
         assert torch.equal(a, b), name
     log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
     assert all("mtp_loss" in e for e in log) and "val_mtp_agree" in log[1]
+
+
+def _same_weights(a: Any, b: Any) -> bool:
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_run_of_2x_steps_equals_x_steps_then_a_resume_for_x_more_bit_for_bit(tmp_path: Path) -> None:
+    """``until`` stops a run after step x with a checkpoint (model, AdamW state, step, config; the data
+    position is the step); resuming it for x more steps, across the cooldown into the copy phase, gives
+    the weights and optimizer state of the uninterrupted run bit for bit, though the resumed part
+    evaluates and checkpoints at other steps. A resume from a checkpoint whose AdamW moments were lost
+    does not (the comparison can fail)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.trainer import CHECKPOINT, train
+
+    config = DemoConfig(
+        **TINY,
+        steps=6,
+        copy_phase_steps=2,
+        schedule="wsd",
+        decay_steps=3,
+        warmup=1,
+        eval_every=3,
+        eval_windows=1,
+    )
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    quiet = lambda _: None  # noqa: E731
+    whole = train(config, stream, stream[:200], tmp_path / "whole", quiet)
+    first = train(config, stream, stream[:200], tmp_path / "split", quiet, until=4)
+    assert not _same_weights(first, whole)
+    state = torch.load(tmp_path / "split" / CHECKPOINT, weights_only=False)
+    assert state["step"] == 4 and state["opt"]["state"]
+    shutil.copytree(tmp_path / "split", tmp_path / "lost")
+    other_bookkeeping = dataclasses.replace(config, eval_every=5, checkpoint_every=1, keep_every=2)
+    resumed = train(other_bookkeeping, stream, stream[:200], tmp_path / "split", quiet)
+    assert _same_weights(resumed, whole)
+    a, b = (torch.load(tmp_path / d / CHECKPOINT, weights_only=False) for d in ("whole", "split"))
+    assert a["step"] == b["step"] == 8
+    for (i, x), (j, y) in zip(a["opt"]["state"].items(), b["opt"]["state"].items(), strict=True):
+        assert i == j and all(torch.equal(x[k], y[k]) for k in x)
+    assert sorted(p.name for p in (tmp_path / "split").glob("step-*.pt")) == [
+        "step-0000006.pt",
+        "step-0000008.pt",
+    ]
+    for moments in state["opt"]["state"].values():  # the negative control
+        moments["exp_avg_sq"].zero_()
+    torch.save(state, tmp_path / "lost" / CHECKPOINT)
+    assert not _same_weights(train(config, stream, stream[:200], tmp_path / "lost", quiet), whole)
+
+
+def test_a_wsd_run_extends_and_branches_into_its_cooldown_but_a_cosine_run_does_not(tmp_path: Path) -> None:
+    """The constant part of a ``wsd`` schedule does not depend on ``steps``: a checkpoint of a run planned
+    for 1000 steps resumes as a run of 7 (cooldown from step 4, copy phase after 7) and ends with the
+    weights of that run trained directly. Refused: the same checkpoint as a run whose cooldown began
+    before it (from step 2, so step 3's rate differs), and a cosine run's checkpoint under another
+    length."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.trainer import same_steps_until, train
+
+    short = DemoConfig(
+        **TINY, steps=7, copy_phase_steps=1, schedule="wsd", decay_steps=3, warmup=1, eval_every=4
+    )
+    long = dataclasses.replace(short, steps=1000)
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    quiet = lambda _: None  # noqa: E731
+    direct = train(short, stream, stream[:200], tmp_path / "direct", quiet)
+    train(long, stream, stream[:200], tmp_path / "long", quiet, until=4)
+    shutil.copytree(tmp_path / "long", tmp_path / "early")
+    branched = train(short, stream, stream[:200], tmp_path / "long", quiet)
+    assert _same_weights(branched, direct)
+    with pytest.raises(RuntimeError, match="other settings"):
+        train(dataclasses.replace(short, steps=5), stream, stream[:200], tmp_path / "early", quiet)
+    cosine = dataclasses.replace(short, schedule="cosine", min_lr=1e-4)
+    assert same_steps_until(cosine, cosine, 4)
+    assert not same_steps_until(dataclasses.replace(cosine, steps=1000), cosine, 4)
+    assert not same_steps_until(long, dataclasses.replace(short, lr=1e-3), 4)
+    assert not same_steps_until(long, short, 9)  # past the end of the run it would resume as
+
+
+def test_resume_reads_the_settings_from_the_checkpoint_and_branches_into_another_directory(
+    tmp_path: Path,
+) -> None:
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.train import _parser, branch, config_from_args, resume_point, saved_config
+
+    run = tmp_path / "run"
+    (run / "train").mkdir(parents=True)
+    (run / "data").mkdir()
+    (run / "data" / "meta.json").write_text("{}")
+    saved = DemoConfig(**TINY, schedule="wsd", steps=1000, decay_steps=100, threads=1)
+    torch.save({"config": saved.to_dict(), "step": 300}, run / "train" / "last.pt")
+    torch.save({"config": saved.to_dict(), "step": 200}, run / "train" / "step-0000200.pt")
+    assert resume_point(run) == (run, run / "train" / "last.pt")
+    assert resume_point(run / "train" / "step-0000200.pt") == (run, run / "train" / "step-0000200.pt")
+    for bad in (tmp_path, run / "data" / "meta.json"):
+        with pytest.raises(SystemExit, match="--resume"):
+            resume_point(bad)
+    args = _parser().parse_args(["--resume", str(run), "--steps", "400", "--set", "eval_every=10"])
+    written, step = saved_config(run / "train" / "last.pt")
+    config = config_from_args(args, written)
+    assert step == 300 and config == dataclasses.replace(saved, steps=400, eval_every=10)
+    branch(run, run / "train" / "step-0000200.pt", tmp_path / "cool")
+    assert torch.load(tmp_path / "cool" / "train" / "last.pt", weights_only=False)["step"] == 200
+    assert (tmp_path / "cool" / "data" / "meta.json").is_file()
+    with pytest.raises(SystemExit, match="already holds a run"):
+        branch(run, run / "train" / "last.pt", tmp_path / "cool")
 
 
 @pytest.mark.external
@@ -607,8 +756,8 @@ def test_the_heads_loss_distills_the_decoders_next_token_distribution_or_the_tex
 def test_head_only_training_from_the_cache_resumes_exactly(tmp_path: Path) -> None:
     """Head-only steps read crops of the cached states drawn from (seed, step): an interrupted run resumes
     to the same head. At a constant rate a run of 4 steps resumes from a longer run's checkpoint (the
-    weights after step N do not depend on the planned length); with a decaying rate (the negative
-    control) it refuses to."""
+    weights after step N do not depend on the planned length); with a cosine rate, whose steps before
+    the checkpoint depend on it (the negative control), it refuses to."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tools.demo_model import warmstart
@@ -657,9 +806,9 @@ def test_head_only_training_from_the_cache_resumes_exactly(tmp_path: Path) -> No
         with pytest.raises(Interrupt):
             train(longer, stream, stream[:200], tmp_path / "resumed", log=stop_at_two)
         resumed = train(config, stream, stream[:200], tmp_path / "resumed", quiet)
+        # a cosine rate over 8 steps differs from one over 4 from step 2 on: its checkpoint at 4 is refused
         decaying = dataclasses.replace(config, min_lr=1e-4)
-        with pytest.raises(Interrupt):
-            train(dataclasses.replace(decaying, steps=6), stream, stream[:200], tmp_path / "cos", stop_at_two)
+        train(dataclasses.replace(decaying, steps=8), stream, stream[:200], tmp_path / "cos", quiet, until=4)
         with pytest.raises(RuntimeError, match="other settings"):
             train(decaying, stream, stream[:200], tmp_path / "cos", quiet)
     for (name, a), (_, b) in zip(whole.mtp.named_parameters(), resumed.mtp.named_parameters(), strict=True):

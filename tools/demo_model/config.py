@@ -10,7 +10,9 @@ from tools.demo_model.tokenizer import EOS_ID, IM_END_ID, IM_START_ID
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Everything that decides the trained weights (with the corpus). Change a field, change the model."""
+    """Everything that decides the trained weights (with the corpus). Change a field, change the model,
+    except the bookkeeping fields (:data:`BOOKKEEPING`), and the schedule's (:data:`SCHEDULE`) where each
+    step up to a checkpoint stays the same (:func:`tools.demo_model.trainer.same_steps_until`)."""
 
     # Qwen3.5 text geometry: layers i % 4 == 3 are full attention, the others Gated DeltaNet.
     # ``dense``: every layer full attention (no recurrent state; the builder exports it with KV caches
@@ -76,11 +78,27 @@ class DemoConfig:
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup: int = 60
+    # "cosine": warmup, then cosine decay from lr to min_lr over the main schedule. "wsd": warmup, lr held
+    # constant, then a 1 - sqrt cooldown to min_lr over the last ``decay_steps`` of the main schedule: the
+    # steps before the cooldown do not depend on ``steps``, so a long run can be extended, and a cooldown
+    # branched off any checkpoint of its constant part (``--resume``)
+    schedule: str = "cosine"
+    decay_steps: int = 0
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     threads: int = 2  # float reductions depend on it: same threads, same weights
     eval_every: int = 400
     eval_windows: int = 16  # validation windows scored during training (the report scores all)
+    checkpoint_every: int = 50  # train/last.pt is rewritten every this many steps (and at evaluations)
+    keep_every: int = 0  # also keep train/step-NNNNNNN.pt every this many steps (0: none)
+
+    def __post_init__(self) -> None:
+        if self.schedule not in ("cosine", "wsd"):
+            raise ValueError(f"schedule={self.schedule!r}: use 'cosine' or 'wsd'")
+        if self.schedule == "wsd" and not 0 <= self.decay_steps <= self.steps - self.warmup:
+            raise ValueError(
+                f"decay_steps={self.decay_steps} must fit between warmup ({self.warmup}) and steps ({self.steps})"
+            )
 
     @property
     def total_steps(self) -> int:
@@ -162,6 +180,30 @@ class DemoConfig:
         config.architectures = ["Qwen3_5ForConditionalGeneration"]
         return config
 
+
+# Fields that decide no weight: a run may be resumed with other values.
+BOOKKEEPING = ("eval_every", "eval_windows", "checkpoint_every", "keep_every")
+# Fields that act only through the rate, row mix and MTP weight of each step (DemoConfig.learning_rate is
+# in tools.demo_model.trainer, row_shares and mtp_weight_at here): a checkpoint resumes under other values
+# when those agree at every step it has done.
+SCHEDULE = (
+    "steps",
+    "copy_phase_steps",
+    "schedule",
+    "decay_steps",
+    "warmup",
+    "lr",
+    "min_lr",
+    "copy_phase_lr",
+    "copy_window_share",
+    "random_copy_share",
+    "quote_share",
+    "copy_phase_window_share",
+    "copy_phase_random_share",
+    "copy_phase_quote_share",
+    "mtp_weight",
+    "copy_phase_mtp_weight",
+)
 
 # The ids generation stops at: <|endoftext|> ends a document, <|im_end|> a chat turn.
 STOP_IDS = (EOS_ID, IM_END_ID)

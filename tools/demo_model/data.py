@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from onnxgen.testing._hf_tokenizer import save_pretrained
 from tools.demo_model.config import DemoConfig
-from tools.demo_model.corpus import build_corpus
-from tools.demo_model.tokenizer import encode_documents, save_pretrained, train_bpe
+from tools.demo_model.corpus import Corpus, build_corpus
+from tools.demo_model.tokenizer import encode_documents, train_bpe
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,14 @@ class Streams:
     val: np.ndarray
     tokenizer_dir: Path
     meta: dict[str, Any]
+
+
+def training_documents(corpus: Corpus, seed: int) -> list[str]:
+    """The training documents (code, chat, repeats) in a seeded order, so files of one package are not all
+    adjacent in the stream; the tokenizer is trained on them in this order."""
+    docs = corpus.train + corpus.chat + corpus.repeats
+    random.Random(seed).shuffle(docs)
+    return docs
 
 
 def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
@@ -45,9 +54,7 @@ def prepare(out_dir: Path, config: DemoConfig, log: Any = print) -> Streams:
         f"data: {len(corpus.train_files)} training files, {len(corpus.val_files)} held out, "
         f"{len(corpus.chat)} chat conversations, {len(corpus.repeats)} repeat documents, from {corpus.root}"
     )
-    # documents in a seeded order, so files of one package are not all adjacent in the stream
-    docs = corpus.train + corpus.chat + corpus.repeats
-    random.Random(config.seed).shuffle(docs)
+    docs = training_documents(corpus, config.seed)
     tok = train_bpe(docs, config.vocab_size)
     tok_dir.mkdir(parents=True, exist_ok=True)
     save_pretrained(tok, tok_dir, config.context_length)

@@ -351,20 +351,20 @@ def train_head(
     opt: Any,
     config: DemoConfig,
     caches: Caches,
-    start: int,
+    steps: range,
     work: Path,
     learning_rate: Any,
     save: Any,
     log: Any = print,
 ) -> None:
-    """Steps ``start .. total_steps`` of head-only training from the caches; logs and checkpoints as the
-    joint loop does (``save(step)`` every 50 steps and at evaluations)."""
+    """Steps ``steps`` of head-only training from the caches; logs and checkpoints as the joint loop does
+    (``save(step)`` every ``checkpoint_every`` steps, at evaluations and after the last step)."""
     import torch
 
     record = (work / "train_log.jsonl").open("a")
     model.train()
     t0, positions = time.time(), 0
-    for step in range(start, config.total_steps):
+    for step in steps:
         for group in opt.param_groups:
             group["lr"] = learning_rate(config, step)
         losses, drafts, greedy = _step_losses(model, caches, step, config)
@@ -393,7 +393,7 @@ def train_head(
             entry.update({k: round(v, 4) for k, v in scores.items()})
             model.train()
             save(done)
-        elif done % 50 == 0:
+        elif done % config.checkpoint_every == 0 or done == steps.stop:
             save(done)
         record.write(json.dumps(entry) + "\n")
         record.flush()

@@ -4,7 +4,8 @@ Stages, each writing under ``--out`` (default ``./demo-model``); ``--dense`` tra
 with every layer full attention (a dense model, for benchmarks; not installable as the default):
 
 1. ``data/`` + ``tokenizer/``: the standard library corpus and its BPE (:mod:`tools.demo_model.data`);
-2. ``train/``: training on the CPU with checkpoints every 50 steps; rerunning resumes (:mod:`.trainer`);
+2. ``train/``: training on the CPU with checkpoints every 50 steps (``checkpoint_every``); rerunning the
+   same command, or ``--resume DIR``, resumes (:mod:`.trainer`); ``--until N`` stops after step N;
 3. ``hf/``: the ``Qwen3_5ForConditionalGeneration`` checkpoint; ``fp32/`` and ``int4/``: the
    onnxruntime-genai builder's exports (:mod:`.export`);
 4. with ``--install``: ``fp32/`` (``export.BUNDLED_EXPORT``) replaces ``src/onnxgen/data/default_model/``.
@@ -31,9 +32,23 @@ from tools.demo_model.config import DemoConfig
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools.demo_model.train", description=__doc__.splitlines()[0])
     p.add_argument(
-        "--out", type=Path, default=Path("demo-model"), help="work directory (default ./demo-model)"
+        "--out", type=Path, help="work directory (default ./demo-model, or the run given to --resume)"
     )
     p.add_argument("--install", action="store_true", help="install the fp32 export as the bundled default")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="PATH",
+        help="continue a run: its directory (its train/last.pt) or one of its checkpoints (train/step-N.pt), "
+        "with the settings saved in it (flags given here change them, e.g. --steps to extend a wsd run or "
+        "branch off its cooldown); with another --out the checkpoint is copied there and the run branches",
+    )
+    p.add_argument(
+        "--until",
+        type=int,
+        metavar="STEP",
+        help="stop after this training step (checkpointed; resume later) and skip the later stages",
+    )
     p.add_argument("--steps", type=int, help=f"training steps (default {DemoConfig.steps})")
     p.add_argument("--seed", type=int, help=f"seed (default {DemoConfig.seed})")
     p.add_argument("--threads", type=int, help=f"torch threads (default {DemoConfig.threads})")
@@ -61,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> DemoConfig:
+def config_from_args(args: argparse.Namespace, base: DemoConfig | None = None) -> DemoConfig:
+    """``base`` (the defaults when None) with the settings given on the command line."""
     keys = ("steps", "seed", "threads", "copy_phase_steps", "init_from")
     given: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.dense:
@@ -80,10 +96,57 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
             given[name] = kind(value)
         except ValueError:
             raise SystemExit(f"--set {item!r}: {value!r} is not a {fields[name]}") from None
-    return dataclasses.replace(DemoConfig(), **given)
+    try:
+        return dataclasses.replace(base or DemoConfig(), **given)
+    except ValueError as e:
+        raise SystemExit(f"invalid settings: {e}") from None
 
 
-def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) -> dict[str, Any]:
+def resume_point(path: Path) -> tuple[Path, Path]:
+    """(run directory, checkpoint) of ``--resume PATH``: a run directory or a ``.pt`` in its ``train/``."""
+    from tools.demo_model.trainer import CHECKPOINT
+
+    if path.is_dir():
+        checkpoint = path / "train" / CHECKPOINT
+        if not checkpoint.is_file():
+            raise SystemExit(
+                f"--resume {path}: no checkpoint {checkpoint}; give a run directory of this tool"
+            )
+        return path, checkpoint
+    if path.suffix == ".pt" and path.is_file() and path.parent.name == "train":
+        return path.parent.parent, path
+    raise SystemExit(f"--resume {path}: expected a run directory or a train/*.pt checkpoint in one")
+
+
+def saved_config(checkpoint: Path) -> tuple[DemoConfig, int]:
+    """The settings a checkpoint was written with, and its step."""
+    import torch
+
+    state = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    return DemoConfig(**state["config"]), int(state["step"])
+
+
+def branch(source: Path, checkpoint: Path, out: Path) -> None:
+    """Start run directory ``out`` from ``checkpoint`` of run ``source``: the checkpoint becomes its
+    ``train/last.pt`` (the data and tokenizer are copied too; the data stage checks them)."""
+    import shutil
+
+    from tools.demo_model.trainer import CHECKPOINT
+
+    target = out / "train" / CHECKPOINT
+    if target.exists():
+        raise SystemExit(f"{out} already holds a run: resume it with --resume {out}, or pick another --out")
+    target.parent.mkdir(parents=True)
+    shutil.copyfile(checkpoint, target)
+    for part in ("data", "tokenizer"):
+        if (source / part).is_dir() and not (out / part).exists():
+            shutil.copytree(source / part, out / part)
+
+
+def run(
+    config: DemoConfig, out: Path, install: bool = False, log: Any = print, until: int | None = None
+) -> dict[str, Any] | None:
+    """All stages; with ``until`` before the last step, training only, to that step (returns None)."""
     # import everything first: a long run must not depend on the source tree staying importable
     from onnxgen.testing.hf import export_with_genai_builder  # noqa: F401
     from tools.demo_model.data import prepare
@@ -102,8 +165,11 @@ def run(config: DemoConfig, out: Path, install: bool = False, log: Any = print) 
     out.mkdir(parents=True, exist_ok=True)
     streams = prepare(out, config, log)
     t_train = time.time()
-    model = train(config, streams.train, streams.val, out / "train", log)
+    model = train(config, streams.train, streams.val, out / "train", log, until)
     train_s = time.time() - t_train
+    if until is not None and until < config.total_steps:
+        log(f"stopped after step {until} of {config.total_steps}: resume with --resume {out}")
+        return None
     if config.head_only:  # the decoder is init_from's, unchanged: its held-out loss is that export's
         val_loss = float("nan")
     else:
@@ -140,7 +206,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.dense and args.install:
         parser.error("--install puts the hybrid demo model in the package; train --dense without it")
-    run(config_from_args(args), args.out.resolve(), install=args.install)
+    if args.resume is None:
+        config = config_from_args(args)
+        out = (args.out or Path("demo-model")).resolve()
+    else:
+        from tools.demo_model.trainer import same_steps_until
+
+        source, checkpoint = resume_point(args.resume.resolve())
+        written, step = saved_config(checkpoint)
+        config = config_from_args(args, written)
+        if not same_steps_until(written, config, step):
+            parser.error(
+                f"{checkpoint} (step {step}) would not resume as these settings: a setting other than the "
+                "schedule's changed, or the rate or row mix of a step before it differs"
+            )
+        out = args.out.resolve() if args.out else source
+        if out != source:
+            branch(source, checkpoint, out)
+        elif checkpoint != source / "train" / "last.pt":
+            parser.error(f"--resume {checkpoint}: give --out for the branch (the run's own last.pt stays)")
+    run(config, out, install=args.install, until=args.until)
     return 0
 
 

@@ -1,9 +1,15 @@
-"""The training loop: AdamW, linear warmup then cosine decay, seeded batches, resumable checkpoints.
+"""The training loop: AdamW, linear warmup then cosine decay (or warmup-stable-decay), seeded batches,
+resumable checkpoints.
 
 Reproducible: the model is initialised under ``torch.manual_seed(config.seed)``, batch ``i`` depends
-on ``(seed, i)`` only (:func:`tools.demo_model.data.batch_at`), there is no dropout, and a checkpoint holds
-the model and optimizer state, so a resumed run continues exactly where an uninterrupted one would be
-(same thread count and machine: float reductions are not reordered).
+on ``(seed, i)`` only (:func:`tools.demo_model.data.batch_at`: the data position is the step), the rate
+and row mix of step ``i`` on the config alone, there is no dropout, and a checkpoint holds the model, the
+optimizer state (AdamW's moments and step counts), the step and the config, so a resumed run continues
+exactly where an uninterrupted one would be (same thread count and machine: float reductions are not
+reordered). A checkpoint also resumes under a config with another schedule (``steps``,
+``copy_phase_steps``, ``decay_steps``...) when every step it has done would have been the same step under
+that config (:func:`same_steps_until`): a ``wsd`` run's constant part extends, or branches into a
+cooldown, without redoing anything.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tools.demo_model.config import DemoConfig
+from tools.demo_model.config import BOOKKEEPING, SCHEDULE, DemoConfig
 from tools.demo_model.data import batch_at, val_windows
 from tools.demo_model.tokenizer import FIRST_ORDINARY_ID
 
@@ -28,6 +34,11 @@ def learning_rate(config: DemoConfig, step: int) -> float:
         return config.copy_phase_lr
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
+    if config.schedule == "wsd":
+        cooldown = step - (config.steps - config.decay_steps)
+        if cooldown < 0:
+            return config.lr
+        return config.min_lr + (config.lr - config.min_lr) * (1 - math.sqrt(cooldown / config.decay_steps))
     progress = (step - config.warmup) / max(1, config.steps - config.warmup)
     return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
@@ -102,9 +113,16 @@ def evaluate_head(
 
 
 def train(
-    config: DemoConfig, train_ids: np.ndarray, val_ids: np.ndarray, work: Path, log: Any = print
+    config: DemoConfig,
+    train_ids: np.ndarray,
+    val_ids: np.ndarray,
+    work: Path,
+    log: Any = print,
+    until: int | None = None,
 ) -> Any:
-    """Train (or resume) to ``config.total_steps`` (the main schedule, then the copy phase); return the model. Logs JSON lines to ``work/train_log.jsonl``."""
+    """Train (or resume) to ``config.total_steps`` (the main schedule, then the copy phase), or only to step
+    ``until`` when it comes first (checkpointed there, to resume later); return the model. Logs JSON lines
+    to ``work/train_log.jsonl``."""
     import torch
 
     from tools.demo_model.gdn import fast_gated_delta_rule
@@ -126,19 +144,20 @@ def train(
         log(f"train: starting from {config.init_from} ({info})")
     opt = _optimizer(model, config)
     start = _resume(model, opt, config, work / CHECKPOINT, log)
+    end = config.total_steps if until is None else min(until, config.total_steps)
+    save = lambda done: _save(model, opt, config, done, work)  # noqa: E731
     if config.head_only:  # the frozen decoder runs once, over the cached rows
         from tools.demo_model.headcache import caches, train_head
 
         cached = caches(model.lm, config, train_ids, val_ids, work, log)
-        save = lambda done: _save(model, opt, config, done, work / CHECKPOINT)  # noqa: E731
-        train_head(model, opt, config, cached, start, work, learning_rate, save, log)
+        train_head(model, opt, config, cached, range(start, end), work, learning_rate, save, log)
         model.eval()
         return model
     record = (work / "train_log.jsonl").open("a")
     model.train()
     t0, tokens = time.time(), 0
     with fast_gated_delta_rule():
-        for step in range(start, config.total_steps):
+        for step in range(start, end):
             for group in opt.param_groups:
                 group["lr"] = learning_rate(config, step)
             window_share, random_share, quote_share = config.row_shares(step)
@@ -181,9 +200,9 @@ def train(
                 if model.mtp is not None:
                     head_eval = evaluate_head(model, val_ids, config.seq_len, config.eval_windows)
                     entry.update({k: round(v, 4) for k, v in head_eval.items()})
-                _save(model, opt, config, done, work / CHECKPOINT)
-            elif done % 50 == 0:
-                _save(model, opt, config, done, work / CHECKPOINT)
+                save(done)
+            elif done % config.checkpoint_every == 0 or done == end:
+                save(done)
             record.write(json.dumps(entry) + "\n")
             record.flush()
             if "lr" in entry or "val_loss" in entry:
@@ -193,17 +212,37 @@ def train(
     return model
 
 
-def _save(model: Any, opt: Any, config: DemoConfig, step: int, path: Path) -> None:
+def _save(model: Any, opt: Any, config: DemoConfig, step: int, work: Path) -> None:
+    """Write ``work/last.pt`` atomically (a copy taken while training runs is whole), and a kept copy
+    ``work/step-NNNNNNN.pt`` at multiples of ``keep_every``."""
     import torch
 
+    path = work / CHECKPOINT
     tmp = path.with_suffix(".tmp")
     state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "config": config.to_dict()}
     torch.save(state, tmp)
     tmp.replace(path)
+    if config.keep_every and step % config.keep_every == 0:
+        kept = work / f"step-{step:07d}.pt"
+        kept.unlink(missing_ok=True)
+        kept.hardlink_to(path)
 
 
-def _constant_rate(config: DemoConfig) -> bool:
-    return config.copy_phase_steps == 0 and config.lr == config.min_lr
+def same_steps_until(written: DemoConfig, wanted: DemoConfig, step: int) -> bool:
+    """Whether steps ``0 .. step - 1`` of ``written`` are those of ``wanted``: the same settings (but for
+    the schedule's and the bookkeeping fields) and, at every one of those steps, the same learning rate,
+    row mix and MTP weight. A checkpoint of ``written`` at ``step`` then resumes as ``wanted``."""
+    free = (*SCHEDULE, *BOOKKEEPING)
+    a = {k: v for k, v in written.to_dict().items() if k not in free}
+    b = {k: v for k, v in wanted.to_dict().items() if k not in free}
+    if a != b or step > wanted.total_steps:
+        return False
+    return all(
+        learning_rate(written, s) == learning_rate(wanted, s)
+        and written.row_shares(s) == wanted.row_shares(s)
+        and written.mtp_weight_at(s) == wanted.mtp_weight_at(s)
+        for s in range(step)
+    )
 
 
 def _resume(model: Any, opt: Any, config: DemoConfig, path: Path, log: Any) -> int:
@@ -212,14 +251,11 @@ def _resume(model: Any, opt: Any, config: DemoConfig, path: Path, log: Any) -> i
     if not path.is_file():
         return 0
     state = torch.load(path, weights_only=False)
-    written, wanted = dict(state["config"]), config.to_dict()
-    # at a constant rate the weights after step N do not depend on the planned length: a run of N steps
-    # resumes from a longer one's checkpoint at N
-    constant = _constant_rate(config) and _constant_rate(DemoConfig(**written))
-    if constant and state["step"] <= config.total_steps:
-        written["steps"] = wanted["steps"]
-    if written != wanted:
-        raise RuntimeError(f"{path} was written with other settings; delete it or train with those settings")
+    if not same_steps_until(DemoConfig(**state["config"]), config, state["step"]):
+        raise RuntimeError(
+            f"{path} (step {state['step']}) was written with other settings, or a schedule that differs "
+            "before that step; delete it or train with those settings"
+        )
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     log(f"train: resuming from step {state['step']} ({path})")

@@ -54,14 +54,15 @@ def _corpus(words: int, seed: int = 0) -> Iterator[str]:
         yield " ".join(line)
 
 
-def train_tokenizer(vocab_size: int):  # -> tokenizers.Tokenizer
-    """Train a byte-level BPE of exactly ``vocab_size`` ids (padded with ``<|extra_N|>`` if short)."""
+def byte_level_bpe(
+    vocab_size: int, min_frequency: int, name_affixes: bool = False
+):  # -> (Tokenizer, BpeTrainer)
+    """An untrained byte-level BPE with Qwen3.5's pre-tokenizer (the split regex, NFC) and its trainer for
+    ``vocab_size`` ids with the special tokens first. ``name_affixes``: the model is saved with empty
+    ``continuing_subword_prefix`` / ``end_of_word_suffix`` (as transformers' Qwen2 tokenizer re-saves
+    it) instead of null; both mean none."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(
-            f"vocab_size={vocab_size} is below the 256 byte symbols + {len(SPECIAL_TOKENS)} specials"
-        )
     tok = Tokenizer(models.BPE(continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -71,13 +72,25 @@ def train_tokenizer(vocab_size: int):  # -> tokenizers.Tokenizer
         ]
     )
     tok.decoder = decoders.ByteLevel()
+    affixes = {"continuing_subword_prefix": "", "end_of_word_suffix": ""} if name_affixes else {}
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        min_frequency=1,
+        min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
+        **affixes,
     )
+    return tok, trainer
+
+
+def train_tokenizer(vocab_size: int):  # -> tokenizers.Tokenizer
+    """Train a byte-level BPE of exactly ``vocab_size`` ids (padded with ``<|extra_N|>`` if short)."""
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size={vocab_size} is below the 256 byte symbols + {len(SPECIAL_TOKENS)} specials"
+        )
+    tok, trainer = byte_level_bpe(vocab_size, min_frequency=1)
     tok.train_from_iterator(_corpus(words=max(0, vocab_size - 300)), trainer=trainer)
     short = vocab_size - tok.get_vocab_size()
     if short > 0:
@@ -87,17 +100,23 @@ def train_tokenizer(vocab_size: int):  # -> tokenizers.Tokenizer
     return tok
 
 
-def save_tokenizer(out_dir: str | Path, vocab_size: int) -> None:
-    """Write tokenizer.json / tokenizer_config.json (ChatML template) of ``vocab_size`` ids to ``out_dir``."""
+def save_pretrained(tok, out_dir: str | Path, model_max_length: int) -> None:  # tok: tokenizers.Tokenizer
+    """Write tokenizer.json / tokenizer_config.json (ChatML template) of ``tok`` through
+    ``PreTrainedTokenizerFast`` (eos and pad ``<|endoftext|>``, bos ``<|im_start|>``)."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(vocab_size),
+        tokenizer_object=tok,
         eos_token=SPECIAL_TOKENS[0],
         pad_token=SPECIAL_TOKENS[0],
         bos_token=SPECIAL_TOKENS[1],
         additional_special_tokens=list(SPECIAL_TOKENS[1:]),
-        model_max_length=1 << 20,
+        model_max_length=model_max_length,
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
+
+
+def save_tokenizer(out_dir: str | Path, vocab_size: int) -> None:
+    """Write tokenizer.json / tokenizer_config.json (ChatML template) of ``vocab_size`` ids to ``out_dir``."""
+    save_pretrained(train_tokenizer(vocab_size), out_dir, model_max_length=1 << 20)
