@@ -5,11 +5,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxgen.errors import OnnxgenError
 from onnxgen.graph.int4_lm_head import BLOCK_SIZE, int4_lm_head
 from onnxgen.graph.logits_to_keep import find_lm_head
 from onnxgen.model.external_data import read_array
+from onnxgen.model.package import ModelPackage
+from onnxgen.runtime.binding import OrtInternals
+from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.int4 import quantize_int4
 from onnxgen.testing import build_model
 
@@ -118,3 +123,26 @@ def test_an_lm_head_that_is_not_a_float_matmul_is_left_alone() -> None:
     )
     result = int4_lm_head(relu, "logits", None, quantize_int4)
     assert result.model is relu and not result.modified and "Relu" in result.report
+
+
+def test_without_onnxruntimes_quantizer_the_drafter_keeps_its_exact_lm_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int4 lm_head only makes drafts cheaper: where this onnxruntime has no quantizer, the graph is
+    prepared with the exact one, where the quantizer is there it gets the int4 one (the control)."""
+    d = build_model(tmp_path / "model", "genai-dense")
+    io = ModelPackage.open(d).io
+
+    def prepared(cache: str) -> onnx.ModelProto:
+        graph = session_graph(d / "model.onnx", io, int4_lm_head=True, cache_dir=tmp_path / cache)
+        node, _ = find_lm_head(graph.load_graph().graph, "logits")
+        assert node is not None
+        return node
+
+    assert prepared("with").op_type == "MatMulNBits"
+
+    def missing() -> None:
+        raise OnnxgenError("no quantize_matmul_4bits in this onnxruntime")
+
+    monkeypatch.setattr(OrtInternals, "quantize_matmul_4bits", staticmethod(missing))
+    assert prepared("without").op_type == "MatMul"

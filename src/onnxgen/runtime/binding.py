@@ -251,7 +251,8 @@ class OrtInternals:
     The documented wrappers (``InferenceSession.run_with_iobinding``, ``IOBinding.bind_ortvalue_input``)
     check their arguments and unwrap them on every call; for a single-token decode step that is a
     measurable share of the step, so a prepared lane calls the C objects below them directly. Exporting an
-    MTP head quantizes its weights with the C function behind onnxruntime's MatMulNBits quantizer. Nothing
+    MTP head, and a drafter's int4 lm_head, quantize weights with the C function behind onnxruntime's
+    MatMulNBits quantizer. Nothing
     else in onnxgen touches a private name of onnxruntime: the names are listed in :attr:`ATTRIBUTES`
     (tests/runtime/test_binding.py checks each on the installed onnxruntime) and read only here."""
 
@@ -272,7 +273,7 @@ class OrtInternals:
         PrivateAttribute(
             "onnxruntime.capi._pybind_state",
             "quantize_matmul_4bits",
-            "blockwise int4 quantization as MatMulNBits stores it (export of an MTP head)",
+            "blockwise int4 quantization as MatMulNBits stores it (exporting an MTP head; a drafter's int4 lm_head)",
         ),
     )
     _warned = False
@@ -311,7 +312,8 @@ class OrtInternals:
         if fn is None:
             raise OnnxgenError(
                 f"onnxruntime {ort.__version__} has no onnxruntime.capi._pybind_state.quantize_matmul_4bits, "
-                "which exporting an MTP head quantizes with; install an onnxruntime that has it"
+                "which int4 quantization (exporting an MTP head, a drafter's int4 lm_head) uses; install an "
+                "onnxruntime that has it"
             )
         return fn  # type: ignore[no-any-return]
 

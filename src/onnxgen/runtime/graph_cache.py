@@ -47,7 +47,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from onnxgen.config import env_cache_dir, env_cache_off
-from onnxgen.errors import UnsupportedModelError
+from onnxgen.errors import OnnxgenError, UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
 from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
@@ -397,6 +397,19 @@ def _read(folder: Path, model_path: Path, io: DecoderIO, settings: PassSettings)
     return SessionGraph.from_json(facts, model_path, io, settings, folder)
 
 
+def _drafter_lm_head(graph: onnx.ModelProto, io: DecoderIO, base: Path) -> onnx.ModelProto:
+    """``graph`` with its lm_head as int4 (cheaper drafts), or as it is where that does not apply or this
+    onnxruntime has no quantizer: the exact lm_head drafts as well."""
+    try:
+        quantized = int4_lm_head(graph, io.logits, base, quantize_int4)
+    except OnnxgenError as e:
+        log.warning("the drafter's lm_head is left as it is: %s", e)
+        return graph
+    if not quantized.modified:
+        log.info("the drafter's lm_head is left as it is: %s", quantized.report)
+    return quantized.model
+
+
 def _prepare(
     model_path: Path,
     graph: onnx.ModelProto,
@@ -430,10 +443,7 @@ def _prepare(
             )
         graph, out.hidden_state = exposed.model, exposed.output
     if settings.int4_lm_head:
-        quantized = int4_lm_head(graph, io.logits, base, quantize_int4)
-        graph = quantized.model
-        if not quantized.modified:
-            log.info("the drafter's lm_head is left as it is: %s", quantized.report)
+        graph = _drafter_lm_head(graph, io, base)
     if settings.last_logits:
         kept = keep_last_logits(graph, io.logits)
         graph, out.logits_to_keep, out.logits_reason = kept.model, kept.modified, kept.report
