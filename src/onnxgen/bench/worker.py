@@ -52,25 +52,25 @@ def peak_rss_mb() -> float | None:
     return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0  # bytes on macOS
 
 
-def rss_mb() -> float | None:
-    """This process's resident set size in MiB now (``VmRSS``), None where unreadable."""
+def _proc_mb(path: str, key: str) -> float | None:
+    """The kB field ``key`` of the /proc file ``path`` in MiB, None where unreadable."""
     try:
-        text = Path("/proc/self/status").read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except OSError:
         return None
-    line = next((ln for ln in text.splitlines() if ln.startswith("VmRSS:")), None)
+    line = next((ln for ln in text.splitlines() if ln.startswith(f"{key}:")), None)
     return int(line.split()[1]) / 1024.0 if line is not None else None
+
+
+def rss_mb() -> float | None:
+    """This process's resident set size in MiB now (``VmRSS``), None where unreadable."""
+    return _proc_mb("/proc/self/status", "VmRSS")
 
 
 def pss_mb() -> float | None:
     """This process's proportional set size in MiB now (shared pages divided among their mappers), from
     ``/proc/self/smaps_rollup``; None where unreadable."""
-    try:
-        text = Path("/proc/self/smaps_rollup").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    line = next((ln for ln in text.splitlines() if ln.startswith("Pss:")), None)
-    return int(line.split()[1]) / 1024.0 if line is not None else None
+    return _proc_mb("/proc/self/smaps_rollup", "Pss")
 
 
 def process_threads() -> int | None:
