@@ -59,7 +59,7 @@ REAL_LAYOUTS: dict[str, tuple[str, HFSize, tuple[str, ...], str]] = {
     ),
     "qwen3_5-0.8b": ("qwen3_5", _QWEN3_5_0_8B, PRECISIONS, "float32"),
     # bfloat16 checkpoint (3 GB on disk instead of 6); the builder's int4 export of it still peaks at
-    # ~10.5 GB resident (218 s on 2 shared cores): check the free memory before building it
+    # ~10.4 GB resident (218 s on 2 shared cores): check the free memory before building it
     "qwen3_5-2b": ("qwen3_5", replace(_QWEN3_5_0_8B, hidden=2048, intermediate=6144), ("int4",), "bfloat16"),
 }
 
