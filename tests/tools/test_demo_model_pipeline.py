@@ -426,6 +426,8 @@ def test_resume_reads_the_settings_from_the_checkpoint_and_branches_into_another
     (run / "train").mkdir(parents=True)
     (run / "data").mkdir()
     (run / "data" / "meta.json").write_text("{}")
+    (run / "train" / "head_cache" / "val").mkdir(parents=True)  # a head-only run's decoder states
+    (run / "train" / "head_cache" / "val" / "meta.json").write_text('{"decoder_sha256": "x"}')
     saved = DemoConfig(**TINY, schedule="wsd", steps=1000, decay_steps=100, threads=1)
     torch.save({"config": saved.to_dict(), "step": 300}, run / "train" / "last.pt")
     torch.save({"config": saved.to_dict(), "step": 200}, run / "train" / "step-0000200.pt")
@@ -441,6 +443,8 @@ def test_resume_reads_the_settings_from_the_checkpoint_and_branches_into_another
     branch(run, run / "train" / "step-0000200.pt", tmp_path / "cool")
     assert torch.load(tmp_path / "cool" / "train" / "last.pt", weights_only=False)["step"] == 200
     assert (tmp_path / "cool" / "data" / "meta.json").is_file()
+    cached = tmp_path / "cool" / "train" / "head_cache" / "val" / "meta.json"
+    assert cached.read_text() == '{"decoder_sha256": "x"}'  # the branch trains from the same states
     with pytest.raises(SystemExit, match="already holds a run"):
         branch(run, run / "train" / "last.pt", tmp_path / "cool")
 

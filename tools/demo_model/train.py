@@ -128,9 +128,12 @@ def saved_config(checkpoint: Path) -> tuple[DemoConfig, int]:
 
 def branch(source: Path, checkpoint: Path, out: Path) -> None:
     """Start run directory ``out`` from ``checkpoint`` of run ``source``: the checkpoint becomes its
-    ``train/last.pt`` (the data and tokenizer are copied too; the data stage checks them)."""
+    ``train/last.pt`` (the data and tokenizer are copied too; the data stage checks them, and so is a
+    head-only run's decoder-state cache, which is keyed by the decoder and its rows and rebuilt where
+    those differ)."""
     import shutil
 
+    from tools.demo_model.headcache import CACHE_DIR
     from tools.demo_model.trainer import CHECKPOINT
 
     target = out / "train" / CHECKPOINT
@@ -138,7 +141,7 @@ def branch(source: Path, checkpoint: Path, out: Path) -> None:
         raise SystemExit(f"{out} already holds a run: resume it with --resume {out}, or pick another --out")
     target.parent.mkdir(parents=True)
     shutil.copyfile(checkpoint, target)
-    for part in ("data", "tokenizer"):
+    for part in ("data", "tokenizer", f"train/{CACHE_DIR}"):
         if (source / part).is_dir() and not (out / part).exists():
             shutil.copytree(source / part, out / part)
 

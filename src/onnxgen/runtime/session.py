@@ -322,7 +322,7 @@ class DecoderSession:
         keep = t if num_logits is None else min(num_logits, t)
         if batch != state.batch:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
-        if self.vocab_size > 0 and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+        if self.vocab_size > 0 and ids.size and not self._ids_in_vocab(ids):
             self._bad_ids(ids, state.length)
         session = self.current() if self.plan is None or fetch else self.plan.session_for(t)
         persistent = bool(fetch) and t <= SMALL_STEP
@@ -350,7 +350,10 @@ class DecoderSession:
         allocated = binder.allocated_outputs() if binder.allocates else {}
         state.advance(t, step, allocated)
         if step.cycled and batch == keep == 1 and logits_buf is not None and not binder.allocates:
-            self._keep_lane(state, session, binder, step, logits_buf, parity, fetch)
+            if feeds:  # :meth:`step` binds no feeds, so it could never take this forward's lane
+                state.bindings.lanes[parity] = None
+            else:
+                self._keep_lane(state, session, binder, step, logits_buf, parity, fetch)
         logits = allocated[self.io.logits].numpy() if logits_buf is None else logits_buf.array
         if copy and logits_buf is not None:
             logits = logits.copy()
@@ -517,6 +520,14 @@ class DecoderSession:
             self._shrink_pending = False
             return self._shrink_options
         return None
+
+    def _ids_in_vocab(self, ids: np.ndarray) -> bool:
+        """Whether every id of ``ids`` is in ``[0, vocab_size)``; a few ids are read as Python ints (two
+        array reductions cost more than the rest of a small head's forward spends in Python)."""
+        if ids.size <= SMALL_STEP:
+            values = ids.ravel().tolist()
+            return min(values) >= 0 and max(values) < self.vocab_size
+        return int(ids.min()) >= 0 and int(ids.max()) < self.vocab_size
 
     def _bad_ids(self, ids: np.ndarray, past: int) -> NoReturn:
         """Refuse ids outside the vocabulary before running (onnxruntime would fail mid-forward)."""
