@@ -161,3 +161,18 @@ def test_spinning_off_reaches_the_session_and_keeps_the_tokens(
     monkeypatch.setenv("ONNXGEN_SPINNING", "off")
     assert spinning_entry(onnxgen.load(int4_dense, threads=2)) == "0"
     assert spinning_entry(onnxgen.load(int4_dense, threads=2, spinning=True)) in (None, "1")
+
+
+def test_serve_no_spinning_reaches_the_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``onnxgen serve --no-spinning`` sets the spec's and so the engine's setting; without it the
+    environment's switch decides."""
+    from onnxgen.cli import build_parser
+    from onnxgen.serving.engine import EngineSpec
+
+    monkeypatch.delenv("ONNXGEN_SPINNING", raising=False)
+    assert build_parser().parse_args(["serve", "m", "--no-spinning"]).spinning is False
+    assert build_parser().parse_args(["serve", "m"]).spinning is None
+    assert EngineSpec("m", spinning=False).engine_config().spinning is False
+    assert EngineSpec("m").engine_config().spinning is None
+    monkeypatch.setenv("ONNXGEN_SPINNING", "0")
+    assert EngineSpec("m").engine_config().spinning is False
