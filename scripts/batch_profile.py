@@ -10,7 +10,11 @@ step's wall time, its time per row, the time inside onnxruntime (``run_with_iobi
 Python binding and copying around it); then the cost of a prefill chunk of each size against one 8-row
 step. ``--accuracy-levels`` runs the int4 ``MatMulNBits`` nodes at each given ``accuracy_level`` (a copy of
 the graph that maps the same weights: 4 quantizes activations to int8, 0/1 keeps them fp32). ``--profile``
-adds onnxruntime's per-operator profile of each row count (kernel microseconds per step, median step).
+runs onnxruntime's per-operator profile instead, each variant's session alone, row counts in turn for
+``--rounds`` rounds: per op type the kernel time of the median step and the sum of each node's fastest
+time over the steps. On a shared machine a node's kernel time is either near its fastest or longer by
+a scheduler slice (the op waits for a descheduled thread of its pool), so the second figure is what
+the step's arithmetic and memory traffic cost, and the gap between them is waiting.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -26,9 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_profile import split_runs
 
 
 def with_accuracy_level(model: Path, level: int, folder: Path) -> Path:
@@ -126,41 +126,99 @@ def time_chunk(session: object, tokens: int, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def op_table(profile: Path, row_order: list[int], steps: int) -> dict[int, dict[str, float]]:
-    """Kernel microseconds per op type of the median step of each row count, in the order they ran."""
-    runs = split_runs(json.loads(profile.read_text()))
-    out: dict[int, dict[str, float]] = {}
-    # per row count: one prefill, steps + 2 decode steps (the first two warm up)
+def node_runs(events: list[dict]) -> list[tuple[float, dict[tuple[str, str], float]]]:
+    """Per ``model_run``: its wall time (us) and kernel time (us) per node, keyed by (op type, node name)."""
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    nodes = sorted(
+        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")),
+        key=lambda e: e["ts"],
+    )
+    out = []
     i = 0
-    for rows in row_order:
-        i += 1  # the prefill
-        block = runs[i + 2 : i + steps + 2]
-        i += steps + 2
-        ops = {op for _, per in block for op in per}
-        out[rows] = {op: statistics.median(per.get(op, 0.0) for _, per in block) for op in ops}
-        out[rows]["(forward wall)"] = statistics.median(w for w, _ in block)
+    for run in runs:
+        per_node: dict[tuple[str, str], float] = defaultdict(float)
+        end = run["ts"] + run["dur"]
+        while i < len(nodes) and nodes[i]["ts"] < end:
+            event = nodes[i]
+            if event["ts"] >= run["ts"]:
+                per_node[(event["args"].get("op_name", "?"), event["name"])] += event["dur"]
+            i += 1
+        out.append((float(run["dur"]), dict(per_node)))
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", type=Path)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rows", default="1,2,4,8")
-    p.add_argument("--prompt", type=int, default=64, help="prompt tokens of each row")
-    p.add_argument("--steps", type=int, default=12, help="timed decode steps per row count and round")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--chunks", default="16,64,256", help="prefill chunk sizes to time ('' for none)")
-    p.add_argument("--accuracy-levels", default="", help="int4 MatMulNBits accuracy levels to compare")
-    p.add_argument("--min-rows", type=int, default=1, help="pad every step to this many rows")
-    p.add_argument("--profile", action="store_true", help="per-operator profile of each row count")
-    args = p.parse_args(argv)
-    rows = [int(r) for r in args.rows.split(",")]
-    chunks = [int(c) for c in args.chunks.split(",") if c]
-    folder = Path(tempfile.mkdtemp(prefix="batch-profile-"))
-    variants = {"as exported": args.model}
-    for level in [int(x) for x in args.accuracy_levels.split(",") if x]:
-        variants[f"accuracy_level {level}"] = with_accuracy_level(args.model, level, folder)
+def decode_blocks(
+    runs: list[tuple[float, dict[tuple[str, str], float]]], row_order: list[int], steps: int
+) -> dict[int, list[tuple[float, dict[tuple[str, str], float]]]]:
+    """The timed decode steps of each row count (over every round), from runs in the order they ran: per
+    :func:`time_steps` call one prefill, then ``steps + 2`` decode steps, the first two warming up."""
+    blocks: dict[int, list[tuple[float, dict[tuple[str, str], float]]]] = defaultdict(list)
+    i = 0
+    for rows in row_order:
+        blocks[rows].extend(runs[i + 3 : i + steps + 3])
+        i += steps + 3
+    return blocks
+
+
+def op_table(
+    block: list[tuple[float, dict[tuple[str, str], float]]],
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """Per op type over the steps of one row count: kernel us of the median step, and the sum over its
+    nodes of each node's fastest time (what the step costs when no thread waits on a descheduled one: on
+    a shared machine a node's time is either near its fastest or a scheduler slice longer); and the
+    median forward wall us."""
+    names = {name for _, per in block for name in per}
+    median: dict[str, float] = defaultdict(float)
+    floor: dict[str, float] = defaultdict(float)
+    for name in names:
+        times = [per.get(name, 0.0) for _, per in block]
+        floor[name[0]] += min(times)
+    for op in {name[0] for name in names}:
+        median[op] = statistics.median(sum(t for name, t in per.items() if name[0] == op) for _, per in block)
+    return dict(median), dict(floor), statistics.median(w for w, _ in block)
+
+
+def print_profile(name: str, blocks: dict[int, list], rows: list[int]) -> None:
+    tables = {n: op_table(blocks[n]) for n in rows}
+    ops = sorted({op for t in tables.values() for op in t[0]}, key=lambda op: -tables[rows[-1]][0].get(op, 0))
+    print(f"\n{name}: kernel ms per decode step by op type, median step / sum of each node's fastest")
+    print(f"{'op':34}" + "".join(f"{f'{n} rows':>17}" for n in rows))
+    for op in ops:
+        print(
+            f"{op:34}"
+            + "".join(f"{t[0].get(op, 0) / 1e3:8.1f} /{t[1].get(op, 0) / 1e3:7.1f}" for t in tables.values())
+        )
+    print(
+        f"{'kernels (sum)':34}"
+        + "".join(
+            f"{sum(t[0].values()) / 1e3:8.1f} /{sum(t[1].values()) / 1e3:7.1f}" for t in tables.values()
+        )
+    )
+    print(f"{'forward (wall, median)':34}" + "".join(f"{t[2] / 1e3:17.1f}" for t in tables.values()))
+    one = sum(tables[rows[0]][1].values())
+    print(
+        f"{'fastest sum vs 1 row':34}"
+        + "".join(f"{sum(t[1].values()) / one:16.2f}x" for t in tables.values())
+    )
+
+
+def profile(variants: dict[str, Path], args: argparse.Namespace, rows: list[int], folder: Path) -> None:
+    """Per-operator profiles, one session at a time, row counts in turn for ``args.rounds`` rounds."""
+    for name, path in variants.items():
+        session = open_session(path, args.threads, str(folder / f"profile-{len(name)}"))
+        prompt = token_ids(args.prompt, session.vocab_size)  # type: ignore[attr-defined]
+        order = []
+        for _ in range(args.rounds):
+            for n in rows:
+                time_steps(session, n, prompt, args.steps, args.min_rows)
+                order.append(n)
+        events = json.loads(Path(session.session.end_profiling()).read_text())  # type: ignore[attr-defined]
+        del session
+        print_profile(name, decode_blocks(node_runs(events), order, args.steps), rows)
+
+
+def timing(variants: dict[str, Path], args: argparse.Namespace, rows: list[int], chunks: list[int]) -> None:
+    """Step and prefill-chunk times, variants and row counts in turn for ``args.rounds`` rounds."""
     sessions = {name: open_session(path, args.threads, None) for name, path in variants.items()}
     prompt = token_ids(args.prompt, next(iter(sessions.values())).vocab_size)  # type: ignore[attr-defined]
     results: dict[str, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -190,21 +248,31 @@ def main(argv: list[str] | None = None) -> int:
         for c in chunks:
             chunk = statistics.median(chunk_times[name][c])
             print(f"prefill chunk of {c:4d} tokens: {chunk * 1e3:8.1f} ms ({chunk * 1e3 / c:.2f} ms/token)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", type=Path)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", default="1,2,4,8")
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens of each row")
+    p.add_argument("--steps", type=int, default=12, help="timed decode steps per row count and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--chunks", default="16,64,256", help="prefill chunk sizes to time ('' for none)")
+    p.add_argument("--accuracy-levels", default="", help="int4 MatMulNBits accuracy levels to compare")
+    p.add_argument("--min-rows", type=int, default=1, help="pad every step to this many rows")
+    p.add_argument("--profile", action="store_true", help="per-operator profile of each row count")
+    args = p.parse_args(argv)
+    rows = [int(r) for r in args.rows.split(",")]
+    chunks = [int(c) for c in args.chunks.split(",") if c]
+    folder = Path(tempfile.mkdtemp(prefix="batch-profile-"))
+    variants = {"as exported": args.model}
+    for level in [int(x) for x in args.accuracy_levels.split(",") if x]:
+        variants[f"accuracy_level {level}"] = with_accuracy_level(args.model, level, folder)
     if args.profile:
-        for name, path in variants.items():
-            prefix = str(folder / f"profile-{len(name)}")
-            session = open_session(path, args.threads, prefix)
-            for n in rows:
-                time_steps(session, n, prompt, args.steps, args.min_rows)
-            tables = op_table(Path(session.session.end_profiling()), rows, args.steps)  # type: ignore[attr-defined]
-            ops = sorted(
-                {op for t in tables.values() for op in t}, key=lambda op: -tables[rows[-1]].get(op, 0)
-            )
-            print(f"\n{name}: kernel us per decode step (median step), by op type")
-            print(f"{'op':34}" + "".join(f"{f'{n} rows':>11}" for n in rows))
-            for op in ops:
-                print(f"{op:34}" + "".join(f"{tables[n].get(op, 0):11.0f}" for n in rows))
-            del session
+        profile(variants, args, rows, folder)
+    else:
+        timing(variants, args, rows, chunks)
     return 0
 
 

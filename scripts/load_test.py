@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -266,6 +267,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-serve", action="store_true", help="skip the onnxgen server levels")
     p.add_argument(
+        "--serve-flags",
+        default="",
+        help="more flags for the onnxgen server, as one string (e.g. '--prefill-chunk 64')",
+    )
+    p.add_argument(
         "--ray-replicas",
         default="",
         help="also run `onnxgen serve --ray` for each comma-separated REPLICASxTHREADS (e.g. 2x1,1x2; "
@@ -310,9 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     genai = None
     try:
         if not args.no_serve:
-            servers[SERVE] = Server(args.model, args.threads, max(levels), log_path(args))
+            flags = tuple(shlex.split(args.serve_flags))
+            servers[SERVE] = Server(args.model, args.threads, max(levels), log_path(args), flags)
             if args.single_row_baseline:
-                flags = ("--min-batch-rows", "1")
+                flags = (*flags, "--min-batch-rows", "1")
                 log = log_path(args).with_suffix(".single.log")
                 servers[SINGLE] = Server(args.model, args.threads, max(levels), log, flags)
         for replicas, threads in ray_configs(args.ray_replicas):

@@ -134,3 +134,45 @@ def test_load_takes_the_config_or_its_fields_by_name(int4_dense: Path) -> None:
     llm = onnxgen.load(int4_dense, EngineConfig(threads=1, fuse=False), huge_pages=False)
     assert llm.config == EngineConfig(threads=1, fuse=False, huge_pages=False)
     assert llm.session.threads == 1 and not llm.session.fusions.rewritten and not llm.session._huge_pages
+
+
+def spinning_entry(llm: onnxgen.LLM) -> str | None:
+    """The session's ``allow_spinning`` config entry (None: not set, onnxruntime spins)."""
+    options = llm.session.session.get_session_options()
+    try:
+        return options.get_session_config_entry("session.intra_op.allow_spinning")
+    except RuntimeError:  # onnxruntime raises where the entry was never set
+        return None
+
+
+def test_spinning_off_reaches_the_session_and_keeps_the_tokens(
+    int4_dense: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spinning=False (or ONNXGEN_SPINNING=off) sets onnxruntime's entry; the default leaves it unset; the
+    threads only wait differently, so greedy tokens stay the same."""
+    from onnxgen import SamplingParams
+
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    spinning = onnxgen.load(int4_dense, threads=2)
+    assert spinning_entry(spinning) in (None, "1")
+    sleeping = onnxgen.load(int4_dense, threads=2, spinning=False)
+    assert spinning_entry(sleeping) == "0"
+    assert sleeping.generate([5, 6, 7], params).token_ids == spinning.generate([5, 6, 7], params).token_ids
+    monkeypatch.setenv("ONNXGEN_SPINNING", "off")
+    assert spinning_entry(onnxgen.load(int4_dense, threads=2)) == "0"
+    assert spinning_entry(onnxgen.load(int4_dense, threads=2, spinning=True)) in (None, "1")
+
+
+def test_serve_no_spinning_reaches_the_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``onnxgen serve --no-spinning`` sets the spec's and so the engine's setting; without it the
+    environment's switch decides."""
+    from onnxgen.cli import build_parser
+    from onnxgen.serving.engine import EngineSpec
+
+    monkeypatch.delenv("ONNXGEN_SPINNING", raising=False)
+    assert build_parser().parse_args(["serve", "m", "--no-spinning"]).spinning is False
+    assert build_parser().parse_args(["serve", "m"]).spinning is None
+    assert EngineSpec("m", spinning=False).engine_config().spinning is False
+    assert EngineSpec("m").engine_config().spinning is None
+    monkeypatch.setenv("ONNXGEN_SPINNING", "0")
+    assert EngineSpec("m").engine_config().spinning is False

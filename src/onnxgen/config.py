@@ -5,7 +5,7 @@ layer repeats the list of settings. :meth:`EngineConfig.from_env` is the only re
 ``ONNXGEN_*`` variables:
 
 - ``ONNXGEN_THREADS``: intra-op threads (an integer >= 1);
-- ``ONNXGEN_FUSE``, ``ONNXGEN_FAST_OPS``, ``ONNXGEN_HUGE_PAGES``: on/off switches, each taking
+- ``ONNXGEN_FUSE``, ``ONNXGEN_FAST_OPS``, ``ONNXGEN_HUGE_PAGES``, ``ONNXGEN_SPINNING``: on/off switches, each taking
   ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case, surrounding spaces ignored);
   unset or empty leaves the decision to onnxgen's default. Any other value is refused with a
   :class:`~onnxgen.errors.SettingError` naming the variable, so a typo never silently keeps the default;
@@ -31,11 +31,17 @@ THREADS = "ONNXGEN_THREADS"
 FUSE = "ONNXGEN_FUSE"  # onnxgen.graph.decode_fusions
 FAST_OPS = "ONNXGEN_FAST_OPS"  # onnxgen.graph.hybrid_ops
 HUGE_PAGES = "ONNXGEN_HUGE_PAGES"  # onnxgen.runtime.hugepages
+SPINNING = "ONNXGEN_SPINNING"  # onnxgen.runtime.session.make_session_options
 MODEL = "ONNXGEN_MODEL"
 CACHE_DIR = "ONNXGEN_CACHE_DIR"
 CACHE = "ONNXGEN_CACHE"  # onnxgen.runtime.graph_cache: off keeps nothing on disk past the process
 API_KEY = "ONNXGEN_API_KEY"
-SWITCHES = {FUSE: "fuse", FAST_OPS: "fast_ops", HUGE_PAGES: "huge_pages"}  # variable -> field
+SWITCHES = {
+    FUSE: "fuse",
+    FAST_OPS: "fast_ops",
+    HUGE_PAGES: "huge_pages",
+    SPINNING: "spinning",
+}  # var -> field
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
 DEFAULT_MAX_MODEL_LEN = 2048  # tokens per sequence where neither the config nor the model says fewer
@@ -62,6 +68,11 @@ class EngineConfig:
         fuse: merge projections that read one input into one int4 MatMulNBits, and a fused QKV's query/key
             RMSNorms into one, on the CPU (the same output bits; :mod:`onnxgen.graph.decode_fusions`);
             None: on.
+        spinning: onnxruntime's intra-op threads spin while they wait for work (its default) rather than
+            sleep; None: on. Off frees the cores between a forward's parallel sections, which pays where
+            other processes share the cores: there an op's threads wait on each other whenever the
+            scheduler takes one away, and spinning threads make that likelier (docs/benchmarks.md,
+            "Continuous batching at real size").
         max_batch: sequences decoded together in a batch.
         max_queue: prompts that may wait for a batch row before new requests are refused (server).
         max_model_len: tokens per batched sequence (prompt + generated); None: the model's context, at most
@@ -85,6 +96,7 @@ class EngineConfig:
     speculative: bool = False
     fast_ops: bool | None = None
     fuse: bool | None = None
+    spinning: bool | None = None
     max_batch: int = 16
     max_queue: int = 64
     max_model_len: int | None = None
@@ -101,7 +113,7 @@ class EngineConfig:
             object.__setattr__(self, "providers", tuple(providers))
         if self.decode_plan not in DECODE_PLANS:
             _refuse("decode_plan", self.decode_plan, f"one of {', '.join(DECODE_PLANS)}")
-        for name in ("huge_pages", "fast_ops", "fuse"):
+        for name in ("huge_pages", "fast_ops", "fuse", "spinning"):
             if getattr(self, name) not in (None, True, False):
                 _refuse(name, getattr(self, name), "True, False or None (onnxgen's default)")
         if not isinstance(self.speculative, bool):

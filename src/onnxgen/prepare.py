@@ -75,6 +75,7 @@ class PreparedModel:
             huge_pages=config.huge_pages,
             verify=self.verify.strategy or False,
             verify_now=config.speculative,
+            spinning=config.spinning,
         )
         self.decode.plan.attach(session)
         return session

@@ -62,6 +62,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--prefill-chunk", type=int, default=512, help="prompt tokens prefilled between decode steps"
     )
     p.add_argument(
+        "--no-spinning",
+        dest="spinning",
+        action="store_const",
+        const=False,
+        help="let onnxruntime's threads sleep between parallel sections instead of spinning: faster where "
+        "other processes share the cores (default: spinning, or $ONNXGEN_SPINNING)",
+    )
+    p.add_argument(
         "--min-batch-rows",
         default="auto",
         help="pad every decode step to this many rows; auto (default): 2 where the export's int4 kernels "
@@ -160,6 +168,7 @@ def _engine_spec(
         checkpoint_interval=args.checkpoint_interval,
         decode_plan=args.decode_plan,
         fast_ops=args.fast_ops,
+        spinning=args.spinning,
         speculative=args.speculative,
         draft_tokens=args.draft_tokens,
     )

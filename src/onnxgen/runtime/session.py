@@ -57,13 +57,17 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
-def make_session_options(threads: int | None) -> ort.SessionOptions:
+def make_session_options(threads: int | None, spinning: bool | None = None) -> ort.SessionOptions:
+    """Options of a decoder session: ``threads`` intra-op threads (None: one per core), which sleep
+    between parallel sections where ``spinning`` is False (None, True: onnxruntime's spinning)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or default_threads()
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
+    if spinning is False:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 
@@ -87,6 +91,7 @@ class DecoderSession:
         huge_pages: bool | None = None,
         inplace: bool | None = None,
         verify_now: bool = False,
+        spinning: bool | None = None,
     ) -> None:
         self.io = io = prepared.io
         providers = list(providers or ["CPUExecutionProvider"])
@@ -100,7 +105,7 @@ class DecoderSession:
         self._huge_pages = huge_pages is not False and on_cpu
         self.threads = threads or default_threads()
         self._model_path = prepared.model_path
-        self._options = options or make_session_options(self.threads)
+        self._options = options or make_session_options(self.threads, spinning)
         self._providers = providers
         self.prepared = prepared
         # ``hidden_state``: the graph also outputs the final hidden state (what an MTP head drafts from)

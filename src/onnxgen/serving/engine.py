@@ -36,6 +36,7 @@ class EngineSpec:
         prefix_cache_mb, checkpoint_interval: the prefix cache's budget (0: off) and the tokens between
             two state checkpoints of a long prefill, as ``--prefix-cache-mb`` / ``--checkpoint-interval``.
         decode_plan, fast_ops: as ``--decode-plan`` / ``--fast-ops`` (:class:`~onnxgen.config.EngineConfig`).
+        spinning: False as ``--no-spinning`` (None: the environment's, else onnxruntime's spinning threads).
         speculative, draft_tokens: what requests draft with unless they say otherwise, as ``--speculative``
             (``prompt-lookup``, ``draft:PATH``, ``mtp``, ``mtp-always``; None: plain decoding) and
             ``--draft-tokens``.
@@ -56,6 +57,7 @@ class EngineSpec:
     checkpoint_interval: int | None = None
     decode_plan: str = "auto"
     fast_ops: bool | None = None
+    spinning: bool | None = None
     speculative: str | None = None
     draft_tokens: int | None = None
 
@@ -65,6 +67,7 @@ class EngineSpec:
             threads=self.threads,
             decode_plan=self.decode_plan,
             fast_ops=self.fast_ops,
+            spinning=self.spinning,
             max_batch=self.max_batch,
             max_queue=self.max_queue,
             max_model_len=self.max_model_len,
