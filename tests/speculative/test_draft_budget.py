@@ -137,3 +137,55 @@ def test_a_plain_step_time_given_apart_rescales_the_predicted_speedup() -> None:
     assert alone is not None
     assert b.gain(3, plain=0.5) == pytest.approx(alone * 0.5)  # plain steps twice as fast as those timed
     assert b.gain(3, plain=None) == alone
+
+
+def chained_budget(
+    per_depth: bool, pattern: list[int], verify: tuple[float, float], draft: float
+) -> DraftBudget:
+    """A budget that timed one-token steps at 1 s, verifies of 2 and 3 tokens at ``verify``, drafts at
+    ``draft`` s each, and saw verifies of 2 drafts accepting ``pattern`` (repeated), as a chained drafter
+    whose second draft passes less often than its first."""
+    b = DraftBudget(per_depth=per_depth)
+    b.observe_forward(1, 1.0)
+    b.observe_forward(2, verify[0])
+    b.observe_forward(3, verify[1])
+    for _ in range(4):
+        for accepted in pattern:
+            b.observe_proposal(2, 2 * draft)
+            b.observe_verify(2, accepted)
+    return b
+
+
+# per 10 verifies of 2 drafts: the first draft passes 9 times, the second 1 time in those 9
+STEEP = [1, 1, 1, 1, 0, 1, 1, 1, 1, 2]
+# per 5: the first passes 4 times, the second 1 time in those 4
+FALLING = [1, 1, 0, 1, 2]
+
+
+def test_a_chained_drafter_whose_second_draft_rarely_passes_drafts_one() -> None:
+    """One rate for both depths (~0.5) reads the second draft as paying; the rate per depth (~0.9, ~0.1)
+    does not. A drafter whose drafts pass at one rate at every depth is capped as before."""
+    per_depth = chained_budget(True, STEEP, (1.1, 1.2), 0.1)
+    pooled = chained_budget(False, STEEP, (1.1, 1.2), 0.1)
+    assert per_depth.cap(2) == 1
+    assert pooled.cap(2) == 2
+    flat = [2, 2, 2, 0, 2]  # the second draft passes whenever the first did: no fall with depth
+    assert chained_budget(True, flat, (1.1, 1.2), 0.1).cap(2) == chained_budget(
+        False, flat, (1.1, 1.2), 0.1
+    ).cap(2)
+
+
+def test_auto_keeps_a_chained_drafter_whose_first_draft_pays_and_stops_one_whose_first_draft_does_not() -> (
+    None
+):
+    """Verifies of one draft cost 1.3 steps and a draft 0.3: a first draft accepted ~80% of the time pays
+    (1.8 tokens for 1.6 steps) though the pooled rate over both depths (~0.56) predicts a loss."""
+    keep = chained_budget(True, FALLING, (1.3, 1.5), 0.3)
+    gain = keep.gain(2)
+    assert gain is not None and gain > 1.0 and keep.cap(2) == 1
+    pooled = chained_budget(False, FALLING, (1.3, 1.5), 0.3).gain(2)
+    assert pooled is not None and pooled < 1.0
+    # negative control: the same head with its first draft at ~40% loses whatever the depth model
+    weak = [0, 1, 0, 0, 1]
+    stop = chained_budget(True, weak, (1.3, 1.5), 0.3).gain(2)
+    assert stop is not None and stop < 1.0

@@ -21,6 +21,15 @@ forward (the count of one token is always kept): the cap then reads that count's
 Without that, a verify size timed once while slow (the first forward of a size, a busy machine) would
 keep the cap below it for the rest of the request, since only chosen sizes are timed again.
 
+``per_depth``: a chained drafter (an MTP head, which drafts its second token from its own guess of the
+hidden state) is accepted less the deeper the draft, so one rate for every draft underrates the first
+draft and overrates the deeper ones: it reads k = 2 or 3 as paying where only k = 1 does, and k = 1 as
+losing where it pays. With it the budget keeps each depth's rate (the drafts at that depth
+accepted over those tested there, a depth tested only when the drafts before it passed), each pulled
+towards the rate over all depths by ``DEPTH_PRIOR`` pseudo-drafts (deep drafts are tested seldom), and
+the expected tokens of k drafts are ``1 + sum over i <= k of a_1 ... a_i``. A copying proposer (prompt
+lookup) keeps the single rate, apart after a full accept.
+
 :meth:`gain` is that maximum's ratio to plain decoding's one token per step: below 1, speculating is
 predicted to be slower than not (what :class:`~onnxgen.generation.speculative.MTP`'s ``auto`` decides by).
 
@@ -35,10 +44,15 @@ from __future__ import annotations
 DECAY = 0.8  # weight of the past in the moving averages
 MIN_VERIFIES = 2
 STALE = 16  # forwards after which a count's timing no longer counts, unless timed again
+DEPTH_PRIOR = 1.0  # pseudo-drafts at the rate over all depths added to each depth's (per_depth)
 
 
 class DraftBudget:
-    def __init__(self) -> None:
+    def __init__(self, per_depth: bool = False) -> None:
+        self.per_depth = per_depth
+        # moving sums over verifies per draft depth (0 = the first draft): accepted, tested
+        self._depth_accepted: list[float] = []
+        self._depth_tried: list[float] = []
         self._cost: dict[int, float] = {}  # tokens in a forward -> moving average of its seconds
         self._timed: dict[int, int] = {}  # tokens in a forward -> index of its latest timed forward
         self._forwards = 0
@@ -72,6 +86,12 @@ class DraftBudget:
         self._tried[state] = DECAY * self._tried[state] + tried
         self._after_full = int(accepted == proposed)
         self._verifies += 1
+        grow = tried - len(self._depth_tried)
+        self._depth_accepted += [0.0] * grow
+        self._depth_tried += [0.0] * grow
+        for depth in range(len(self._depth_tried)):
+            self._depth_accepted[depth] = DECAY * self._depth_accepted[depth] + (depth < accepted)
+            self._depth_tried[depth] = DECAY * self._depth_tried[depth] + (depth < tried)
 
     def cost(self, tokens: int) -> float | None:
         """Seconds of a forward over ``tokens`` tokens: measured (and not stale), else interpolated
@@ -107,17 +127,34 @@ class DraftBudget:
         tried = sum(self._tried) if overall else self._tried[state]
         if k < 1 or one is None or self._verifies < MIN_VERIFIES or tried <= 0:
             return None
-        rate = min(accepted / tried, 0.999)
+        rates = self._rates(min(accepted / tried, 0.999), k)
         fresh = self._fresh()
         best, best_value = 1, 0.0
+        tokens, reach = 1.0, 1.0  # expected tokens of n drafts; the chance that all n pass
         for n in range(1, k + 1):
             cost = _estimate(fresh, n + 1)
             if cost is None or cost <= 0:
                 return None
-            value = (1.0 - rate ** (n + 1)) / (1.0 - rate) / ((cost + n * self._draft_cost) / one)
+            reach *= rates[n - 1]
+            tokens += reach
+            value = tokens / ((cost + n * self._draft_cost) / one)
             if value > best_value:
                 best, best_value = n, value
         return best, best_value
+
+    def _rates(self, rate: float, k: int) -> list[float]:
+        """The acceptance of the draft at each depth 1..k given that the ones before it passed: ``rate``
+        for all of them, or (``per_depth``) each depth's own, pulled towards the rate over all depths."""
+        if not self.per_depth:
+            return [rate] * k
+        overall = sum(self._depth_accepted) / max(sum(self._depth_tried), 1e-9)
+        out = []
+        for depth in range(k):
+            seen = depth < len(self._depth_tried)
+            accepted = self._depth_accepted[depth] if seen else 0.0
+            tried = self._depth_tried[depth] if seen else 0.0
+            out.append(min((accepted + DEPTH_PRIOR * overall) / (tried + DEPTH_PRIOR), 0.999))
+        return out
 
 
 def _estimate(costs: dict[int, float], tokens: int) -> float | None:

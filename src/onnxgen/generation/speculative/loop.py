@@ -50,7 +50,9 @@ def next_draft_length(k: int, full_accept: bool, max_k: int) -> int:
 
 
 class Proposer(Protocol):
-    """See :mod:`.proposers`. ``target_outputs`` and ``observe_target`` may be left out (none read)."""
+    """See :mod:`.proposers`. ``target_outputs`` and ``observe_target`` may be left out (none read);
+    ``chained`` (true for a drafter whose later drafts are made from its own earlier guesses, so are
+    accepted less often) may be left out too (false)."""
 
     def propose(self, ids: np.ndarray, k: int) -> tuple[list[int], list[np.ndarray] | None]: ...
     def observe(self, context_len: int, accepted: int) -> None: ...
@@ -102,7 +104,9 @@ class SpeculativeLoop(TokenLoop):
         self.accepted = 0
         self.replays = 0
         self.hybrid = bool(session.io.state_pairs)
-        self.budget = DraftBudget() if adaptive or auto else None
+        # a chained drafter's acceptance falls with the draft's depth: the budget keeps a rate per depth
+        chained = bool(getattr(proposer, "chained", False))
+        self.budget = DraftBudget(per_depth=chained) if adaptive or auto else None
         self.verifies = 0
         # Back-off: after verifies that accepted nothing, run 1, 2, 4, ... (at most 16) plain steps
         # before drafting again, so a prompt whose drafts keep failing decodes at nearly plain speed.

@@ -42,6 +42,7 @@ class MTPProposer:
     ) -> None:
         self.head = head
         self.target_outputs = (target_hidden,)  # what every target forward must hand over
+        self.chained = True  # drafts 2..k are made from the head's own hidden state: accepted less often
         self.choose = DraftChoice(params, eos_ids)
         self.state = head.new_state(capacity)
         self.fed = 0  # head cache entries [0, fed) were built from the target's hidden states
