@@ -86,6 +86,12 @@ class DraftBudget:
         self._tried[state] = DECAY * self._tried[state] + tried
         self._after_full = int(accepted == proposed)
         self._verifies += 1
+        if self.per_depth:
+            self._observe_depths(accepted, tried)
+
+    def _observe_depths(self, accepted: int, tried: int) -> None:
+        """Fold a verify's outcome into the per-depth moving sums (``per_depth`` only: nothing else reads
+        them)."""
         grow = tried - len(self._depth_tried)
         self._depth_accepted += [0.0] * grow
         self._depth_tried += [0.0] * grow
