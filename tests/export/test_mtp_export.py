@@ -3,6 +3,7 @@ place, and refuses heads it cannot build with a message naming what is wrong."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -321,3 +322,35 @@ def test_a_head_of_another_hidden_size_is_refused(tmp_path: Path) -> None:
     g = geometry_of(TinySpec(hidden=32, intermediate=64))
     with pytest.raises(ModelPackageError, match="hidden size 64 but the MTP head has 32"):
         write_mtp_head(d, g, make_mtp_weights(g))
+
+
+def test_a_head_without_the_decoders_tables_gets_its_own_over_the_context_length(tmp_path: Path) -> None:
+    # standard-dense computes its rotary with plain ops: nothing to share, so the head's own caches cover
+    # the stated context length; with no length stated anywhere the head keeps rotary nodes (no bound)
+    spec = spec_of("standard-dense", ROTARY["fused"])
+    d = build_model(tmp_path, "standard-dense", spec)
+    g = geometry_of(spec)
+    w = make_mtp_weights(g, seed=3)
+    report = write_mtp_head(d, g, w)
+    assert rotary_of(report.path) == "fused" and "mtp.cos_cache" not in report.shared
+    caches = {t.name: tuple(t.dims) for t in onnx.load(str(report.path)).graph.initializer}
+    assert caches["mtp.cos_cache"] == caches["mtp.sin_cache"] == (spec.max_position, g.rotary_dim // 2)
+    for name, keys in (
+        ("genai_config.json", ("model", "context_length")),
+        ("config.json", ("max_position_embeddings",)),
+        ("tokenizer_config.json", ("model_max_length",)),
+    ):
+        path = d / name
+        if not path.is_file():
+            continue
+        config = json.loads(path.read_text())
+        (config[keys[0]] if len(keys) == 2 else config).pop(keys[-1], None)
+        path.write_text(json.dumps(config))
+    assert ModelPackage.open(d).context_length is None
+    write_mtp_head(d, g, w)
+    assert rotary_of(d / MTP_FILE) == "nodes"
+    tokens, hidden = entries(spec)
+    logits = np.stack(run_in_chunks(head_session(d), tokens, hidden)[0])
+    dw = make_weights(spec)
+    ref = mtp_reference(g, w, dw["embed"], dw["lm_head"], tokens, hidden)[0]
+    np.testing.assert_allclose(logits, ref[np.cumsum(SPLIT) - 1], rtol=1e-4, atol=1e-4)

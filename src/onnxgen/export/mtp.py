@@ -5,7 +5,8 @@ an int4 ``MatMulNBits`` lm_head, over the same initializers). Initializers the d
 data file in the export directory are shared by reference (``mtp.onnx`` points into ``model.onnx.data``:
 nothing is copied on disk); others are copied into ``mtp.onnx.data`` with the head's own weights. The
 decoder's rotary cos/sin tables are shared the same way where they hold the head's rotary embedding
-(same width, same angles), else the head gets its own over the export's context length.
+(same width, same angles), else the head gets its own over the export's context length (rotary
+nodes on the position ids where it states none).
 
 Precision follows the decoder unless given: int4 (``MatMulNBits``, symmetric, block size 32, the decoder's
 ``accuracy_level``, quantized by onnxruntime's own block quantizer) when the decoder has int4 projections,
@@ -44,7 +45,6 @@ from onnxgen.runtime.mtp_head import MTPHeadSession
 MTP_DATA = "mtp.onnx.data"
 EXTERNAL_MIN_BYTES = 1024
 DEFAULT_ACCURACY_LEVEL = 4  # onnxruntime-genai's builder's default for int4 on the CPU
-DEFAULT_ROTARY_ROWS = 32768  # the head's rotary caches' positions when the export states no context length
 _EMBEDDING_OPS = {("", "Gather"), (MS, "GatherBlockQuantized")}
 
 
@@ -159,8 +159,9 @@ _ROTARY_USERS = {  # (domain, op) -> input indices of cos_cache and sin_cache
 def _rotary_caches(decoder: ir.Model, g: MTPGeometry, context_length: int | None) -> RotaryCaches | None:
     """GroupQueryAttention's rotary caches for the head: the decoder's where they are the head's (same
     width and the head's values at every position, so shared in place like the embedding), else the
-    head's own over ``context_length`` rows (``DEFAULT_ROTARY_ROWS`` when the export states none);
-    None where onnxruntime's kernel cannot apply a rotary of the head's width."""
+    head's own over ``context_length`` rows; None (rotary nodes on the position ids, which bound no
+    length) where onnxruntime's kernel cannot apply a rotary of the head's width, or where neither the
+    decoder's tables nor a stated context length say how many positions the caches must hold."""
     if not fused_rotary_fits(g):
         return None
     for node in decoder.graph.all_nodes():
@@ -179,7 +180,7 @@ def _rotary_caches(decoder: ir.Model, g: MTPGeometry, context_length: int | None
         # the builder computes its tables in float32: angles differ by ~1e-7 times the position
         if all(np.allclose(t.numpy(), w, atol=1e-3) for t, w in zip((cos, sin), want, strict=True)):
             return RotaryCaches(cos, sin)
-    return RotaryCaches.of(g, context_length or DEFAULT_ROTARY_ROWS)
+    return RotaryCaches.of(g, context_length) if context_length else None
 
 
 def _transposed(value: ir.Value | None) -> Transposed | None:
