@@ -3,7 +3,10 @@
 The head reuses the decoder's embedding lookup and lm_head as they are in the export (the same ops, e.g.
 an int4 ``MatMulNBits`` lm_head, over the same initializers). Initializers the decoder keeps in an external
 data file in the export directory are shared by reference (``mtp.onnx`` points into ``model.onnx.data``:
-nothing is copied on disk); others are copied into ``mtp.onnx.data`` with the head's own weights.
+nothing is copied on disk); others are copied into ``mtp.onnx.data`` with the head's own weights. The
+decoder's rotary cos/sin tables are shared the same way where they hold the head's rotary embedding
+(same width, same angles), else the head gets its own over the export's context length (rotary
+nodes on the position ids where it states none).
 
 Precision follows the decoder unless given: int4 (``MatMulNBits``, symmetric, block size 32, the decoder's
 ``accuracy_level``, quantized by onnxruntime's own block quantizer) when the decoder has int4 projections,
@@ -22,7 +25,16 @@ import onnx_ir as ir
 
 from onnxgen.errors import ModelPackageError, UnsupportedModelError
 from onnxgen.export import PRECISIONS as PRECISIONS
-from onnxgen.export.mtp_graph import MS, Borrowed, Quantize, Transposed, build_mtp_graph
+from onnxgen.export.mtp_graph import (
+    MS,
+    Borrowed,
+    Quantize,
+    RotaryCaches,
+    Transposed,
+    build_mtp_graph,
+    fused_rotary_fits,
+    rotary_tables,
+)
 from onnxgen.export.mtp_weights import MTPGeometry, check_weights, read_mtp_checkpoint
 from onnxgen.graph.logits_to_keep import find_lm_head
 from onnxgen.model.mtp import MTP_FILE, find_mtp_head, mtp_head_io
@@ -85,7 +97,8 @@ def write_mtp_head(
     precision = precision or ("int4" if level is not None else "fp32")
     level = level if level is not None else DEFAULT_ACCURACY_LEVEL
     quantize: Quantize | None = quantize_int4 if precision == "int4" else None
-    model = build_mtp_graph(geometry, weights, embedding, lm_head, quantize, level)
+    rotary = _rotary_caches(decoder, geometry, package.context_length)
+    model = build_mtp_graph(geometry, weights, embedding, lm_head, rotary, quantize, level)
     report = MTPExport(root / MTP_FILE, precision, level if precision == "int4" else None)
     own = []
     for value in model.graph.initializers.values():
@@ -94,7 +107,7 @@ def write_mtp_head(
         if _shareable(tensor, root):
             report.shared.append(str(value.name))
             continue
-        if value.name in _borrowed_names(embedding, lm_head):
+        if value.name in _borrowed_names(embedding, lm_head) | _rotary_names(rotary):
             report.copied.append(str(value.name))
         if tensor.nbytes >= EXTERNAL_MIN_BYTES:  # small constants (shapes, axes) stay in the graph
             own.append(value)
@@ -129,6 +142,45 @@ def _shareable(tensor: ir.TensorProtocol, root: Path) -> bool:
 def _borrowed_names(*nodes: Borrowed) -> set[str]:
     tensors = [t.tensor if isinstance(t, Transposed) else t for b in nodes for t in b.inputs]
     return {str(t.name) for t in tensors if t is not None}
+
+
+def _rotary_names(rotary: RotaryCaches | None) -> set[str]:
+    return set() if rotary is None else {str(rotary.cos.name), str(rotary.sin.name)}
+
+
+_ROTARY_USERS = {  # (domain, op) -> input indices of cos_cache and sin_cache
+    (MS, "GroupQueryAttention"): (7, 8),
+    (MS, "RotaryEmbedding"): (2, 3),
+    (MS, "MRotaryEmbedding"): (2, 3),
+    ("", "RotaryEmbedding"): (1, 2),  # opset 23: X, cos_cache, sin_cache, position_ids
+}
+
+
+def _rotary_caches(decoder: ir.Model, g: MTPGeometry, context_length: int | None) -> RotaryCaches | None:
+    """GroupQueryAttention's rotary caches for the head: the decoder's where they are the head's (same
+    width and the head's values at every position, so shared in place like the embedding), else the
+    head's own over ``context_length`` rows; None (rotary nodes on the position ids, which bound no
+    length) where onnxruntime's kernel cannot apply a rotary of the head's width, or where neither the
+    decoder's tables nor a stated context length say how many positions the caches must hold."""
+    if not fused_rotary_fits(g):
+        return None
+    for node in decoder.graph.all_nodes():
+        slots = _ROTARY_USERS.get((node.domain, node.op_type))
+        if slots is None or max(slots) >= len(node.inputs):
+            continue
+        values = [node.inputs[i] for i in slots]
+        tensors = [v.const_value if v is not None else None for v in values]
+        if any(t is None or t.dtype != ir.DataType.FLOAT for t in tensors):
+            continue
+        cos, sin = tensors
+        assert cos is not None and sin is not None
+        if tuple(cos.shape) != tuple(sin.shape) or len(cos.shape) != 2 or cos.shape[1] * 2 != g.rotary_dim:
+            continue
+        want = rotary_tables(g, int(cos.shape[0]))
+        # the builder computes its tables in float32: angles differ by ~1e-7 times the position
+        if all(np.allclose(t.numpy(), w, atol=1e-3) for t, w in zip((cos, sin), want, strict=True)):
+            return RotaryCaches(cos, sin)
+    return RotaryCaches.of(g, context_length) if context_length else None
 
 
 def _transposed(value: ir.Value | None) -> Transposed | None:

@@ -12,9 +12,16 @@ rms(hidden)))``; ``x += o_proj(attn(rms(x)) * sigmoid(gate))`` with the query's 
 head in ``q_proj``, per-head RMS norms on query and key, rotary over each head's first ``rotary_dim``
 dims; ``x += down(silu(gate(rms(x))) * up(rms(x)))``; ``y = rms(x)``; ``logits = lm_head(y)``. Every norm
 multiplies by ``1 + weight`` (the checkpoints' zero-centred norms; the ``1 +`` is folded into the stored
-weight). Attention is ``com.microsoft::GroupQueryAttention`` (rotary applied before it), so past and present
-share one buffer and rewinding the head's cache is a length change. The embedding and lm_head nodes are
-copies of the decoder's (:class:`Borrowed`), reading the decoder's own initializers.
+weight). The embedding and lm_head nodes are copies of the decoder's (:class:`Borrowed`), reading the
+decoder's own initializers.
+
+The graph is laid out for few onnxruntime nodes, since a head forward over a token or two costs mostly
+per-node work: one projection for query, key, gate and value and one for the MLP's gate and up (each
+output column computed from its own weight row, as in separate projections), one normalization over
+the query and key heads together, ``SkipSimplifiedLayerNormalization`` for each residual add and the
+norm after it, and ``com.microsoft::GroupQueryAttention`` applying the rotary embedding itself
+(``do_rotary`` with cos/sin caches; rotary nodes on the position ids where onnxruntime's kernel does not
+take the width). Past and present share one buffer, so rewinding the head's cache is a length change.
 """
 
 from __future__ import annotations
@@ -63,6 +70,20 @@ class Borrowed:
         return b.node(
             ir.Node(self.domain, self.op_type, args, attributes=list(self.attributes), num_outputs=1)
         )[0]
+
+
+@dataclass(frozen=True)
+class RotaryCaches:
+    """GroupQueryAttention's ``cos_cache`` and ``sin_cache`` ``[positions, rotary_dim / 2]``: the decoder's
+    own where they hold the head's rotary embedding (shared like the embedding), else the head's."""
+
+    cos: ir.TensorProtocol
+    sin: ir.TensorProtocol
+
+    @classmethod
+    def of(cls, g: MTPGeometry, rows: int) -> RotaryCaches:
+        cos, sin = rotary_tables(g, rows)
+        return cls(ir.tensor(cos, name="mtp.cos_cache"), ir.tensor(sin, name="mtp.sin_cache"))
 
 
 def _read(b: _Builder, t: ir.TensorProtocol | Transposed) -> ir.Value:
@@ -130,9 +151,34 @@ class _Builder:
         scale = self.const(name, (1.0 + weight).astype(np.float32))
         return self.op("RMSNormalization", [x, scale], axis=-1, epsilon=float(eps))
 
+    def skip_rms(
+        self, x: ir.Value, skip: ir.Value, name: str, weight: np.ndarray, eps: float
+    ) -> tuple[ir.Value, ir.Value]:
+        """``rms(x + skip)`` and ``x + skip`` in one ``SkipSimplifiedLayerNormalization``."""
+        scale = self.const(name, (1.0 + weight).astype(np.float32))
+        normed, mean, inv_std, total = self.ops(
+            "SkipSimplifiedLayerNormalization", [x, skip, scale], 4, domain=MS, epsilon=float(eps)
+        )
+        mean.name = inv_std.name = ""  # optional outputs left out: the kernel does not write them
+        return normed, total
+
 
 def _ints(b: _Builder, name: str, values: Sequence[int]) -> ir.Value:
     return b.const(name, np.asarray(values, dtype=np.int64))
+
+
+def rotary_tables(g: MTPGeometry, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``[rows, rotary_dim / 2]`` (float32) of the rotary embedding at positions 0..rows-1:
+    GroupQueryAttention's ``cos_cache`` / ``sin_cache``."""
+    inv = g.rope_theta ** (-np.arange(0, g.rotary_dim, 2, dtype=np.float64) / g.rotary_dim)
+    angles = np.arange(rows, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def fused_rotary_fits(g: MTPGeometry) -> bool:
+    """Whether GroupQueryAttention can apply the head's rotary embedding itself: onnxruntime's kernel
+    takes rotary widths that are multiples of 16 (``cos_cache`` columns a multiple of 8)."""
+    return g.rotary_dim % 16 == 0 and 0 < g.rotary_dim <= g.head_dim
 
 
 def _rotary(b: _Builder, g: MTPGeometry, positions: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -148,8 +194,9 @@ def _rotary(b: _Builder, g: MTPGeometry, positions: ir.Value) -> tuple[ir.Value,
     return cos, sin
 
 
-def _rotate(b: _Builder, g: MTPGeometry, x: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+def _rotate(b: _Builder, g: MTPGeometry, x: ir.Value, positions: ir.Value) -> ir.Value:
     """Rotary on the first ``rotary_dim`` of each head of ``x`` ``[batch, seq, heads, head_dim]``."""
+    cos, sin = _rotary(b, g, positions)
     rd, half = g.rotary_dim, g.rotary_dim // 2
     rest = None
     if rd < g.head_dim:
@@ -160,40 +207,76 @@ def _rotate(b: _Builder, g: MTPGeometry, x: ir.Value, cos: ir.Value, sin: ir.Val
     return rotated if rest is None else b.op("Concat", [rotated, rest], axis=-1)
 
 
+def _qkv_weight(g: MTPGeometry, w: Mapping[str, np.ndarray]) -> np.ndarray:
+    """q_proj, k_proj and v_proj as one ``[out, in]`` weight whose rows are every head's query, the key,
+    every head's output gate, then the value: the query and key heads come out side by side for one
+    normalization, and the gate and value as they are read. ``q_proj`` interleaves query and gate per
+    head; rows are only reordered, so each output column (and its int4 blocks) is the one it was."""
+    p, hd = LAYER + "self_attn.", g.head_dim
+    qg = w[p + "q_proj.weight"].reshape(g.heads, 2, hd, g.hidden)
+    q, gate = qg[:, 0].reshape(-1, g.hidden), qg[:, 1].reshape(-1, g.hidden)
+    return np.concatenate([q, w[p + "k_proj.weight"], gate, w[p + "v_proj.weight"]])
+
+
 def _attention(
     b: _Builder,
     g: MTPGeometry,
     w: Mapping[str, np.ndarray],
     x: ir.Value,
-    rotary: tuple[ir.Value, ir.Value],
+    rotary: RotaryCaches | ir.Value,
     lengths: tuple[ir.Value, ir.Value],
     past: tuple[ir.Value, ir.Value],
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """Gated attention of the head's layer; returns (output, present key, present value)."""
+    """Gated attention of the head's layer; returns (output, present key, present value).
+
+    One projection yields query, key, gate and value; the query and key heads are normalized together
+    (weight 1, then a ``Mul`` by each head's own norm weight); GroupQueryAttention applies the rotary
+    embedding (``do_rotary``, over the first ``2 * cos_cache.shape[1]`` dims of each head) from its
+    caches at the positions its cache lengths give. Where it cannot (``rotary`` is then the position
+    ids), the rotary nodes turn the query and key heads together before attention."""
     p, hd = LAYER + "self_attn.", g.head_dim
-    qg = b.op(
-        "Reshape",
+    q_dim, kv_dim = g.heads * hd, g.kv_heads * hd
+    qk, gate, v = b.ops(
+        "Split",
         [
-            b.project(x, p + "q_proj", w[p + "q_proj.weight"]),
-            _ints(b, "attn.qg_shape", [0, 0, g.heads, 2 * hd]),
+            b.project(x, p + "qkv_proj", _qkv_weight(g, w)),
+            _ints(b, "attn.qkv_split", [q_dim + kv_dim, q_dim, kv_dim]),
+        ],
+        3,
+        axis=-1,
+    )
+    heads = b.op("Reshape", [qk, _ints(b, "attn.qk_heads", [0, 0, g.heads + g.kv_heads, hd])])
+    per_head = np.concatenate(
+        [np.tile(w[p + "q_norm.weight"], (g.heads, 1)), np.tile(w[p + "k_norm.weight"], (g.kv_heads, 1))]
+    )
+    normed = b.op(
+        "Mul",
+        [
+            b.op(
+                "RMSNormalization",
+                [heads, b.const("attn.qk_norm.one", np.ones(hd, np.float32))],
+                axis=-1,
+                epsilon=float(g.rms_eps),
+            ),
+            b.const(p + "qk_norm.weight", (1.0 + per_head).astype(np.float32)),
         ],
     )
-    q, gate = b.ops("Split", [qg, _ints(b, "attn.qg_split", [hd, hd])], 2, axis=-1)
-    heads_shape = _ints(b, "attn.k_shape", [0, 0, g.kv_heads, hd])
-    k = b.op("Reshape", [b.project(x, p + "k_proj", w[p + "k_proj.weight"]), heads_shape])
-    q = _rotate(b, g, b.rms(q, p + "q_norm.weight", w[p + "q_norm.weight"], g.rms_eps), *rotary)
-    k = _rotate(b, g, b.rms(k, p + "k_norm.weight", w[p + "k_norm.weight"], g.rms_eps), *rotary)
-    flat = _ints(b, "attn.flat", [0, 0, -1])
-    q, k, gate = (b.op("Reshape", [t, flat]) for t in (q, k, gate))
-    v = b.project(x, p + "v_proj", w[p + "v_proj.weight"])
+    if isinstance(rotary, ir.Value):
+        normed = _rotate(b, g, normed, rotary)
+    flat = b.op("Reshape", [normed, _ints(b, "attn.flat", [0, 0, -1])])
+    q, k = b.ops("Split", [flat, _ints(b, "attn.qk_split", [q_dim, kv_dim])], 2, axis=-1)
+    fused = isinstance(rotary, RotaryCaches)
+    caches = [b.initializer(rotary.cos), b.initializer(rotary.sin)] if fused else []
     out, present_key, present_value = b.ops(
         "GroupQueryAttention",
-        [q, k, v, past[0], past[1], lengths[0], lengths[1]],
+        [q, k, v, past[0], past[1], lengths[0], lengths[1], *caches],
         3,
         domain=MS,
         num_heads=g.heads,
         kv_num_heads=g.kv_heads,
         scale=float(hd**-0.5),
+        do_rotary=int(fused),
+        rotary_interleaved=0,
     )
     gated = b.op("Mul", [out, b.op("Sigmoid", [gate])])
     return b.project(gated, p + "o_proj", w[p + "o_proj.weight"]), present_key, present_value
@@ -216,10 +299,13 @@ def build_mtp_graph(
     weights: Mapping[str, np.ndarray],
     embedding: Borrowed,
     lm_head: Borrowed,
+    rotary: RotaryCaches | None,
     quantize: Quantize | None = None,
     accuracy_level: int = 4,
 ) -> ir.Model:
-    """The head's model; ``quantize`` (None: fp32) turns its own projections into int4 MatMulNBits."""
+    """The head's model; ``quantize`` (None: fp32) turns its own projections into int4 MatMulNBits.
+    ``rotary``: GroupQueryAttention's caches, or None for rotary nodes on the position ids (widths
+    :func:`fused_rotary_fits` refuses)."""
     f32 = ir.DataType.FLOAT
     kv_dims = ["batch_size", g.kv_heads, "past_sequence_length", g.head_dim]
     inputs = [
@@ -230,6 +316,8 @@ def build_mtp_graph(
         _port(PAST_KEY, f32, kv_dims),
         _port(PAST_VALUE, f32, kv_dims),
     ]
+    # with the rotary inside GroupQueryAttention, position_ids stays a port (onnxruntime-genai's I/O)
+    # unread: the kernel takes each entry's position from the cache length (entry i is at position i)
     ids, hidden, mask, positions, past_key, past_value = inputs
     b = _Builder(quantize, accuracy_level)
     w = weights
@@ -243,22 +331,25 @@ def build_mtp_graph(
     x = b.project(b.op("Concat", [e, h], axis=-1), "mtp.fc", w["mtp.fc.weight"])  # embedding first
     a = b.rms(x, LAYER + "input_layernorm.weight", w[LAYER + "input_layernorm.weight"], g.rms_eps)
     attn, present_key, present_value = _attention(
-        b, g, w, a, _rotary(b, g, positions), _lengths(b, mask), (past_key, past_value)
+        b, g, w, a, positions if rotary is None else rotary, _lengths(b, mask), (past_key, past_value)
     )
-    x = b.op("Add", [x, attn])
-    m = b.rms(
-        x, LAYER + "post_attention_layernorm.weight", w[LAYER + "post_attention_layernorm.weight"], g.rms_eps
+    m, x = b.skip_rms(
+        x,
+        attn,
+        LAYER + "post_attention_layernorm.weight",
+        w[LAYER + "post_attention_layernorm.weight"],
+        g.rms_eps,
     )
-    gate = b.project(m, LAYER + "mlp.gate_proj", w[LAYER + "mlp.gate_proj.weight"])
-    act = b.op(
-        "Mul",
-        [
-            b.op("Mul", [gate, b.op("Sigmoid", [gate])]),
-            b.project(m, LAYER + "mlp.up_proj", w[LAYER + "mlp.up_proj.weight"]),
-        ],
+    gate_up = np.concatenate([w[LAYER + "mlp.gate_proj.weight"], w[LAYER + "mlp.up_proj.weight"]])
+    gate, up = b.ops(
+        "Split",
+        [b.project(m, LAYER + "mlp.gate_up_proj", gate_up), _ints(b, "mlp.split", [g.intermediate] * 2)],
+        2,
+        axis=-1,
     )
-    x = b.op("Add", [x, b.project(act, LAYER + "mlp.down_proj", w[LAYER + "mlp.down_proj.weight"])])
-    y = b.rms(x, "mtp.norm.weight", w["mtp.norm.weight"], g.rms_eps)
+    act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])
+    down = b.project(act, LAYER + "mlp.down_proj", w[LAYER + "mlp.down_proj.weight"])
+    y, _ = b.skip_rms(x, down, "mtp.norm.weight", w["mtp.norm.weight"], g.rms_eps)
     logits = lm_head.apply(b, y)
     for value, name, dims in (
         (y, HIDDEN_OUT, ["batch_size", "sequence_length", g.hidden]),
@@ -278,4 +369,14 @@ def build_mtp_graph(
     return ir.Model(graph, ir_version=10, producer_name="onnxgen export-mtp")
 
 
-__all__ = ["HIDDEN_IN", "HIDDEN_OUT", "LOGITS", "Borrowed", "Transposed", "build_mtp_graph"]
+__all__ = [
+    "HIDDEN_IN",
+    "HIDDEN_OUT",
+    "LOGITS",
+    "Borrowed",
+    "RotaryCaches",
+    "Transposed",
+    "build_mtp_graph",
+    "fused_rotary_fits",
+    "rotary_tables",
+]
