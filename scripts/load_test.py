@@ -12,7 +12,9 @@ the batched decode step is also timed alone per batch size. With ``--ray-replica
 also goes to ``onnxgen serve --ray --replicas N --threads T`` for each ``NxT`` given (Ray Serve replicas
 behind one ingress; each starts its own local Ray instance). With ``--rounds R`` the whole sweep repeats
 R times (levels and engines taking turns), and tokens/s is the median round: on a shared machine the load
-of other jobs changes from minute to minute. Every count and wait is bounded.
+of other jobs changes from minute to minute. With ``--trace FILE`` the onnxgen server writes its step trace
+there (``ONNXGEN_STEP_TRACE``) and each level's wall time is split by ``scripts/serve_trace.py`` (decode
+forwards by rows, prefill, copies, host work, idle). Every count and wait is bounded.
 
     python scripts/load_test.py /work/bench-models/qwen3_5-int4 --threads 2 --out load.json
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -58,6 +61,7 @@ class LevelResult:
     tokens: int
     wall_s: float
     timings: list[RequestTiming] = field(repr=False, default_factory=list)
+    span: tuple[float, float] = field(repr=False, default=(0.0, 0.0))  # Unix start and end
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,7 +73,7 @@ class LevelResult:
         return float(p50), float(p90), float(p99)
 
     def summary(self) -> dict[str, object]:
-        out: dict[str, object] = {k: v for k, v in asdict(self).items() if k != "timings"}
+        out: dict[str, object] = {k: v for k, v in asdict(self).items() if k not in ("timings", "span")}
         out["tokens_per_s"] = round(self.tokens_per_s, 1)
         for what in ("latency_s", "ttft_s", "itl_s"):
             out[what.replace("_s", "_ms") + "_p50_p90_p99"] = [round(v, 1) for v in self.percentiles(what)]
@@ -85,7 +89,13 @@ def make_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
 # -- onnxgen serve ----------------------------------------------------------------------------------------
 class Server:
     def __init__(
-        self, model: Path, threads: int, max_batch: int, log: Path, extra: Sequence[str] = ()
+        self,
+        model: Path,
+        threads: int,
+        max_batch: int,
+        log: Path,
+        extra: Sequence[str] = (),
+        trace: Path | None = None,
     ) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -96,7 +106,8 @@ class Server:
         cmd += ["--port", str(self.port), "--threads", str(threads), "--max-batch", str(max_batch)]
         cmd += ["--max-queue", "256", *extra]
         self._log = log.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log)
+        env = dict(os.environ, ONNXGEN_STEP_TRACE=str(trace)) if trace else None
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log, env=env)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
@@ -155,7 +166,7 @@ async def server_level(
 ) -> LevelResult:
     timings: list[RequestTiming] = []
     next_index = 0
-    start = time.perf_counter()
+    start, unix_start = time.perf_counter(), time.time()
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         nonlocal next_index
@@ -168,9 +179,9 @@ async def server_level(
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         await asyncio.gather(*[client_loop(client) for _ in range(concurrency)])
     wall = time.perf_counter() - start
-    return LevelResult(
-        "onnxgen serve", concurrency, len(timings), sum(t.tokens for t in timings), wall, timings
-    )
+    tokens = sum(t.tokens for t in timings)
+    span = (unix_start, unix_start + wall)
+    return LevelResult("onnxgen serve", concurrency, len(timings), tokens, wall, timings, span)
 
 
 # -- decode steps alone -------------------------------------------------------------------------------------
@@ -286,6 +297,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--rounds", type=int, default=1, help="repeat the sweep; tokens/s is the median round (default 1)"
     )
     p.add_argument("--step-scaling", action="store_true", help="also time batched decode steps alone")
+    p.add_argument(
+        "--trace", type=Path, help="the onnxgen server's step trace file; split each level's time by it"
+    )
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -300,6 +314,16 @@ def ray_configs(text: str) -> list[tuple[int, int]]:
         except ValueError:
             raise SystemExit(f"--ray-replicas {item!r}: expected REPLICASxTHREADS such as 2x1") from None
     return configs
+
+
+def print_trace(trace: Path, results: Sequence[LevelResult]) -> None:
+    from serve_trace import report  # beside this script
+
+    for r in results:
+        print(
+            f"\nwhere the server's time went, {r.concurrency} clients ({r.tokens} tokens, {r.wall_s:.1f} s):"
+        )
+        print(report(trace, *r.span, clients=r.concurrency))
 
 
 def log_path(args: argparse.Namespace) -> Path:
@@ -317,7 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not args.no_serve:
             flags = tuple(shlex.split(args.serve_flags))
-            servers[SERVE] = Server(args.model, args.threads, max(levels), log_path(args), flags)
+            if args.trace:
+                args.trace.unlink(missing_ok=True)
+            servers[SERVE] = Server(args.model, args.threads, max(levels), log_path(args), flags, args.trace)
             if args.single_row_baseline:
                 flags = (*flags, "--min-batch-rows", "1")
                 log = log_path(args).with_suffix(".single.log")
@@ -353,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     order = {engine: i for i, engine in enumerate(dict.fromkeys(r.engine for r in results))}
     results.sort(key=lambda r: (order[r.engine], r.concurrency))  # stable: rounds stay in order
     print(table(results))
+    if args.trace:
+        print_trace(args.trace, [r for r in results if r.engine == SERVE])
     notes = list(dict.fromkeys(notes))  # one line per finding, not per round
     print("\n".join(notes))
     report: dict[str, object] = {

@@ -12,7 +12,10 @@ layer repeats the list of settings. :meth:`EngineConfig.from_env` is the only re
 - ``ONNXGEN_MODEL``, ``ONNXGEN_CACHE_DIR``, ``ONNXGEN_API_KEY``: what to run, where the prepared graphs are
   kept, the server's key (read by :func:`env_model`, :func:`env_cache_dir`, :func:`env_api_key`);
 - ``ONNXGEN_CACHE``: an on/off switch; off keeps no prepared graph on disk past the process
-  (:func:`env_cache_off`).
+  (:func:`env_cache_off`);
+- ``ONNXGEN_STEP_TRACE``: a file the server appends one JSON line per scheduler iteration to (its
+  forwards, host work and waits: :mod:`onnxgen.server.trace`); unset, nothing is traced
+  (:func:`env_step_trace`).
 
 A keyword given to :func:`onnxgen.load` (or a CLI flag) overrides the environment.
 """
@@ -36,6 +39,7 @@ MODEL = "ONNXGEN_MODEL"
 CACHE_DIR = "ONNXGEN_CACHE_DIR"
 CACHE = "ONNXGEN_CACHE"  # onnxgen.runtime.graph_cache: off keeps nothing on disk past the process
 API_KEY = "ONNXGEN_API_KEY"
+STEP_TRACE = "ONNXGEN_STEP_TRACE"  # onnxgen.server.trace
 SWITCHES = {
     FUSE: "fuse",
     FAST_OPS: "fast_ops",
@@ -217,3 +221,8 @@ def env_cache_off() -> bool:
 def env_api_key() -> str | None:
     """``$ONNXGEN_API_KEY``: the key the server asks of clients when ``--api-key`` is not given."""
     return os.environ.get(API_KEY) or None
+
+
+def env_step_trace() -> str | None:
+    """``$ONNXGEN_STEP_TRACE``: where the server writes its per-iteration timing trace (None: no trace)."""
+    return _env_text(STEP_TRACE)

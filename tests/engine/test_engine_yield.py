@@ -168,8 +168,8 @@ def test_a_corrupted_move_changes_the_tokens(
         def corrupted_park(self: Scheduler, lane: Lane) -> None:
             state = lane.loop.state
             kv, states = state.kv_arrays, state.state_arrays
-            state.kv_arrays = lambda: {k: np.zeros_like(v) for k, v in kv().items()}  # type: ignore[method-assign]
-            state.state_arrays = lambda: {k: np.zeros_like(v) for k, v in states().items()}  # type: ignore[method-assign]
+            state.kv_arrays = lambda copy=True: {k: np.zeros_like(v) for k, v in kv().items()}  # type: ignore[method-assign]
+            state.state_arrays = lambda copy=True: {k: np.zeros_like(v) for k, v in states().items()}  # type: ignore[method-assign]
             try:
                 park(self, lane)
             finally:

@@ -406,3 +406,31 @@ def test_rows_updated_in_place_equal_double_buffered_rows_bit_for_bit(
     for a, b in zip(got_states, want_states, strict=True):
         for name in b:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rows_admitted_from_one_reused_prefill_state_keep_their_own_kv_and_states(
+    sessions: dict[str, DecoderSession], alone: dict[str, list[np.ndarray]], family: str
+) -> None:
+    """The scheduler prefills every prompt in one state and admits from it: a row must hold copies, not
+    views of that state, which the next prompt's prefill (here: garbage written into it) overwrites."""
+    session = sessions[family]
+    batch = BatchState(session, 2, CAPACITY)
+    state = session.new_state(CAPACITY)
+    firsts = []
+    for k in (0, 2):
+        state.reset()
+        firsts.append(session.forward(state, ids(ROWS[k][0]), 1)[0, -1])
+        batch.admit(state)
+    before = session.forward(state, ids([ROWS[2][1][0]]), 1)[0, -1]  # the state's own next step
+    state.reset()
+    session.forward(state, ids(ROWS[2][0]), 1)
+    for array in (*state.kv_arrays(copy=False).values(), *state.state_arrays(copy=False).values()):
+        array[...] = 0.5  # garbage where the admitted rows' data came from
+    after = session.forward(state, ids([ROWS[2][1][0]]), 1)[0, -1]
+    assert not np.allclose(after, before, atol=ATOL)  # control: the garbage changes what the state computes
+    steps = min(len(ROWS[0][1]), len(ROWS[2][1]))
+    stepped = np.stack([batch.step([ROWS[0][1][t], ROWS[2][1][t]]) for t in range(steps)])
+    for i, k in enumerate((0, 2)):
+        logits = np.concatenate([firsts[i][None], stepped[:, i]])
+        np.testing.assert_allclose(logits, alone[family][k][: steps + 1], atol=ATOL, rtol=0)

@@ -117,6 +117,7 @@ class Scheduler:
         self.prefilling: list[Sequence] | None = None
         self.prefilled_tokens = 0  # prompt tokens prefilled so far
         self.last_decode: tuple[int, float] = (0, 0.0)  # rows and seconds of the last decode forward
+        self.copy_seconds = 0.0  # spent copying states into and out of batch rows (admit, retire)
 
     def add(self, group: list[Sequence]) -> None:
         """Queue ``group``, sequences of one prompt (the choices of a request: prefilled once, then a row
@@ -261,7 +262,9 @@ class Scheduler:
         """Choose the first token of a prefilled ``seq``; give it a row unless that token finished it."""
         if not self._choose(seq, logits, touched):
             return
+        start = time.perf_counter()
         seq.slot = self.batch.admit(self._prefill_state)
+        self.copy_seconds += time.perf_counter() - start
         self.running.append(seq)
         if seq.speculative is not None:  # a greedy one that came with plain company: it starts as a row
             self.yields += 1
@@ -407,7 +410,9 @@ class Scheduler:
         """Free ``seq``'s row; the last row moves into it (the batch keeps its rows contiguous)."""
         row = seq.slot
         assert row is not None and self.running[row] is seq
+        start = time.perf_counter()
         self.batch.retire(row)
+        self.copy_seconds += time.perf_counter() - start
         last = self.running.pop()
         if last is not seq:
             self.running[row] = last

@@ -190,13 +190,13 @@ class BatchState:
                 "(it needs room for at least one more token); raise the batch capacity"
             )
         row = self.n
-        kv = prefilled.kv_arrays()
+        kv = prefilled.kv_arrays(copy=False)  # views, copied into the row here (one copy, not two)
         if self.shared_kv:
             for name, buf, pair in zip(self._kv_in, self._kv_shared, self._kv_pairs, strict=True):
                 rows_first(buf.array, pair)[row, :length] = rows_first(kv[name], pair)[0]
         else:
             self._admit_grown([kv[name] for name in self._kv_in], length)
-        states = prefilled.state_arrays()
+        states = prefilled.state_arrays(copy=False)
         for name, buf in zip(self._state_in, self._states, strict=True):
             buf.array[row] = states[name][0]
         self.lengths[row] = length

@@ -448,19 +448,23 @@ class DecodeState:
         self.length = length
 
     # -- inspection (tests, debugging) ----------------------------------------------------------------
-    def kv_arrays(self) -> dict[str, np.ndarray]:
-        """The live part of every past KV tensor, by input name (copies, in the graph's layout)."""
+    def kv_arrays(self, copy: bool = True) -> dict[str, np.ndarray]:
+        """The live part of every past KV tensor, by input name (in the graph's layout): copies, or with
+        ``copy=False`` views that the next forward or reset of this state overwrites (for a caller that
+        copies them elsewhere at once)."""
         values = [b.array for b in self._kv_shared] if self.shared_kv else [v.numpy() for v in self._kv]
-        return {
-            n: live(a, axis, self.length).copy()
+        views = {
+            n: live(a, axis, self.length)
             for n, a, axis in zip(self._kv_names_in, values, self._kv_axes, strict=True)
         }
+        return {n: v.copy() for n, v in views.items()} if copy else views
 
-    def state_arrays(self) -> dict[str, np.ndarray]:
-        """Every recurrent state by input name (copies)."""
+    def state_arrays(self, copy: bool = True) -> dict[str, np.ndarray]:
+        """Every recurrent state by input name: copies, or with ``copy=False`` views of this state's
+        buffers (as :meth:`kv_arrays`)."""
         self._sync_cycle()
         self._zero_states()
-        return {s.pair.input: s.current.array.copy() for s in self._slots}
+        return {s.pair.input: s.current.array.copy() if copy else s.current.array for s in self._slots}
 
     @property
     def nbytes(self) -> int:

@@ -18,12 +18,14 @@ import logging
 import threading
 import time
 
+from onnxgen.config import env_step_trace
 from onnxgen.engine.engine import Engine, RequestOutput
 from onnxgen.engine.limits import BatchLimits
 from onnxgen.errors import OnnxgenError
 from onnxgen.llm import LLM
 from onnxgen.server.metrics import ServerMetrics
 from onnxgen.server.sequence import Delta, Handle, Job, SequenceRun
+from onnxgen.server.trace import StepTrace
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,10 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         metrics.rows(0, config.max_batch)
+        trace = env_step_trace()
+        self.trace = StepTrace(trace) if trace else None  # the per-iteration timing trace, if asked for
+        if self.trace is not None:
+            llm.session.forward_observer = self.trace.observe
 
     # -- asyncio side -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -82,25 +88,36 @@ class Scheduler:
     # -- worker thread ----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
+            waited = time.perf_counter()
             with self._cv:
                 while not self._stopping and not (self._incoming or self.engine.has_unfinished()):
                     self._cv.wait()
                 if self._stopping:
                     break
+            if self.trace is not None:
+                self.trace.begin(time.perf_counter() - waited)
             try:
                 self._iteration()
             except Exception as e:  # never let one bad step take the server down
                 log.exception("scheduler iteration failed")
                 self._fail_all(f"the engine failed: {e}")
         self._fail_all("the server is shutting down")
+        if self.trace is not None:
+            self.trace.close()
 
     def _iteration(self) -> None:
+        trace = self.trace
         self._end_cancelled()
         self._take_incoming()
         scheduler = self.engine.scheduler
         prefilled, yields, resumes = scheduler.prefilled_tokens, scheduler.yields, scheduler.resumes
         scheduler.last_decode = (0, 0.0)
+        rows_in, copied = scheduler.batch.n, scheduler.copy_seconds
+        if trace is not None:
+            trace.lap("take")
         outputs = self.engine.step()
+        if trace is not None:
+            trace.lap("step")
         self.metrics.prompt_tokens.inc(scheduler.prefilled_tokens - prefilled)
         self.metrics.speculative_yields.inc(scheduler.yields - yields)
         self.metrics.speculative_resumes.inc(scheduler.resumes - resumes)
@@ -111,6 +128,13 @@ class Scheduler:
         self._push(outputs)
         self.metrics.rows(scheduler.batch.n, scheduler.batch.free_rows)
         self.metrics.queue_depth.set(len(scheduler.waiting) + len(self._incoming))
+        if trace is not None:
+            trace.lap("push")
+            copy = round(scheduler.copy_seconds - copied, 6)
+            waiting = len(scheduler.waiting)
+            trace.end(
+                copy=copy, rows_in=rows_in, rows=scheduler.batch.n, waiting=waiting, jobs=len(self._jobs)
+            )
 
     def _take_incoming(self) -> None:
         with self._cv:
