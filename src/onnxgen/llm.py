@@ -62,16 +62,17 @@ class LLM:
         self._mtp: MTPHeadSession | None = None
         self._mtp_lock = threading.Lock()
         self._providers = config.providers
-        # the tokenizer and the token settings load on another thread while the model is prepared and
-        # onnxruntime makes the session (it releases the GIL while it repacks the weights, most of a load)
-        with ThreadPoolExecutor(1, thread_name_prefix="onnxgen-load") as pool:
-            tokenizer = pool.submit(_load_tokenizer, package)
+        tokenizer = _TokenizerLoad(package)
+        try:
             self.prepared = prepared = prepare(package, config)
             self.decode_plan = prepared.decode
             # an MTP head beside the model: the session also outputs the final hidden state the head reads
             self.mtp_path, self._mtp_missing = prepared.mtp.path, prepared.mtp.missing
-            self.session = prepared.open_session()
-            self.tokenizer: Tokenizer | None = tokenizer.result()
+            self.session = prepared.open_session(before_initialize=tokenizer.start)
+        except BaseException:
+            tokenizer.cancel()
+            raise
+        self.tokenizer: Tokenizer | None = tokenizer.result()
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
         if not eos:
             log.warning(
@@ -484,12 +485,46 @@ def _chat_events(
             after("".join(parts), event.stats if event.stats is not None else {})
 
 
-def _load_tokenizer(package: ModelPackage) -> Tokenizer | None:
-    """The package's tokenizer (None without ``tokenizer.json``), its token settings resolved too."""
-    package.settings  # noqa: B018 - resolved here, off the loading thread's path
-    if package.tokenizer_path is None:
-        return None
-    return Tokenizer.from_dir(package.root, package.tokenizer_backend)
+class _TokenizerLoad:
+    """The package's tokenizer (None without ``tokenizer.json``) and its token settings, loaded on another
+    thread from when :meth:`start` is called.
+
+    The tokenizers library holds the GIL for the whole parse of ``tokenizer.json`` (0.2 s for a 2 MB file,
+    more for a 150k vocabulary), so a parse beside the load's own Python holds that Python up by as much.
+    The load calls :meth:`start` just before onnxruntime initializes the session, which is most of a load
+    and runs with the GIL released: the parse then costs the load nothing while it is shorter."""
+
+    def __init__(self, package: ModelPackage) -> None:
+        self._go = threading.Event()
+        self._wanted = True
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="onnxgen-load")
+        self._future = self._pool.submit(self._load, package)
+
+    def _load(self, package: ModelPackage) -> Tokenizer | None:
+        self._go.wait()
+        if not self._wanted:
+            return None
+        package.settings  # noqa: B018 - resolved here, off the loading thread's path
+        if package.tokenizer_path is None:
+            return None
+        return Tokenizer.from_dir(package.root, package.tokenizer_backend)
+
+    def start(self) -> None:
+        self._go.set()
+
+    def result(self) -> Tokenizer | None:
+        """The tokenizer (started now if it was not), or what its loading raised."""
+        self.start()
+        try:
+            return self._future.result()
+        finally:
+            self._pool.shutdown()
+
+    def cancel(self) -> None:
+        """Give up the tokenizer (the load failed): the thread ends without parsing, if it has not begun."""
+        self._wanted = False
+        self.start()
+        self._pool.shutdown(wait=False)
 
 
 def draft_threads(target_threads: int) -> int:

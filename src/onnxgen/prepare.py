@@ -18,6 +18,7 @@ inspect`` reports a :class:`PreparedModel` and makes no onnxruntime session unle
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,9 +65,10 @@ class PreparedModel:
     mtp: MTPChoice
     verify: VerifyChoice
 
-    def open_session(self) -> DecoderSession:
+    def open_session(self, before_initialize: Callable[[], None] | None = None) -> DecoderSession:
         """The onnxruntime session on the prepared graph with the config's settings, the decode plan attached
-        (the inline plan's sibling is made and checked at the first single-token step)."""
+        (the inline plan's sibling is made and checked at the first single-token step);
+        ``before_initialize`` as :class:`~onnxgen.runtime.session.DecoderSession` takes it."""
         config = self.config
         session = DecoderSession(
             self.graph,
@@ -76,6 +78,7 @@ class PreparedModel:
             verify=self.verify.strategy or False,
             verify_now=config.speculative,
             spinning=config.spinning,
+            before_initialize=before_initialize,
         )
         self.decode.plan.attach(session)
         return session

@@ -12,11 +12,24 @@ from onnx import helper, numpy_helper
 
 from onnxgen.errors import ModelPackageError
 
+# attribute types that hold tensors or graphs (an untyped attribute is looked into too)
+_HOLDERS = frozenset(
+    (
+        onnx.AttributeProto.TENSOR,
+        onnx.AttributeProto.TENSORS,
+        onnx.AttributeProto.GRAPH,
+        onnx.AttributeProto.GRAPHS,
+        onnx.AttributeProto.UNDEFINED,
+    )
+)
+
 
 def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     yield from graph.initializer
     for node in graph.node:
-        yield from _node_tensors(node)
+        # most nodes' attributes are numbers or strings: skipped on their type alone
+        if any(attr.type in _HOLDERS for attr in node.attribute):
+            yield from _node_tensors(node)
 
 
 def _node_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
@@ -42,7 +55,7 @@ def external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 def check_external_data(model: onnx.ModelProto, model_path: Path) -> list[Path]:
     """The external-data files ``model`` needs; raises :class:`ModelPackageError` naming a file that is
     missing, or too short for the tensor ranges recorded in the graph (a truncated copy)."""
-    needed: dict[Path, tuple[int, str]] = {}
+    ends: dict[str, tuple[int, str]] = {}  # by location as written (one Path per file, made below)
     for t in external_tensors(model):
         info = {e.key: e.value for e in t.external_data}
         location = info.get("location", "")
@@ -51,9 +64,13 @@ def check_external_data(model: onnx.ModelProto, model_path: Path) -> list[Path]:
                 f"{model_path}: tensor '{t.name}' is external but names no file; re-export"
             )
         end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        if end > ends.get(location, (-1, ""))[0]:
+            ends[location] = (end, t.name)
+    needed: dict[Path, tuple[int, str]] = {}
+    for location, (end, tensor) in ends.items():
         path = model_path.parent / location
-        if end > needed.get(path, (-1, ""))[0]:
-            needed[path] = (end, t.name)
+        if end > needed.get(path, (-1, ""))[0]:  # two spellings of one file: the furthest end
+            needed[path] = (end, tensor)
     for path, (end, tensor) in needed.items():
         if not path.is_file():
             raise ModelPackageError(

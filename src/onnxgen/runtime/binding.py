@@ -9,7 +9,8 @@ bound costs a call into onnxruntime per port, so every state keeps its bindings 
   prepared single-token steps (:class:`StepLane`) and the attention mask those keep bound
   (:class:`LengthMask`);
 - :class:`OnesMasks`: a session's attention masks of ones, one OrtValue per shape;
-- :class:`OrtInternals`: onnxruntime's private attributes that the single-token lane uses, named in
+- :class:`OrtInternals`: onnxruntime's private attributes that the single-token lane (and a session's
+  creation, int4 quantization) use, named in
   :attr:`OrtInternals.ATTRIBUTES` and read in one method, so that a release renaming one of them shows
   up in one place (tests/runtime/test_binding.py fails naming it) and the engine falls back to the
   documented API with a warning rather than breaking.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -252,7 +254,8 @@ class OrtInternals:
     check their arguments and unwrap them on every call; for a single-token decode step that is a
     measurable share of the step, so a prepared lane calls the C objects below them directly. Exporting an
     MTP head, and a drafter's int4 lm_head, quantize weights with the C function behind onnxruntime's
-    MatMulNBits quantizer. Nothing
+    MatMulNBits quantizer. A load makes its session in the wrapper's two C calls (:meth:`session`), so
+    that the tokenizer is parsed while onnxruntime initializes the session. Nothing
     else in onnxgen touches a private name of onnxruntime: the names are listed in :attr:`ATTRIBUTES`
     (tests/runtime/test_binding.py checks each on the installed onnxruntime) and read only here."""
 
@@ -274,6 +277,16 @@ class OrtInternals:
             "onnxruntime.capi._pybind_state",
             "quantize_matmul_4bits",
             "blockwise int4 quantization as MatMulNBits stores it (exporting an MTP head; a drafter's int4 lm_head)",
+        ),
+        PrivateAttribute(
+            "onnxruntime.capi._pybind_state",
+            "InferenceSession.initialize_session",
+            "a session made in the wrapper's two C calls, so that a load can act between them (session())",
+        ),
+        PrivateAttribute(
+            "onnxruntime.InferenceSession",
+            "_from_initialized_c_session",
+            "the documented wrapper around a C session made that way",
         ),
     )
     _warned = False
@@ -316,6 +329,36 @@ class OrtInternals:
                 "onnxruntime that has it"
             )
         return fn  # type: ignore[no-any-return]
+
+    @classmethod
+    def session(
+        cls,
+        source: str | bytes,
+        options: ort.SessionOptions,
+        providers: Sequence[str],
+        before_initialize: Callable[[], None],
+    ) -> ort.InferenceSession:
+        """``ort.InferenceSession(source, options, providers=providers)``, calling ``before_initialize``
+        between the two C calls the wrapper makes: reading the model, then initializing the session (graph
+        optimizations and weight prepacking, most of a load, with the GIL released). A thread that holds
+        the GIL for a while (the tokenizers library parsing ``tokenizer.json``) can then run entirely
+        inside the second call instead of holding up the caller's Python. CPU provider only; for other
+        providers, or where this onnxruntime lacks the internals, ``before_initialize`` is called first
+        and the wrapper makes the session. Unlike the wrapper's, such a session does not retry a failed
+        creation on the CPU provider (it is on the CPU already) and cannot be re-created in place
+        (``set_providers``; onnxgen makes a new session instead)."""
+        module = importlib.import_module("onnxruntime.capi._pybind_state")
+        make = getattr(module, "InferenceSession", None)
+        wrap = getattr(ort.InferenceSession, "_from_initialized_c_session", None)
+        if list(providers) != ["CPUExecutionProvider"] or make is None or wrap is None:
+            before_initialize()
+            return ort.InferenceSession(source, sess_options=options, providers=providers)
+        # the wrapper's arguments for the CPU provider alone (no provider options, no disabled optimizer)
+        from_config = os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1"
+        session = make(options, source, isinstance(source, str), from_config)
+        before_initialize()
+        session.initialize_session(["CPUExecutionProvider"], [{}], set())
+        return wrap(session)  # type: ignore[no-any-return]
 
     @classmethod
     def missing(cls, session: ort.InferenceSession, binding: ort.IOBinding, value: ort.OrtValue) -> list[str]:

@@ -71,6 +71,10 @@ def make_session_options(threads: int | None, spinning: bool | None = None) -> o
     return opts
 
 
+def _nothing() -> None:
+    pass
+
+
 def _run_failed(tokens: int, past: int, error: Exception) -> GenerationError:
     return GenerationError(f"forward over {tokens} tokens at position {past} failed: {error}")
 
@@ -92,7 +96,11 @@ class DecoderSession:
         inplace: bool | None = None,
         verify_now: bool = False,
         spinning: bool | None = None,
+        before_initialize: Callable[[], None] | None = None,
     ) -> None:
+        """``before_initialize``: called once onnxruntime has read the graph, just before it initializes
+        the session (optimizes the graph, packs the weights; the GIL is released meanwhile), or before the
+        session is made where that moment cannot be told apart (:meth:`OrtInternals.session`)."""
         self.io = io = prepared.io
         providers = list(providers or ["CPUExecutionProvider"])
         on_cpu = providers[0] == "CPUExecutionProvider"
@@ -126,12 +134,12 @@ class DecoderSession:
         self._verify_lock = threading.Lock()
         # bindings made on this session (decode and batch states): dropped when the session is replaced
         self._binding_owners: weakref.WeakSet[BindingOwner] = weakref.WeakSet()
-        self._open_session(verify_now)
+        self._open_session(verify_now, before_initialize)
         self.epoch = 0  # bumped when the session is replaced; decode states drop bindings of older ones
         self.plan: DecodePlan | None = None  # routes single-token steps (onnxgen.runtime.decode_routing)
         self._set_up_binding()
 
-    def _open_session(self, verify_now: bool) -> None:
+    def _open_session(self, verify_now: bool, before_initialize: Callable[[], None] | None) -> None:
         """Create the onnxruntime session on the prepared graph, or on the verify plan's with
         ``verify_now`` (the caller will speculate: load the plan's graph now rather than plain first and
         again at the first verify, a second session load)."""
@@ -141,7 +149,8 @@ class DecoderSession:
         eager = self._verify_graph() if verify_now and self._verify_strategy is not None else None
         if verify_now:
             self._verify_strategy = None
-        self.session: ort.InferenceSession = self._load(eager[0] if eager is not None else source)
+        source = eager[0] if eager is not None else source
+        self.session: ort.InferenceSession = self._load(source, before_initialize)
         if eager is not None:
             eager[1].attach(self.session, self._providers)
             self._verify_plan = eager[1]
@@ -179,10 +188,14 @@ class DecoderSession:
         # called after every forward with its phase, shape and time (onnxgen.runtime.observer); None: off
         self.forward_observer: ForwardObserver | None = None
 
-    def _load(self, source: str | bytes) -> ort.InferenceSession:
+    def _load(
+        self, source: str | bytes, before_initialize: Callable[[], None] | None = None
+    ) -> ort.InferenceSession:
         try:
             with hugepages.collapsing(self._huge_pages):
-                session = ort.InferenceSession(source, sess_options=self._options, providers=self._providers)
+                session = OrtInternals.session(
+                    source, self._options, self._providers, before_initialize or _nothing
+                )
         except Exception as e:  # onnxruntime raises its own exception types
             raise UnsupportedModelError(
                 f"onnxruntime could not load {self._model_path}: {e}. Check that the installed onnxruntime "
