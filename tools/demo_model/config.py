@@ -80,7 +80,7 @@ class DemoConfig:
     # ``ul_min_prefix`` to ``ul_prefix`` tokens. Marked: a token completing an ``ul_ngram``-gram already
     # in that continuation, or the ``ul_run``-th token of one token repeated back to back (0: no such rule)
     unlikelihood_steps: int = 0
-    ul_lr: float = 1e-4
+    ul_lr: float = 3e-4  # the copy phase's rate (and the cooldown's last): no re-warming
     ul_weight: float = 1.0
     ul_prefixes: int = 4
     ul_prefix: int = 48

@@ -81,7 +81,7 @@ def continue_batch(lm: Any, prefixes: Any, new_tokens: int, top_k: int = 1, gene
                 chosen = top.indices.gather(-1, pick).squeeze(-1)
             out.append(chosen)
             if i + 1 < new_tokens:
-                step = lm(input_ids=chosen[:, None], cache=step.past_key_values, use_cache=True)
+                step = lm(input_ids=chosen[:, None], cache=step.cache, use_cache=True)
     return torch.stack(out, 1)
 
 
@@ -119,10 +119,11 @@ def continuations_at(lm: Any, stream: np.ndarray, step: int, config: DemoConfig)
 def unlikelihood_loss(lm: Any, batch: Continuations) -> Any:
     """Sum over the marked continuation tokens of ``-log(1 - p(token))`` (``p`` the model's probability of
     it after the tokens before it), divided by the number of scored continuation tokens; differentiable."""
-    import torch
 
-    logits = lm(input_ids=batch.rows[:, :-1]).logits[:, batch.prefix_len - 1 :]
+    logits = lm(input_ids=batch.rows[:, :-1]).logits[:, batch.prefix_len - 1 :].float()
     chosen = batch.rows[:, batch.prefix_len :, None]
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, chosen).squeeze(-1)
-    penalty = -torch.log1p(-logp.exp().clamp(max=1 - 1e-6))
+    # -log(1 - p) = log(sum of all exp(logits)) - log(sum of the others'): finite, with a gradient, even
+    # where p rounds to 1 (the confident loops this stage exists for)
+    others = logits.scatter(-1, chosen, float("-inf")).logsumexp(-1)
+    penalty = logits.logsumexp(-1) - others
     return (penalty * batch.marks).sum() / batch.scored.sum().clamp(min=1)
