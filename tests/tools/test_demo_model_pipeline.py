@@ -338,6 +338,19 @@ def _same_weights(a: Any, b: Any) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def _same_optimizer_state(a: Path, b: Path) -> int:
+    """The step of two runs' last checkpoints, after checking that they hold the same AdamW state."""
+    import torch
+
+    from tools.demo_model.trainer import CHECKPOINT
+
+    x, y = (torch.load(run / CHECKPOINT, weights_only=False) for run in (a, b))
+    assert x["step"] == y["step"]
+    for (i, p), (j, q) in zip(x["opt"]["state"].items(), y["opt"]["state"].items(), strict=True):
+        assert i == j and all(torch.equal(p[k], q[k]) for k in p)
+    return int(x["step"])
+
+
 def test_a_run_of_2x_steps_equals_x_steps_then_a_resume_for_x_more_bit_for_bit(tmp_path: Path) -> None:
     """``until`` stops a run after step x with a checkpoint (model, AdamW state, step, config; the data
     position is the step); resuming it for x more steps, across the cooldown into the copy phase, gives
@@ -370,10 +383,7 @@ def test_a_run_of_2x_steps_equals_x_steps_then_a_resume_for_x_more_bit_for_bit(t
     other_bookkeeping = dataclasses.replace(config, eval_every=5, checkpoint_every=1, keep_every=2)
     resumed = train(other_bookkeeping, stream, stream[:200], tmp_path / "split", quiet)
     assert _same_weights(resumed, whole)
-    a, b = (torch.load(tmp_path / d / CHECKPOINT, weights_only=False) for d in ("whole", "split"))
-    assert a["step"] == b["step"] == 8
-    for (i, x), (j, y) in zip(a["opt"]["state"].items(), b["opt"]["state"].items(), strict=True):
-        assert i == j and all(torch.equal(x[k], y[k]) for k in x)
+    assert _same_optimizer_state(tmp_path / "whole", tmp_path / "split") == 8
     assert sorted(p.name for p in (tmp_path / "split").glob("step-*.pt")) == [
         "step-0000006.pt",
         "step-0000008.pt",
@@ -1043,9 +1053,9 @@ def test_a_run_interrupted_in_the_unlikelihood_stage_resumes_bit_for_bit(
     resumed, a run ends with the weights and AdamW state of the uninterrupted run. A checkpoint from before
     the stage resumes under other ``ul_*`` settings (they act on later steps only); one from inside the
     stage is refused."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from tools.demo_model.trainer import CHECKPOINT, same_steps_until, train
+    from tools.demo_model.trainer import same_steps_until, train
 
     start = _looping_start(monkeypatch, tmp_path)
     stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
@@ -1056,10 +1066,7 @@ def test_a_run_interrupted_in_the_unlikelihood_stage_resumes_bit_for_bit(
     shutil.copytree(tmp_path / "split", tmp_path / "inside")
     resumed = train(config, stream, stream[:200], tmp_path / "split", quiet)
     assert _same_weights(resumed, whole)
-    a, b = (torch.load(tmp_path / d / CHECKPOINT, weights_only=False) for d in ("whole", "split"))
-    assert a["step"] == b["step"] == 6
-    for (i, x), (j, y) in zip(a["opt"]["state"].items(), b["opt"]["state"].items(), strict=True):
-        assert i == j and all(torch.equal(x[k], y[k]) for k in x)
+    assert _same_optimizer_state(tmp_path / "whole", tmp_path / "split") == 6
 
     other = dataclasses.replace(config, ul_prefix=12, ul_ngram=3)
     assert same_steps_until(dataclasses.replace(config, unlikelihood_steps=0), other, 2)
