@@ -1085,6 +1085,8 @@ def test_the_unlikelihood_stage_follows_the_copy_phase_and_its_settings_are_chec
     assert [cfg.unlikelihood_at(s) is not None for s in (9, 14, 15, 17)] == [False, False, True, True]
     assert [learning_rate(cfg, s) for s in (14, 15)] == [cfg.copy_phase_lr, 0.0001]
     assert cfg.row_shares(15) == cfg.row_shares(0) != cfg.row_shares(14)  # the main mix, not the copy phase's
+    copy_rows = config_from_args(_parser().parse_args([*args, "--set", "ul_rows=copy"]))
+    assert copy_rows.row_shares(15) == copy_rows.row_shares(14)
     alone = [
         "--steps",
         "0",
@@ -1094,6 +1096,13 @@ def test_the_unlikelihood_stage_follows_the_copy_phase_and_its_settings_are_chec
         "3",
     ]  # on an --init-from model
     assert config_from_args(_parser().parse_args(alone)).unlikelihood_at(0) is not None
-    for bad in ("ul_min_prefix=60", "ul_new_tokens=1000", "ul_ngram=0", "ul_run=1", "head_only=1"):
+    for bad in (
+        "ul_min_prefix=60",
+        "ul_new_tokens=1000",
+        "ul_ngram=0",
+        "ul_run=1",
+        "head_only=1",
+        "ul_rows=x",
+    ):
         with pytest.raises(SystemExit, match="invalid settings"):
             config_from_args(_parser().parse_args([*args, "--set", bad]))

@@ -89,6 +89,9 @@ class DemoConfig:
     ul_ngram: int = 4
     ul_run: int = 3
     ul_top_k: int = 1
+    # the MLE rows of an unlikelihood step: the main schedule's mix ("main") or the copy phase's ("copy",
+    # more copy rows: the penalty on the model's own repeats also pushes against copying)
+    ul_rows: str = "main"
     batch: int = 4
     seq_len: int = 512
     lr: float = 3e-3
@@ -115,6 +118,8 @@ class DemoConfig:
             raise ValueError(
                 f"decay_steps={self.decay_steps} must fit between warmup ({self.warmup}) and steps ({self.steps})"
             )
+        if self.ul_rows not in ("main", "copy"):
+            raise ValueError(f"ul_rows={self.ul_rows!r}: use 'main' or 'copy'")
         if self.unlikelihood_steps:
             if self.head_only:
                 raise ValueError("unlikelihood_steps train the decoder: not with head_only")
@@ -146,8 +151,8 @@ class DemoConfig:
 
     def row_shares(self, step: int) -> tuple[float, float, float]:
         """(copy window, random copy, quote window) shares of the rows of training step ``step``: the main
-        schedule's mix, also in the unlikelihood stage, or the copy phase's."""
-        if step < self.steps or step >= self.unlikelihood_start:
+        schedule's mix, or the copy phase's (in the unlikelihood stage, as ``ul_rows`` says)."""
+        if step < self.steps or (step >= self.unlikelihood_start and self.ul_rows == "main"):
             return self.copy_window_share, self.random_copy_share, self.quote_share
         return self.copy_phase_window_share, self.copy_phase_random_share, self.copy_phase_quote_share
 
@@ -270,6 +275,7 @@ SCHEDULE = (
     "ul_ngram",
     "ul_run",
     "ul_top_k",
+    "ul_rows",
 )
 
 # The ids generation stops at: <|endoftext|> ends a document, <|im_end|> a chat turn.
