@@ -338,6 +338,19 @@ def _same_weights(a: Any, b: Any) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def _same_optimizer_state(a: Path, b: Path) -> int:
+    """The step of two runs' last checkpoints, after checking that they hold the same AdamW state."""
+    import torch
+
+    from tools.demo_model.trainer import CHECKPOINT
+
+    x, y = (torch.load(run / CHECKPOINT, weights_only=False) for run in (a, b))
+    assert x["step"] == y["step"]
+    for (i, p), (j, q) in zip(x["opt"]["state"].items(), y["opt"]["state"].items(), strict=True):
+        assert i == j and all(torch.equal(p[k], q[k]) for k in p)
+    return int(x["step"])
+
+
 def test_a_run_of_2x_steps_equals_x_steps_then_a_resume_for_x_more_bit_for_bit(tmp_path: Path) -> None:
     """``until`` stops a run after step x with a checkpoint (model, AdamW state, step, config; the data
     position is the step); resuming it for x more steps, across the cooldown into the copy phase, gives
@@ -370,10 +383,7 @@ def test_a_run_of_2x_steps_equals_x_steps_then_a_resume_for_x_more_bit_for_bit(t
     other_bookkeeping = dataclasses.replace(config, eval_every=5, checkpoint_every=1, keep_every=2)
     resumed = train(other_bookkeeping, stream, stream[:200], tmp_path / "split", quiet)
     assert _same_weights(resumed, whole)
-    a, b = (torch.load(tmp_path / d / CHECKPOINT, weights_only=False) for d in ("whole", "split"))
-    assert a["step"] == b["step"] == 8
-    for (i, x), (j, y) in zip(a["opt"]["state"].items(), b["opt"]["state"].items(), strict=True):
-        assert i == j and all(torch.equal(x[k], y[k]) for k in x)
+    assert _same_optimizer_state(tmp_path / "whole", tmp_path / "split") == 8
     assert sorted(p.name for p in (tmp_path / "split").glob("step-*.pt")) == [
         "step-0000006.pt",
         "step-0000008.pt",
@@ -822,3 +832,277 @@ def test_head_only_training_from_the_cache_resumes_exactly(tmp_path: Path) -> No
     assert (tmp_path / "whole" / "head_cache" / "train" / "hidden.npy").is_file()
     log = [json.loads(line) for line in (tmp_path / "whole" / "train_log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log] == [1, 2, 3, 4] and "val_gen_agree" in log[1]
+
+
+def test_repetition_marks_mark_the_tokens_that_repeat_an_ngram_or_a_run_and_never_a_first_occurrence() -> (
+    None
+):
+    from tools.demo_model.unlikelihood import repetition_marks
+
+    def marked(ids: list[int], ngram: int = 4, run: int = 0) -> list[int]:
+        marks = repetition_marks(ids, ngram, run)
+        assert marks.shape == (len(ids),)
+        return [int(i) for i in np.flatnonzero(marks)]
+
+    # a clause written twice: only the token completing the repeated 4-gram; the tokens between the
+    # copies (new 4-grams across the seam) and the one after are first occurrences
+    assert marked([1, 2, 3, 4, 1, 2, 3, 4, 5]) == [7]
+    # a loop of period 3: from the first 4-gram seen before (index 6) every token repeats
+    assert marked([1, 2, 3] * 4) == list(range(6, 12))
+    # a 3-gram repeated is not a repeated 4-gram; at ngram=3 it is, from the token that completes it
+    assert marked([1, 2, 3, 9, 1, 2, 3, 8]) == []
+    assert marked([1, 2, 3, 9, 1, 2, 3, 8], ngram=3) == [6]
+    # overlapping occurrences count: six equal tokens repeat the 4-gram from the fifth
+    assert marked([7] * 6) == [4, 5]
+    # the run rule marks the run-th equal token on, earlier than the n-gram rule
+    assert marked([7] * 6, run=3) == [2, 3, 4, 5]
+    assert marked([5, 5, 6, 6, 6, 6], run=3) == [4, 5]  # a pair is not a run of 3
+    assert marked([5, 5, 6, 6, 6, 6], run=0) == []
+    # shorter than an n-gram, and text without repeats
+    assert marked([]) == [] and marked([1, 1, 1], run=0) == []
+    assert marked(list(range(64)), run=2) == []
+
+
+def test_the_steps_continuations_mark_repeats_inside_the_continuation_only_and_stop_at_a_stop_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A continuation that copies its prefix is not penalized (copying a prompt is wanted); a repeat inside
+    the continuation is; what follows a stop id is neither marked nor counted. The prefixes depend on
+    ``(seed, step)`` only."""
+    torch = pytest.importorskip("torch")
+    from tools.demo_model import unlikelihood
+    from tools.demo_model.config import STOP_IDS, DemoConfig
+
+    config = DemoConfig(ul_prefixes=2, ul_prefix=6, ul_min_prefix=6, ul_new_tokens=10, ul_ngram=2, ul_run=0)
+    stream = np.arange(100, 1100, dtype=np.uint16)
+    prefixes = unlikelihood.prefixes_at(stream, 5, config)
+    assert prefixes.shape == (2, 6) and np.all(np.diff(prefixes, axis=1) == 1)
+    assert np.array_equal(prefixes, unlikelihood.prefixes_at(stream, 5, config))
+    assert not np.array_equal(prefixes, unlikelihood.prefixes_at(stream, 6, config))
+    lengths = {unlikelihood.prefixes_at(stream, s, DemoConfig(ul_prefix=8)).shape[1] for s in range(40)}
+    assert min(lengths) >= DemoConfig().ul_min_prefix and max(lengths) <= 8 and len(lengths) > 2
+
+    stop = STOP_IDS[0]
+    copied = [*prefixes[0].tolist(), 19, 18, 17, 16]  # the prompt again, then new tokens: nothing repeats
+    looped = [11, 12, 11, 12, 13, stop, 11, 12, 11, 12]  # (11, 12) again at index 3; after the stop: ignored
+    monkeypatch.setattr(unlikelihood, "continue_batch", lambda *a: torch.tensor([copied, looped]))
+    batch = unlikelihood.continuations_at(None, stream, 5, config)
+    assert batch.prefix_len == 6 and torch.equal(batch.rows[:, :6], torch.from_numpy(prefixes))
+    assert batch.marks.tolist() == [[False] * 10, [False, False, False, True] + [False] * 6]
+    assert batch.scored.tolist() == [[True] * 10, [True] * 6 + [False] * 4]
+
+
+def _looping_lm(scale: float = 20.0) -> Any:
+    """A tiny untrained causal LM whose greedy output repeats one token, with a probability that grows with
+    ``scale`` (8: 0.7-0.97; 20: 1 to float32 precision)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.model import DemoModel
+
+    lm = DemoModel(DemoConfig(**TINY, mtp_weight=0.0)).lm.eval()
+    with torch.no_grad():
+        lm.model.embed_tokens.weight.mul_(scale)
+    return lm
+
+
+def test_batched_continuations_from_the_cache_are_the_greedy_tokens_of_full_forwards() -> None:
+    """The stage's batched, cached generation (inside the training's fast kernels) gives each row the tokens
+    of a plain full-forward greedy loop; top-k sampling is reproducible from its generator's seed."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.evaluate import greedy
+    from tools.demo_model.gdn import fast_gated_delta_rule
+    from tools.demo_model.model import DemoModel
+    from tools.demo_model.unlikelihood import continue_batch
+
+    lm = DemoModel(DemoConfig(**TINY, mtp_weight=0.0)).lm.eval()
+    with torch.no_grad():
+        for param in lm.parameters():
+            if param.ndim == 2:
+                param.mul_(6.0)  # beyond the 0.02 init: varied greedy tokens, not one repeated id
+    prefixes = torch.randint(3, 4096, (3, 9), generator=torch.Generator().manual_seed(0))
+    with fast_gated_delta_rule():
+        batched = continue_batch(lm, prefixes, 20)
+        sampled = [continue_batch(lm, prefixes, 20, 8, torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
+    want = [greedy(lm, row.tolist(), 20) for row in prefixes]
+    assert batched.tolist() == want
+    assert len({t for row in want for t in row}) > 30
+    assert torch.equal(sampled[0], sampled[1]) and not torch.equal(sampled[0], sampled[2])
+    assert not torch.equal(sampled[0], batched)
+
+
+@pytest.mark.parametrize("scale", [8.0, 20.0])
+def test_the_unlikelihood_loss_is_minus_log_one_minus_p_of_marked_tokens_and_a_step_lowers_their_p(
+    scale: float,
+) -> None:
+    """The loss is the sum of -log(1 - p) over the marked tokens over the scored ones, and a gradient step on
+    it lowers every marked token's probability, also where p rounds to 1 in float32 (``scale`` 20), where
+    a naive -log(1 - p) is infinite or, clamped, has no gradient."""
+    torch = pytest.importorskip("torch")
+    from tools.demo_model.config import DemoConfig
+    from tools.demo_model.unlikelihood import continuations_at, unlikelihood_loss
+
+    lm = _looping_lm(scale)
+    config = DemoConfig(**TINY, ul_prefixes=3, ul_prefix=8, ul_new_tokens=16)
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    batch = continuations_at(lm, stream, 0, config)
+    assert int(batch.marks.sum()) > 10 and bool(batch.scored.all())
+
+    def probabilities() -> Any:
+        logits = lm(input_ids=batch.rows[:, :-1]).logits[:, batch.prefix_len - 1 :].double()
+        return logits.softmax(-1).gather(-1, batch.rows[:, batch.prefix_len :, None]).squeeze(-1)
+
+    with torch.no_grad():
+        before = probabilities()
+    loss = unlikelihood_loss(lm, batch)
+    if scale < 10:
+        assert float(before[batch.marks].min()) > 0.5 and float(before[batch.marks].max()) < 0.99
+        want = -(1 - before[batch.marks]).log().sum() / batch.marks.numel()
+        torch.testing.assert_close(loss.double(), want, rtol=1e-4, atol=1e-6)
+    else:
+        assert int((before[batch.marks].float() == 1.0).sum()) > 5 and 10 < float(loss.detach()) < 1e3
+    loss.backward()
+    with torch.no_grad():
+        for p in lm.parameters():
+            if p.grad is not None:
+                p -= 0.05 * p.grad
+        after = probabilities()
+    assert bool((after[batch.marks] < before[batch.marks]).all())
+
+
+def _ul_config(**overrides: Any) -> Any:
+    from tools.demo_model.config import DemoConfig
+
+    base = {**TINY, "steps": 2, "copy_phase_steps": 0, "unlikelihood_steps": 4, "warmup": 1}
+    base.update(eval_every=100, eval_windows=1, mtp_weight=0.0, ul_lr=2e-3, ul_weight=5.0)
+    base.update(ul_prefixes=3, ul_prefix=8, ul_min_prefix=4, ul_new_tokens=16)
+    return DemoConfig(**{**base, **overrides})
+
+
+def _looping_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, scale: float = 8.0) -> dict[str, Any]:
+    """``init_from`` settings whose warm start is :func:`_looping_lm`'s weights (the stage needs repeats
+    with some probability to act on)."""
+    from tools.demo_model import warmstart
+
+    state = _looping_lm(scale).state_dict()
+
+    def load(model: Any, config: Any, export_dir: Path, train_ids: np.ndarray) -> dict[str, float]:
+        model.lm.load_state_dict(state)
+        return {"export_logit_diff": 0.0, "pruned_channels": 0}
+
+    monkeypatch.setattr(warmstart, "init_from_export", load)
+    return {"init_from": str(tmp_path / "looping")}
+
+
+def test_the_unlikelihood_stage_lowers_the_repeats_p_and_with_weight_0_is_plain_mle_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``ul_weight=0`` the stage's steps are those of a copy phase with the same rate and row mix, bit
+    for bit (the penalty is the only difference); with a weight, the weights differ and the tokens marked
+    in the stage's first continuations are less likely than after the same steps without it."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model.evaluate import load_checkpoint
+    from tools.demo_model.trainer import train
+    from tools.demo_model.unlikelihood import continuations_at
+
+    start = _looping_start(monkeypatch, tmp_path)
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    quiet = lambda _: None  # noqa: E731
+    config = _ul_config(**start)
+    mle = dataclasses.replace(config, ul_weight=0.0)
+    same_mix = dataclasses.replace(
+        config,
+        unlikelihood_steps=0,
+        copy_phase_steps=4,
+        copy_phase_lr=config.ul_lr,
+        copy_phase_window_share=config.copy_window_share,
+        copy_phase_random_share=config.random_copy_share,
+        copy_phase_quote_share=config.quote_share,
+    )
+    runs = {
+        name: train(c, stream, stream[:200], tmp_path / name, quiet)
+        for name, c in (("ul", dataclasses.replace(config, keep_every=2)), ("mle", mle), ("copy", same_mix))
+    }
+    before, _ = load_checkpoint(tmp_path / "ul" / "step-0000002.pt")  # where the stage started
+    first = continuations_at(before, stream, 2, config)  # the stage's first continuations
+    assert int(first.marks.sum()) > 5
+    assert _same_weights(runs["mle"], runs["copy"])
+    assert not _same_weights(runs["ul"], runs["mle"])
+
+    def marked_p(lm: Any) -> Any:
+        with torch.no_grad():
+            logits = lm(input_ids=first.rows[:, :-1]).logits[:, first.prefix_len - 1 :]
+            p = logits.softmax(-1).gather(-1, first.rows[:, first.prefix_len :, None]).squeeze(-1)
+        return p[first.marks]
+
+    # from 0.70: the same steps without the penalty leave the repeats about as likely (0.67), with it 0.54
+    assert float(marked_p(runs["ul"].lm).mean()) < 0.9 * float(marked_p(runs["mle"].lm).mean())
+    assert float(marked_p(runs["mle"].lm).mean()) > 0.5 * float(marked_p(before).mean())
+    log = [json.loads(line) for line in (tmp_path / "ul" / "train_log.jsonl").read_text().splitlines()]
+    assert [("ul_marked" in e) for e in log] == [False, False, True, True, True, True]
+    assert all(0 <= e["ul_marked"] <= 1 and e["ul_loss"] >= 0 for e in log[2:])
+
+
+def test_a_run_interrupted_in_the_unlikelihood_stage_resumes_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped mid-stage (top-k sampled continuations, whose generator is seeded by (seed, step)) and
+    resumed, a run ends with the weights and AdamW state of the uninterrupted run. A checkpoint from before
+    the stage resumes under other ``ul_*`` settings (they act on later steps only); one from inside the
+    stage is refused."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.demo_model.trainer import same_steps_until, train
+
+    start = _looping_start(monkeypatch, tmp_path)
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    quiet = lambda _: None  # noqa: E731
+    config = _ul_config(**start, ul_top_k=4)
+    whole = train(config, stream, stream[:200], tmp_path / "whole", quiet)
+    train(config, stream, stream[:200], tmp_path / "split", quiet, until=4)
+    shutil.copytree(tmp_path / "split", tmp_path / "inside")
+    resumed = train(config, stream, stream[:200], tmp_path / "split", quiet)
+    assert _same_weights(resumed, whole)
+    assert _same_optimizer_state(tmp_path / "whole", tmp_path / "split") == 6
+
+    other = dataclasses.replace(config, ul_prefix=12, ul_ngram=3)
+    assert same_steps_until(dataclasses.replace(config, unlikelihood_steps=0), other, 2)
+    assert not same_steps_until(config, other, 3)
+    with pytest.raises(RuntimeError, match="other settings"):
+        train(other, stream, stream[:200], tmp_path / "inside", quiet)
+
+
+def test_the_unlikelihood_stage_follows_the_copy_phase_and_its_settings_are_checked() -> None:
+    from tools.demo_model.train import _parser, config_from_args
+    from tools.demo_model.trainer import learning_rate
+
+    args = ["--steps", "10", "--copy-phase-steps", "5", "--unlikelihood-steps", "3", "--set", "ul_lr=0.0001"]
+    cfg = config_from_args(_parser().parse_args(args))
+    assert cfg.total_steps == 18 and cfg.unlikelihood_start == 15
+    assert [cfg.unlikelihood_at(s) is not None for s in (9, 14, 15, 17)] == [False, False, True, True]
+    assert [learning_rate(cfg, s) for s in (14, 15)] == [cfg.copy_phase_lr, 0.0001]
+    assert cfg.row_shares(15) == cfg.row_shares(0) != cfg.row_shares(14)  # the main mix, not the copy phase's
+    copy_rows = config_from_args(_parser().parse_args([*args, "--set", "ul_rows=copy"]))
+    assert copy_rows.row_shares(15) == copy_rows.row_shares(14)
+    alone = [
+        "--steps",
+        "0",
+        "--copy-phase-steps",
+        "0",
+        "--unlikelihood-steps",
+        "3",
+    ]  # on an --init-from model
+    assert config_from_args(_parser().parse_args(alone)).unlikelihood_at(0) is not None
+    for bad in (
+        "ul_min_prefix=60",
+        "ul_new_tokens=1000",
+        "ul_ngram=0",
+        "ul_run=1",
+        "head_only=1",
+        "ul_rows=x",
+    ):
+        with pytest.raises(SystemExit, match="invalid settings"):
+            config_from_args(_parser().parse_args([*args, "--set", bad]))

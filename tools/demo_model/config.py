@@ -73,6 +73,25 @@ class DemoConfig:
     quote_gap: int = 64  # longest gap between copies
     copy_phase_lr: float = 3e-4
     copy_phase_mtp_weight: float = 0.1  # DeepSeek-V3 lowers the MTP weight late in training (0.3 -> 0.1)
+    # then an unlikelihood stage at a constant rate (tools.demo_model.unlikelihood; Welleck et al. 2019,
+    # sequence level): each step adds to the MLE loss of a main-mix batch ``ul_weight`` times
+    # -log(1 - p) of the tokens of the model's own continuations that repeat (greedy, or top-k sampled
+    # when ``ul_top_k`` > 1): ``ul_new_tokens`` after each of ``ul_prefixes`` training-text prefixes of
+    # ``ul_min_prefix`` to ``ul_prefix`` tokens. Marked: a token completing an ``ul_ngram``-gram already
+    # in that continuation, or the ``ul_run``-th token of one token repeated back to back (0: no such rule)
+    unlikelihood_steps: int = 0
+    ul_lr: float = 3e-4  # the copy phase's rate (and the cooldown's last): no re-warming
+    ul_weight: float = 1.0
+    ul_prefixes: int = 4
+    ul_prefix: int = 48
+    ul_min_prefix: int = 4
+    ul_new_tokens: int = 64
+    ul_ngram: int = 4
+    ul_run: int = 3
+    ul_top_k: int = 1
+    # the MLE rows of an unlikelihood step: the main schedule's mix ("main") or the copy phase's ("copy",
+    # more copy rows: the penalty on the model's own repeats also pushes against copying)
+    ul_rows: str = "main"
     batch: int = 4
     seq_len: int = 512
     lr: float = 3e-3
@@ -99,20 +118,63 @@ class DemoConfig:
             raise ValueError(
                 f"decay_steps={self.decay_steps} must fit between warmup ({self.warmup}) and steps ({self.steps})"
             )
+        if self.ul_rows not in ("main", "copy"):
+            raise ValueError(f"ul_rows={self.ul_rows!r}: use 'main' or 'copy'")
+        if self.unlikelihood_steps:
+            if self.head_only:
+                raise ValueError("unlikelihood_steps train the decoder: not with head_only")
+            if not 1 <= self.ul_min_prefix <= self.ul_prefix:
+                raise ValueError(
+                    f"ul_min_prefix={self.ul_min_prefix} must be 1 .. ul_prefix ({self.ul_prefix})"
+                )
+            if self.ul_prefix + self.ul_new_tokens > self.context_length:
+                raise ValueError(
+                    f"ul_prefix + ul_new_tokens ({self.ul_prefix + self.ul_new_tokens}) exceed the context "
+                    f"({self.context_length})"
+                )
+            if (
+                min(self.ul_prefixes, self.ul_new_tokens, self.ul_ngram, self.ul_top_k) < 1
+                or self.ul_run == 1
+            ):
+                raise ValueError(
+                    "ul_prefixes, ul_new_tokens, ul_ngram and ul_top_k must be >= 1, ul_run 0 (off) or >= 2"
+                )
 
     @property
     def total_steps(self) -> int:
+        return self.steps + self.copy_phase_steps + self.unlikelihood_steps
+
+    @property
+    def unlikelihood_start(self) -> int:
+        """The first step of the unlikelihood stage (after the main schedule and the copy phase)."""
         return self.steps + self.copy_phase_steps
 
     def row_shares(self, step: int) -> tuple[float, float, float]:
-        """(copy window, random copy, quote window) shares of the rows of training step ``step``."""
-        if step < self.steps:
+        """(copy window, random copy, quote window) shares of the rows of training step ``step``: the main
+        schedule's mix, or the copy phase's (in the unlikelihood stage, as ``ul_rows`` says)."""
+        if step < self.steps or (step >= self.unlikelihood_start and self.ul_rows == "main"):
             return self.copy_window_share, self.random_copy_share, self.quote_share
         return self.copy_phase_window_share, self.copy_phase_random_share, self.copy_phase_quote_share
 
+    def unlikelihood_at(self, step: int) -> tuple[float, int, int, int, int, int, int, int] | None:
+        """The unlikelihood settings of training step ``step`` (weight, prefixes, longest and shortest
+        prefix, new tokens, n-gram, run, top-k), None before the unlikelihood stage."""
+        if step < self.unlikelihood_start:
+            return None
+        return (
+            self.ul_weight,
+            self.ul_prefixes,
+            self.ul_prefix,
+            self.ul_min_prefix,
+            self.ul_new_tokens,
+            self.ul_ngram,
+            self.ul_run,
+            self.ul_top_k,
+        )
+
     def mtp_weight_at(self, step: int) -> float:
         """Weight of the MTP head's loss at training step ``step``."""
-        return self.mtp_weight if step < self.steps else self.copy_phase_mtp_weight
+        return self.mtp_weight if step < self.steps else self.copy_phase_mtp_weight  # copy and UL stages
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,9 +245,9 @@ class DemoConfig:
 
 # Fields that decide no weight: a run may be resumed with other values.
 BOOKKEEPING = ("eval_every", "eval_windows", "checkpoint_every", "keep_every")
-# Fields that act only through the rate, row mix and MTP weight of each step (DemoConfig.learning_rate is
-# in tools.demo_model.trainer, row_shares and mtp_weight_at here): a checkpoint resumes under other values
-# when those agree at every step it has done.
+# Fields that act only through the rate, row mix, MTP weight and unlikelihood settings of each step
+# (DemoConfig.learning_rate is in tools.demo_model.trainer, row_shares, mtp_weight_at and unlikelihood_at
+# here): a checkpoint resumes under other values when those agree at every step it has done.
 SCHEDULE = (
     "steps",
     "copy_phase_steps",
@@ -203,6 +265,17 @@ SCHEDULE = (
     "copy_phase_quote_share",
     "mtp_weight",
     "copy_phase_mtp_weight",
+    "unlikelihood_steps",
+    "ul_lr",
+    "ul_weight",
+    "ul_prefixes",
+    "ul_prefix",
+    "ul_min_prefix",
+    "ul_new_tokens",
+    "ul_ngram",
+    "ul_run",
+    "ul_top_k",
+    "ul_rows",
 )
 
 # The ids generation stops at: <|endoftext|> ends a document, <|im_end|> a chat turn.

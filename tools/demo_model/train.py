@@ -6,6 +6,8 @@ with every layer full attention (a dense model, for benchmarks; not installable 
 1. ``data/`` + ``tokenizer/``: the standard library corpus and its BPE (:mod:`tools.demo_model.data`);
 2. ``train/``: training on the CPU with checkpoints every 50 steps (``checkpoint_every``); rerunning the
    same command, or ``--resume DIR``, resumes (:mod:`.trainer`); ``--until N`` stops after step N;
+   ``--unlikelihood-steps N`` adds the anti-repetition stage (:mod:`.unlikelihood`) after the copy phase,
+   e.g. on a finished run's checkpoint: ``--resume RUN --out DIR --unlikelihood-steps 200``;
 3. ``hf/``: the ``Qwen3_5ForConditionalGeneration`` checkpoint; ``fp32/`` and ``int4/``: the
    onnxruntime-genai builder's exports (:mod:`.export`);
 4. with ``--install``: ``fp32/`` (``export.BUNDLED_EXPORT``) replaces ``src/onnxgen/data/default_model/``.
@@ -62,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"steps of the copy phase after --steps (default {DemoConfig.copy_phase_steps})",
     )
     p.add_argument(
+        "--unlikelihood-steps",
+        type=int,
+        help="steps of the unlikelihood stage after the copy phase, which penalizes the repeats of the "
+        "model's own greedy continuations (default 0: none; its settings are the ul_* fields of --set)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -78,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace, base: DemoConfig | None = None) -> DemoConfig:
     """``base`` (the defaults when None) with the settings given on the command line."""
-    keys = ("steps", "seed", "threads", "copy_phase_steps", "init_from")
+    keys = ("steps", "seed", "threads", "copy_phase_steps", "unlikelihood_steps", "init_from")
     given: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.dense:
         given["dense"] = True

@@ -1,5 +1,5 @@
-"""The training loop: AdamW, linear warmup then cosine decay (or warmup-stable-decay), seeded batches,
-resumable checkpoints.
+"""The training loop: AdamW, linear warmup then cosine decay (or warmup-stable-decay), a copy phase and an
+optional unlikelihood stage (:mod:`tools.demo_model.unlikelihood`), seeded batches, resumable checkpoints.
 
 Reproducible: the model is initialised under ``torch.manual_seed(config.seed)``, batch ``i`` depends
 on ``(seed, i)`` only (:func:`tools.demo_model.data.batch_at`: the data position is the step), the rate
@@ -25,11 +25,14 @@ import numpy as np
 from tools.demo_model.config import BOOKKEEPING, SCHEDULE, DemoConfig
 from tools.demo_model.data import batch_at, val_windows
 from tools.demo_model.tokenizer import FIRST_ORDINARY_ID
+from tools.demo_model.unlikelihood import continuations_at, unlikelihood_loss
 
 CHECKPOINT = "last.pt"
 
 
 def learning_rate(config: DemoConfig, step: int) -> float:
+    if step >= config.unlikelihood_start:  # the unlikelihood stage
+        return config.ul_lr
     if step >= config.steps:  # the copy phase
         return config.copy_phase_lr
     if step < config.warmup:
@@ -181,6 +184,10 @@ def train(
                 loss = main.mean()
             else:
                 loss = main.mean() + config.mtp_weight_at(step) * head.mean()
+            if config.unlikelihood_at(step) is not None:
+                repeats = continuations_at(model.lm, train_ids, step, config)
+                penalty = unlikelihood_loss(model.lm, repeats)
+                loss = loss + config.ul_weight * penalty
             loss.backward()
             trained = (p for p in model.parameters() if p.requires_grad)
             norm = torch.nn.utils.clip_grad_norm_(trained, config.grad_clip)
@@ -191,11 +198,18 @@ def train(
             entry: dict[str, Any] = {"step": done, "loss": round(main.mean().item(), 4)}
             if head is not None:
                 entry["mtp_loss"] = round(head.mean().item(), 4)
+            if config.unlikelihood_at(step) is not None:  # the share of generated tokens that repeat
+                entry["ul_loss"] = round(penalty.item(), 4)
+                entry["ul_marked"] = round(float(repeats.marks.sum() / repeats.scored.sum()), 4)
             if done % 10 == 0 or done == config.total_steps:
                 elapsed = time.time() - t0
                 entry.update(lr=round(learning_rate(config, step), 6), grad_norm=round(norm.item(), 3))
                 entry.update(elapsed_s=round(elapsed, 1), tokens_per_s=round(tokens / elapsed))
-            if done % config.eval_every == 0 or done in (config.steps, config.total_steps):
+            if done % config.eval_every == 0 or done in (
+                config.steps,
+                config.unlikelihood_start,
+                config.total_steps,
+            ):
                 entry["val_loss"] = round(evaluate(model.lm, val_ids, config.seq_len, config.eval_windows), 4)
                 if model.mtp is not None:
                     head_eval = evaluate_head(model, val_ids, config.seq_len, config.eval_windows)
@@ -231,7 +245,8 @@ def _save(model: Any, opt: Any, config: DemoConfig, step: int, work: Path) -> No
 def same_steps_until(written: DemoConfig, wanted: DemoConfig, step: int) -> bool:
     """Whether steps ``0 .. step - 1`` of ``written`` are those of ``wanted``: the same settings (but for
     the schedule's and the bookkeeping fields) and, at every one of those steps, the same learning rate,
-    row mix and MTP weight. A checkpoint of ``written`` at ``step`` then resumes as ``wanted``."""
+    row mix, MTP weight and unlikelihood settings. A checkpoint of ``written`` at ``step`` then resumes as
+    ``wanted``."""
     free = (*SCHEDULE, *BOOKKEEPING)
     a = {k: v for k, v in written.to_dict().items() if k not in free}
     b = {k: v for k, v in wanted.to_dict().items() if k not in free}
@@ -241,6 +256,7 @@ def same_steps_until(written: DemoConfig, wanted: DemoConfig, step: int) -> bool
         learning_rate(written, s) == learning_rate(wanted, s)
         and written.row_shares(s) == wanted.row_shares(s)
         and written.mtp_weight_at(s) == wanted.mtp_weight_at(s)
+        and written.unlikelihood_at(s) == wanted.unlikelihood_at(s)
         for s in range(step)
     )
 
