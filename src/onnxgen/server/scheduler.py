@@ -125,9 +125,11 @@ class Scheduler:
         if rows:
             self.metrics.batch_size.observe(rows)
             self.metrics.step_seconds.observe(seconds)
+        # the gauges are set before the outputs reach clients (a client that reads /metrics after its
+        # last token sees its row gone), and again after: pushing can end rows (stop strings)
+        self._set_gauges()
         self._push(outputs)
-        self.metrics.rows(scheduler.batch.n, scheduler.batch.free_rows)
-        self.metrics.queue_depth.set(len(scheduler.waiting) + len(self._incoming))
+        self._set_gauges()
         if trace is not None:
             trace.lap("push")
             copy = round(scheduler.copy_seconds - copied, 6)
@@ -135,6 +137,11 @@ class Scheduler:
             trace.end(
                 copy=copy, rows_in=rows_in, rows=scheduler.batch.n, waiting=waiting, jobs=len(self._jobs)
             )
+
+    def _set_gauges(self) -> None:
+        scheduler = self.engine.scheduler
+        self.metrics.rows(scheduler.batch.n, scheduler.batch.free_rows)
+        self.metrics.queue_depth.set(len(scheduler.waiting) + len(self._incoming))
 
     def _take_incoming(self) -> None:
         with self._cv:
