@@ -1106,3 +1106,27 @@ def test_the_unlikelihood_stage_follows_the_copy_phase_and_its_settings_are_chec
     ):
         with pytest.raises(SystemExit, match="invalid settings"):
             config_from_args(_parser().parse_args([*args, "--set", bad]))
+
+
+def test_looping_share_counts_rows_that_loop_before_their_first_stop_id() -> None:
+    from tools.demo_model.config import STOP_IDS
+    from tools.demo_model.evaluate import looping_share
+
+    loops = [5, 6, 7] + [9] * 12  # " string" twelve times
+    clean = list(range(10, 40))
+    after_stop = [*range(10, 20), STOP_IDS[0], *[9] * 20]  # the loop comes after the stop: never shown
+    assert looping_share([loops, clean, after_stop, clean]) == 0.25
+    assert looping_share([clean]) == 0.0 and looping_share([loops, loops]) == 1.0
+
+
+def test_loop_share_is_high_for_a_model_that_repeats_and_the_same_for_the_same_weights() -> None:
+    """On :func:`_looping_lm` (greedy output repeats one token) nearly every held-out prompt loops; the
+    prompts are seeded, so a second call gives the same share."""
+    pytest.importorskip("torch")
+    from tools.demo_model.evaluate import loop_share
+
+    stream = np.random.default_rng(0).integers(3, 4096, size=4000).astype(np.uint16)
+    lm = _looping_lm(20.0)
+    share = loop_share(lm, stream, new_tokens=16)
+    assert share > 0.9
+    assert loop_share(lm, stream, new_tokens=16) == share

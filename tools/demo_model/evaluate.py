@@ -11,7 +11,10 @@ for an export). Prints one JSON object:
 - ``greedy``: the greedy continuation (torch, no cache) of each prompt, and ``loop``: where its tokens
   first fall into a block repeated back to back (see :func:`loop_at`), null when they do not;
 - ``copy_accuracy``: teacher-forced next-token accuracy over the second copy of spans written twice
-  (:func:`tools.demo_model.measure.copy_probe_spans`), what prompt lookup and MTP drafting lean on.
+  (:func:`tools.demo_model.measure.copy_probe_spans`), what prompt lookup and MTP drafting lean on;
+- ``loop_share``: the share of greedy continuations (64 tokens, up to a stop id) of 48 held-out prefixes
+  (12 each of 4, 8, 16 and 32 tokens, at seeded places) that fall into a loop (:func:`loop_at`): how
+  often the model loops in general, beside the three prompts above.
 
 A step-N checkpoint of a ``wsd`` run is taken at its constant rate: a cooldown branched from it
 (``train --resume RUN/train/step-N.pt --out DIR --steps M``) scores better than the checkpoint itself.
@@ -33,6 +36,9 @@ from tools.demo_model.config import STOP_IDS, DemoConfig
 from tools.demo_model.tokenizer import FIRST_ORDINARY_ID
 
 PROMPTS = ("def fibonacci(n):", "import os", "class Stack:")  # docs/demo-model.md's greedy completions
+LOOP_PREFIXES = (4, 8, 16, 32)  # prefix lengths of loop_share's held-out prompts, LOOP_ROWS of each
+LOOP_ROWS = 12
+LOOP_SEED = 1234
 
 
 def loop_at(ids: Sequence[int], min_tokens: int = 12, min_repeats: int = 3) -> tuple[int, int] | None:
@@ -48,6 +54,32 @@ def loop_at(ids: Sequence[int], min_tokens: int = 12, min_repeats: int = 3) -> t
             if all(ids[start + k] == ids[start + k - period] for k in range(period, span)):
                 return start, period
     return None
+
+
+def looping_share(continuations: Sequence[Sequence[int]]) -> float:
+    """The share of ``continuations`` with a loop (:func:`loop_at`) before their first stop id (what
+    follows a stop is never shown)."""
+    looped = 0
+    for row in continuations:
+        stop = next((i for i, t in enumerate(row) if t in STOP_IDS), len(row))
+        looped += loop_at(list(row[:stop])) is not None
+    return looped / len(continuations)
+
+
+def loop_share(lm: Any, val: np.ndarray, new_tokens: int = 64) -> float:
+    """:func:`looping_share` of the greedy continuations of ``LOOP_ROWS`` held-out prefixes of each length
+    in ``LOOP_PREFIXES``, taken at seeded places of ``val`` (the same prompts for every checkpoint)."""
+    import torch
+
+    from tools.demo_model.unlikelihood import continue_batch
+
+    rng = np.random.default_rng(LOOP_SEED)
+    rows: list[list[int]] = []
+    for length in LOOP_PREFIXES:
+        starts = rng.integers(0, val.size - length, size=LOOP_ROWS)
+        prefixes = torch.from_numpy(np.stack([val[s : s + length] for s in starts]).astype(np.int64))
+        rows += continue_batch(lm, prefixes, new_tokens).tolist()
+    return looping_share(rows)
 
 
 def load_checkpoint(path: Path) -> tuple[Any, DemoConfig]:
@@ -119,6 +151,7 @@ def score(lm: Any, config: DemoConfig, run: Path, new_tokens: int = 64) -> dict[
     tok = Tokenizer.from_file(str(run / "tokenizer" / "tokenizer.json"))
     with fast_gated_delta_rule():
         loss = evaluate(lm, val, config.seq_len, None)
+        looping = loop_share(lm, val)
     samples = {}
     for prompt in PROMPTS:
         out = greedy(lm, tok.encode(prompt, add_special_tokens=False).ids, new_tokens)
@@ -133,6 +166,7 @@ def score(lm: Any, config: DemoConfig, run: Path, new_tokens: int = 64) -> dict[
         "val_ppl": round(math.exp(loss), 2),
         "greedy": samples,
         "copy_accuracy": {name: round(copy_accuracy(lm, s), 3) for name, s in spans.items()},
+        "loop_share": round(looping, 3),
     }
 
 

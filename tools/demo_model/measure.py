@@ -173,13 +173,14 @@ def simulate_prompt_lookup(
 
 
 def genai_greedy(model_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:
-    """Greedy tokens from onnxruntime-genai itself (eos ignored), for the cross-check."""
+    """Greedy tokens from onnxruntime-genai itself, for the cross-check: up to ``new_tokens``, ending at an
+    end-of-sequence token like onnxgen's (no ``min_length``: onnxruntime-genai meets one by masking the
+    end-of-sequence logits, which would choose another token where the model chooses to end)."""
     import onnxruntime_genai as og
 
     model = og.Model(str(model_dir))
     params = og.GeneratorParams(model)
-    total = len(prompt) + new_tokens
-    params.set_search_options(do_sample=False, max_length=total, min_length=total)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + new_tokens)
     gen = og.Generator(model, params)
     gen.append_tokens(np.array(prompt, dtype=np.int32))
     while not gen.is_done():
