@@ -98,26 +98,37 @@ def test_a_one_row_tail_would_round_otherwise(tmp_path: Path, family: str) -> No
     assert not np.array_equal(got, want)  # ... rounded otherwise
 
 
-@pytest.mark.parametrize("k", [1024, 3584])
-def test_int4_projection_rows_do_not_depend_on_the_row_count_from_two(k: int) -> None:
-    """What the floor of 2 rows rests on, at real sizes of K: each row of ``MatMulNBits`` over 2 or more
-    rows comes out bit for bit as in a 200-row product."""
-    rng = np.random.default_rng(1)
-    q = quantize_int4(rng.standard_normal((k, 256)).astype(np.float32))
-    node = helper.make_node(
-        "MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=k, N=256, bits=4,
-        block_size=q.block_size, accuracy_level=4,
-    )  # fmt: skip
-    model = helper.make_model(
-        helper.make_graph(
-            [node],
-            "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-            [numpy_helper.from_array(q.packed, "w"), numpy_helper.from_array(q.scales, "s")],
-        ),
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+def _projection(op: str, k: int, n: int, rng: np.random.Generator) -> onnx.ModelProto:
+    """One projection of ``[1, rows, k]`` to ``n`` columns: int4 ``MatMulNBits`` or float ``MatMul``."""
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    if op == "MatMulNBits":
+        q = quantize_int4(w)
+        inits = [numpy_helper.from_array(q.packed, "w"), numpy_helper.from_array(q.scales, "s")]
+        node = helper.make_node(
+            "MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+            block_size=q.block_size, accuracy_level=4,
+        )  # fmt: skip
+    else:
+        inits, node = [numpy_helper.from_array(w, "w")], helper.make_node("MatMul", ["x", "w"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
     )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+
+
+@pytest.mark.parametrize("op", ["MatMulNBits", "MatMul"])
+@pytest.mark.parametrize("k", [1024, 3584])
+def test_projection_rows_do_not_depend_on_the_row_count_from_two(op: str, k: int) -> None:
+    """What the floor of 2 rows rests on, at real sizes of K: each row of an int4 ``MatMulNBits`` or a
+    float ``MatMul`` over 2 or more rows comes out bit for bit as in a 200-row product."""
+    rng = np.random.default_rng(1)
+    model = _projection(op, k, 256, rng)
     for threads in (1, 2):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
