@@ -12,6 +12,9 @@ median decode-step milliseconds (the first two steps left out), the medians over
 
 - ``tail_rows``: the last layer's position-wise tail on the kept rows only (:mod:`onnxgen.graph.kept_rows`)
   against the logits-to-keep slice right before the lm_head.
+- ``l2_norms``: a linear attention's query and key L2 norms as one normalization
+  (:func:`onnxgen.graph.decode_fusions.merge_l2_norms`) against the two (that graph prepared in a cache
+  folder of its own under the temporary directory).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -31,9 +37,17 @@ from onnxgen.runtime.session import DecoderSession
 WARM_STEPS = 2  # leading decode steps left out of each median
 
 
+OFF_CACHE = Path(tempfile.gettempdir()) / "onnxgen-graph-ab-off"  # graphs prepared without the pass
+
+
 def make_session(package: ModelPackage, threads: int, feature: str, on: bool) -> DecoderSession:
     if feature == "tail_rows":
         graph = session_graph(package.model_path, package.io, graph=package.graph, tail_rows=on)
+    elif feature == "l2_norms" and on:
+        graph = session_graph(package.model_path, package.io, graph=package.graph)
+    elif feature == "l2_norms":  # the same settings (the same cache key) prepared without the rewrite
+        with mock.patch("onnxgen.graph.decode_fusions.merge_l2_norms", lambda *a, **k: None):
+            graph = session_graph(package.model_path, package.io, graph=package.graph, cache_dir=OFF_CACHE)
     else:
         raise SystemExit(f"unknown pass {feature!r}")
     return DecoderSession(graph, threads=threads, verify=False)
@@ -61,7 +75,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
-    p.add_argument("--pass", dest="feature", required=True, choices=["tail_rows"])
+    p.add_argument("--pass", dest="feature", required=True, choices=["tail_rows", "l2_norms"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-tokens", default="16,512")
     p.add_argument("--steps", type=int, default=32)

@@ -60,7 +60,7 @@ from onnxgen.runtime.int4 import quantize_int4
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # bumped when what a cache entry holds changes
+FORMAT = 4  # bumped when what a cache entry holds changes
 GRAPH_FILE = "graph.onnx"
 WEIGHTS_FILE = "weights.bin"
 FACTS_FILE = "prepared.json"
