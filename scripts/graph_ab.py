@@ -15,12 +15,16 @@ median decode-step milliseconds (the first two steps left out), the medians over
 - ``l2_norms``: a linear attention's query and key L2 norms as one normalization
   (:func:`onnxgen.graph.decode_fusions.merge_l2_norms`) against the two (that graph prepared in a cache
   folder of its own under the temporary directory).
+- ``arena_shrink``: the first decode step after a prefill hands the arena's unused regions back (what a
+  session does) against a session that keeps them (two sessions of one graph): the next prefill's page
+  faults and time.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import statistics
 import tempfile
 import time
@@ -43,6 +47,13 @@ OFF_CACHE = Path(tempfile.gettempdir()) / "onnxgen-graph-ab-off"  # graphs prepa
 def make_session(package: ModelPackage, threads: int, feature: str, on: bool) -> DecoderSession:
     if feature == "tail_rows":
         graph = session_graph(package.model_path, package.io, graph=package.graph, tail_rows=on)
+    elif feature == "arena_shrink":  # one graph; the session "off" never shrinks its arena after a prefill
+        session = DecoderSession(
+            session_graph(package.model_path, package.io, graph=package.graph), threads=threads, verify=False
+        )
+        if not on:
+            session._shrink_options = session._run_options
+        return session
     elif feature == "l2_norms" and on:
         graph = session_graph(package.model_path, package.io, graph=package.graph)
     elif feature == "l2_norms":  # the same settings (the same cache key) prepared without the rewrite
@@ -55,12 +66,15 @@ def make_session(package: ModelPackage, threads: int, feature: str, on: bool) ->
 
 def run(
     session: DecoderSession, prompt: list[int], steps: int
-) -> tuple[float, list[float], list[int], np.ndarray]:
-    """Prefill seconds, decode-step seconds, greedy tokens and the prefill's logits."""
+) -> tuple[float, list[float], list[int], np.ndarray, int]:
+    """Prefill seconds, decode-step seconds, greedy tokens, the prefill's logits and the page faults the
+    prefill took (the process's minor faults: activation memory touched for the first time)."""
     state = session.new_state(len(prompt) + steps + 1)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     started = time.perf_counter()
     logits = session.forward(state, np.array([prompt], dtype=np.int64), 1)[0, -1]
     prefill = time.perf_counter() - started
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     first = np.array(logits, copy=True)
     tokens = [int(first.argmax())]
     times = []
@@ -69,13 +83,13 @@ def run(
         logits = session.step(state, tokens[-1])
         times.append(time.perf_counter() - started)
         tokens.append(int(logits.argmax()))
-    return prefill, times[WARM_STEPS:], tokens, first
+    return prefill, times[WARM_STEPS:], tokens, first, faults
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
-    p.add_argument("--pass", dest="feature", required=True, choices=["tail_rows", "l2_norms"])
+    p.add_argument("--pass", dest="feature", required=True, choices=["tail_rows", "l2_norms", "arena_shrink"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-tokens", default="16,512")
     p.add_argument("--steps", type=int, default=32)
@@ -109,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(f'{x:.3f}' for x in prefill)}); step ms on "
             f"{1e3 * statistics.median(t for r in on for t in r[1]):.2f} off "
             f"{1e3 * statistics.median(t for r in off for t in r[1]):.2f} (off/on {statistics.median(step):.3f}); "
-            f"prefill logits bit-identical {same_bits}, tokens equal {same_tokens}"
+            f"prefill logits bit-identical {same_bits}, tokens equal {same_tokens}; prefill page faults on "
+            f"{statistics.median(r[4] for r in on):.0f} off {statistics.median(r[4] for r in off):.0f}"
         )
     return 0
 

@@ -5,14 +5,15 @@
 
 One session; per round, in shuffled order, one prefill per chunk size (the prompt fed in forwards of at most
 that many tokens, the last position's logits kept). Prints each chunk size's median seconds, the median over
-rounds of its time against the whole-prompt forward (the first chunk size), and whether its logits are
-bit-identical to that forward's.
+rounds of its time against the whole-prompt forward (the first chunk size), whether its logits are
+bit-identical to that forward's, and the minor page faults a prefill took.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import statistics
 import time
 
@@ -24,12 +25,15 @@ from onnxgen.runtime.graph_cache import session_graph
 from onnxgen.runtime.session import DecoderSession
 
 
-def prefill(session: DecoderSession, prompt: np.ndarray, chunk: int) -> tuple[float, np.ndarray]:
+def prefill(session: DecoderSession, prompt: np.ndarray, chunk: int) -> tuple[float, np.ndarray, int]:
+    """Seconds, the last position's logits and the minor page faults of one prefill."""
     state = session.new_state(prompt.shape[1] + 1)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     started = time.perf_counter()
     for i in range(0, prompt.shape[1], chunk):
         logits = session.forward(state, prompt[:, i : i + chunk], 1)
-    return time.perf_counter() - started, np.array(logits, copy=True)
+    took = time.perf_counter() - started
+    return took, np.array(logits, copy=True), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         [[1 + (7919 * i + 13) % (vocab - 1) for i in range(args.prompt_tokens)]], dtype=np.int64
     )
     chunks = [int(c) for c in args.chunks.split(",")]
-    got: dict[int, list[tuple[float, np.ndarray]]] = {c: [] for c in chunks}
+    got: dict[int, list[tuple[float, np.ndarray, int]]] = {c: [] for c in chunks}
     for _ in range(args.rounds):
         for c in random.sample(chunks, len(chunks)):
             got[c].append(prefill(session, prompt, c))
@@ -61,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         same = all(np.array_equal(r[1], got[base][0][1]) for r in got[c])
         print(
             f"  chunk {c}: {statistics.median(r[0] for r in got[c]):.3f} s, against {base}: "
-            f"{statistics.median(ratio):.3f} ({', '.join(f'{x:.3f}' for x in ratio)}); logits bit-identical {same}"
+            f"{statistics.median(ratio):.3f} ({', '.join(f'{x:.3f}' for x in ratio)}); logits bit-identical {same}; "
+            f"page faults {statistics.median(r[2] for r in got[c]):.0f}"
         )
     return 0
 
