@@ -7,7 +7,7 @@ One process makes one :class:`~onnxgen.runtime.session.DecoderSession` per varia
 off; made in random order, each graph prepared in the cache under its own settings) and runs, per round and
 prompt length, in shuffled variant order: a prefill of the prompt (kept logits of its last position) and
 ``--steps`` greedy decode steps. Prints per variant and prompt length the median prefill seconds and the
-median decode-step milliseconds (the first two steps left out), the medians over rounds of off / on
+median decode-step milliseconds (the first two steps left out) and the first step's, the medians over rounds of off / on
 (> 1: the pass is faster), and whether the variants gave bit-identical prefill logits and the same tokens.
 
 - ``tail_rows``: the last layer's position-wise tail on the kept rows only (:mod:`onnxgen.graph.kept_rows`)
@@ -67,7 +67,7 @@ def make_session(package: ModelPackage, threads: int, feature: str, on: bool) ->
 def run(
     session: DecoderSession, prompt: list[int], steps: int
 ) -> tuple[float, list[float], list[int], np.ndarray, int]:
-    """Prefill seconds, decode-step seconds, greedy tokens, the prefill's logits and the page faults the
+    """Prefill seconds, every decode step's seconds, greedy tokens, the prefill's logits and the page faults the
     prefill took (the process's minor faults: activation memory touched for the first time)."""
     state = session.new_state(len(prompt) + steps + 1)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -83,7 +83,7 @@ def run(
         logits = session.step(state, tokens[-1])
         times.append(time.perf_counter() - started)
         tokens.append(int(logits.argmax()))
-    return prefill, times[WARM_STEPS:], tokens, first, faults
+    return prefill, times, tokens, first, faults
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,13 +116,18 @@ def main(argv: list[str] | None = None) -> int:
         same_bits = all(np.array_equal(a[3], b[3]) for a, b in zip(on, off, strict=True))
         same_tokens = all(a[2] == b[2] for a, b in zip(on, off, strict=True))
         prefill = [b[0] / a[0] for a, b in zip(on, off, strict=True)]
-        step = [statistics.median(b[1]) / statistics.median(a[1]) for a, b in zip(on, off, strict=True)]
+        step = [
+            statistics.median(b[1][WARM_STEPS:]) / statistics.median(a[1][WARM_STEPS:])
+            for a, b in zip(on, off, strict=True)
+        ]
         print(
             f"  prompt {n}: prefill s on {statistics.median(r[0] for r in on):.3f} off "
             f"{statistics.median(r[0] for r in off):.3f} (off/on per round {statistics.median(prefill):.3f}: "
             f"{', '.join(f'{x:.3f}' for x in prefill)}); step ms on "
-            f"{1e3 * statistics.median(t for r in on for t in r[1]):.2f} off "
-            f"{1e3 * statistics.median(t for r in off for t in r[1]):.2f} (off/on {statistics.median(step):.3f}); "
+            f"{1e3 * statistics.median(t for r in on for t in r[1][WARM_STEPS:]):.2f} off "
+            f"{1e3 * statistics.median(t for r in off for t in r[1][WARM_STEPS:]):.2f} "
+            f"(off/on {statistics.median(step):.3f}); first step ms on "
+            f"{1e3 * statistics.median(r[1][0] for r in on):.1f} off {1e3 * statistics.median(r[1][0] for r in off):.1f}; "
             f"prefill logits bit-identical {same_bits}, tokens equal {same_tokens}; prefill page faults on "
             f"{statistics.median(r[4] for r in on):.0f} off {statistics.median(r[4] for r in off):.0f}"
         )
