@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 from onnxgen.model.graph_ports import walk_nodes
 
 # unary or broadcasting elementwise ops (by domain): an output element depends on the same element of the
-# inputs (constants broadcast along the last axis, checked by _row_constant)
+# inputs (constants broadcast along the last axis only, checked by _Constants.row_constant)
 _ELEMENTWISE = {
     "": {"Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Cast", "Identity", "Neg", "Erf", "Softplus"},
     "com.microsoft": {"QuickGelu", "FastGelu", "Gelu", "BiasGelu"},
