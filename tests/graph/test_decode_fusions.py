@@ -240,3 +240,50 @@ def test_inspect_and_load_report_what_the_session_merges(
     assert not onnxgen.load(model_dir, threads=1, fuse=False).session.fusions.rewritten
     monkeypatch.setenv("ONNXGEN_FUSE", "0")
     assert not onnxgen.load(model_dir, threads=1).session.fusions.rewritten
+
+
+def _linear_qkv(p_key: int = 2, heads: int = 16, dim: int = 128) -> onnx.ModelProto:
+    """A Gated DeltaNet layer's convolved ``q, k, v`` split three ways, with per-head L2 norms of ``q`` and
+    ``k`` as onnxruntime-genai's builder writes them (the query then scaled)."""
+    width = heads * dim
+    ints = {
+        "sizes": [width, width, width],
+        "heads": [0, 0, heads, dim],
+        "flat": [0, 0, width],
+    }
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
+    inits.append(numpy_helper.from_array(np.array(0.0884, np.float32), "scale"))
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["q", "k", "v"], axis=-1)]
+    for name, p in (("q", 2), ("k", p_key)):
+        nodes += [
+            helper.make_node("Reshape", [name, "heads"], [f"{name}4"]),
+            helper.make_node("LpNormalization", [f"{name}4"], [f"{name}n"], axis=-1, p=p),
+            helper.make_node("Reshape", [f"{name}n", "flat"], [f"{name}_out"]),
+        ]
+    nodes.append(helper.make_node("Mul", ["q_out", "scale"], ["q_scaled"]))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, 3 * width])
+    return _model(nodes, inits, [x], ["q_scaled", "k_out", "v"])
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_linear_attention_l2_norms_merge_with_the_same_outputs(tokens: int) -> None:
+    model = _linear_qkv()
+    done = fuse_for_decode(model, None)
+    fused, fusions = done.model, done.report
+    assert fusions.merged_l2_norms == 1 and fusions.merged_matmuls == 0
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("LpNormalization") == 1 and len(ops) == len(model.graph.node) - 2
+    feeds = {"x": RNG.standard_normal((1, tokens, 3 * 16 * 128)).astype(np.float32)}
+    assert _same(_run(model, feeds), _run(fused, feeds))
+    # negative control: the merged norm over vectors of another length (a wrong head split) changes them
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(fused)
+    for init in wrong.graph.initializer:
+        if init.name.endswith(".heads"):
+            init.CopyFrom(numpy_helper.from_array(np.array([0, 0, 16, 256], np.int64), init.name))
+    assert not _same(_run(model, feeds), _run(wrong, feeds))
+
+
+def test_l2_norms_that_differ_are_not_merged() -> None:
+    done = fuse_for_decode(_linear_qkv(p_key=1), None)
+    assert done.report.merged_l2_norms == 0 and not done.modified

@@ -18,6 +18,13 @@ needs; both rewrites compute every output value exactly as before (tests compare
    (``x / rms * weight``): with weight 1 it gives ``x / rms`` exactly, and the ``Mul`` rounds the same
    product (float32 only; tests check the bits, so an onnxruntime that computed it otherwise fails them).
 
+3. **Query and key L2 norms of a linear attention** (:func:`merge_l2_norms`): a Gated DeltaNet layer
+   splits its convolved ``q, k, v`` three ways and takes each of ``q`` and ``k`` through ``Reshape
+   [0, 0, heads, dim] -> LpNormalization -> Reshape [0, 0, width]``. The query and key heads become one
+   ``LpNormalization`` over both (a two-way split before it, another after): onnxruntime's CPU kernel
+   normalizes each head's vector on its own, so the values do not change, and a step runs two nodes fewer
+   per layer.
+
 What the fusions save per step, and how it was measured (``scripts/runtime_ab.py MODEL --feature fuse``):
 docs/benchmarks-history.md.
 """
@@ -50,17 +57,21 @@ class Fusions:
 
     merged_matmuls: int = 0  # MatMulNBits nodes now computed by a merged one
     merged_norms: int = 0  # query/key RMSNorm pairs now one normalization
+    merged_l2_norms: int = 0  # linear attentions' query/key L2 norm pairs now one normalization
     skipped: list[str] = field(default_factory=list)
 
     @property
     def rewritten(self) -> bool:
-        return bool(self.merged_matmuls or self.merged_norms)
+        return bool(self.merged_matmuls or self.merged_norms or self.merged_l2_norms)
 
     def summary(self) -> str:
         """One line for reports (``onnxgen inspect``, ``onnxgen bench``)."""
         if not self.rewritten:
             return "nothing to merge"
-        return f"{self.merged_matmuls} MatMulNBits merged in groups, {self.merged_norms} query/key norm pairs as one"
+        return (
+            f"{self.merged_matmuls} MatMulNBits merged in groups, {self.merged_norms} query/key norm pairs as one"
+            + (f", {self.merged_l2_norms} query/key L2 norm pairs as one" if self.merged_l2_norms else "")
+        )
 
 
 def _ints(node: onnx.NodeProto, name: str, default: int | None = None) -> int | None:
@@ -323,6 +334,96 @@ def merge_qk_norms(
     _splice(graph, replace, drop)
 
 
+def _l2_path(
+    graph: onnx.GraphProto, users: dict, outputs: set[str], prods: dict, start: str, width: int
+) -> tuple[list[onnx.NodeProto], list[int]] | None:
+    """``start -> Reshape [0, 0, H, D] -> LpNormalization(p=2, last axis) -> Reshape [0, 0, width]``: the
+    three nodes and [H, D], or None."""
+    r1 = _single_user(users, start, outputs)
+    if r1 is None or not _is_onnx(r1, "Reshape") or r1.input[0] != start or _ints(r1, "allowzero", 0):
+        return None
+    shape = constant_ints(graph, r1.input[1], prods)
+    if shape is None or len(shape) != 4 or shape[:2] != [0, 0] or min(shape[2:]) <= 0:
+        return None
+    if shape[2] * shape[3] != width:
+        return None
+    norm = _single_user(users, r1.output[0], outputs)
+    if norm is None or not _is_onnx(norm, "LpNormalization") or norm.input[0] != r1.output[0]:
+        return None
+    if _ints(norm, "axis", -1) not in (-1, 3) or _ints(norm, "p", 2) != 2:
+        return None
+    r2 = _single_user(users, norm.output[0], outputs)
+    if r2 is None or not _is_onnx(r2, "Reshape") or _ints(r2, "allowzero", 0):
+        return None
+    if constant_ints(graph, r2.input[1], prods) != [0, 0, width]:
+        return None
+    return [r1, norm, r2], shape[2:]
+
+
+def merge_l2_norms(model: onnx.ModelProto, fusions: Fusions, dry: bool = False) -> None:
+    """Rewrite 3 of the module docstring, in place (``dry``: count what it would merge, change nothing)."""
+    graph = model.graph
+    if default_opset(model) < 13:
+        return
+    users = consumers(model)
+    prods = producers(graph)
+    outputs = {o.name for o in graph.output}
+    replace: dict[str, list[onnx.NodeProto]] = {}
+    drop: set[str] = set()
+    for split in list(graph.node):
+        if not _is_onnx(split, "Split") or len(split.output) != 3 or _ints(split, "axis", 0) != -1:
+            continue
+        sizes = constant_ints(graph, split.input[1], prods) if len(split.input) > 1 else None
+        if sizes is None or len(sizes) != 3:
+            continue
+        q = _l2_path(graph, users, outputs, prods, split.output[0], sizes[0])
+        k = _l2_path(graph, users, outputs, prods, split.output[1], sizes[1])
+        if q is None or k is None or q[1][1] != k[1][1]:
+            continue
+        (q_nodes, (qh, dim)), (k_nodes, (kh, _)) = q, k
+        if dry:
+            fusions.merged_l2_norms += 1
+            continue
+        base = f"{q_nodes[1].name or split.output[0]}/onnxgen_qk_l2"
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.array([sizes[0] + sizes[1], sizes[2]], np.int64), f"{base}.outer"),
+                numpy_helper.from_array(np.array([0, 0, qh + kh, dim], np.int64), f"{base}.heads"),
+                numpy_helper.from_array(np.array([0, 0, sizes[0] + sizes[1]], np.int64), f"{base}.flat"),
+                numpy_helper.from_array(np.array(sizes[:2], np.int64), f"{base}.inner"),
+            ]
+        )
+        norm_attrs = {a.name: helper.get_attribute_value(a) for a in q_nodes[1].attribute}
+        replace[split.output[0]] = [
+            helper.make_node(
+                "Split",
+                [split.input[0], f"{base}.outer"],
+                [f"{base}.qk", split.output[2]],
+                name=base,
+                axis=-1,
+            ),
+            helper.make_node(
+                "Reshape", [f"{base}.qk", f"{base}.heads"], [f"{base}.qk4"], name=f"{base}/reshape"
+            ),
+            helper.make_node(
+                "LpNormalization", [f"{base}.qk4"], [f"{base}.normed"], name=f"{base}/norm", **norm_attrs
+            ),
+            helper.make_node(
+                "Reshape", [f"{base}.normed", f"{base}.flat"], [f"{base}.qk3"], name=f"{base}/reshape_back"
+            ),
+            helper.make_node(
+                "Split",
+                [f"{base}.qk3", f"{base}.inner"],
+                [q_nodes[2].output[0], k_nodes[2].output[0]],
+                name=f"{base}/split",
+                axis=-1,
+            ),
+        ]
+        drop.update(n.output[0] for n in q_nodes + k_nodes)
+        fusions.merged_l2_norms += 1
+    _splice(graph, replace, drop)
+
+
 def _splice(graph: onnx.GraphProto, replace: dict[str, list[onnx.NodeProto]], drop: set[str]) -> None:
     """Put each replacement where its node was (its inputs exist there) and drop the merged nodes (nodes
     are named by their first output)."""
@@ -351,6 +452,7 @@ def fuse_for_decode(
     out.CopyFrom(model)
     fusions = Fusions()
     merge_qk_norms(out, base_dir, fusions, store=store or _inline)
+    merge_l2_norms(out, fusions)
     limit = MAX_INLINE_BYTES if store is None else None
     merge_sibling_matmuls(out, base_dir, fusions, max_bytes=limit, store=store or _inline)
     return PassResult(out, True, fusions)
@@ -360,5 +462,6 @@ def planned_fusions(model: onnx.ModelProto) -> Fusions:
     """What :func:`fuse_for_decode` would merge, from the graph alone (``onnxgen inspect``)."""
     fusions = Fusions()
     merge_qk_norms(model, None, fusions, dry=True)
+    merge_l2_norms(model, fusions, dry=True)
     merge_sibling_matmuls(model, None, fusions, dry=True)
     return fusions

@@ -13,7 +13,9 @@ Rewrite rules:
    data input (input 0) is the hidden state [batch, seq, hidden].
 3. Insert ``Slice(hidden, starts=-N, ends=INT64_MAX, axes=[1])`` and feed the lm_head from it; other
    consumers of the hidden state are untouched.
-4. Add the graph input; rename the logits output's sequence axis to ``logits_to_keep``.
+4. Run the last layer's position-wise tail (output projection, residual adds, norms, MLP) on the last
+   ``max(N, 2)`` rows only (:mod:`onnxgen.graph.kept_rows`; the same output bits).
+5. Add the graph input; rename the logits output's sequence axis to ``logits_to_keep``.
 Preconditions are reported by name (the result's report) when the pass does not apply.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from onnxgen.graph.kept_rows import keep_tail_rows
 from onnxgen.graph.passes import PassResult
 
 LOGITS_TO_KEEP = "onnxgen_logits_to_keep"
@@ -59,8 +62,9 @@ def find_lm_head(graph: onnx.GraphProto, logits: str) -> tuple[onnx.NodeProto | 
     return None, "no lm_head MatMul within 8 nodes of the logits output"
 
 
-def keep_last_logits(model: onnx.ModelProto, logits: str) -> PassResult[str]:
-    """Apply the pass to a copy of ``model``; the report says why not where it does not apply (else "")."""
+def keep_last_logits(model: onnx.ModelProto, logits: str, tail_rows: bool = True) -> PassResult[str]:
+    """Apply the pass to a copy of ``model``; the report says why not where it does not apply (else "").
+    ``tail_rows=False`` leaves out rule 4 (the slice stays right before the lm_head)."""
     graph = model.graph
     if any(i.name == LOGITS_TO_KEEP for i in graph.input):
         return PassResult(model, False, f"the graph already has an input {LOGITS_TO_KEEP!r}")
@@ -95,6 +99,8 @@ def keep_last_logits(model: onnx.ModelProto, logits: str) -> PassResult[str]:
         g.node.insert(index + offset, node)
     head.input[0] = sliced
     g.input.append(helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [1]))
+    if tail_rows:
+        keep_tail_rows(g, nodes[1], LOGITS_TO_KEEP)
     for o in g.output:
         if (
             o.name == logits

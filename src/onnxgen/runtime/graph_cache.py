@@ -60,7 +60,7 @@ from onnxgen.runtime.int4 import quantize_int4
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bumped when what a cache entry holds changes
+FORMAT = 4  # bumped when what a cache entry holds changes
 GRAPH_FILE = "graph.onnx"
 WEIGHTS_FILE = "weights.bin"
 FACTS_FILE = "prepared.json"
@@ -75,6 +75,7 @@ class PassSettings:
     """What the passes are asked to do (part of the cache key)."""
 
     last_logits: bool = True  # add the logits-to-keep input
+    tail_rows: bool = True  # ... and run the last layer's position-wise tail on the kept rows only
     on_cpu: bool = True  # CPU provider: fast ops, fusions, in-place states and length masks apply
     fast_ops: bool | None = None  # None: the pass decides
     fuse: bool = True
@@ -134,7 +135,7 @@ class SessionGraph:
         decode state must round as the session on this graph does (plans are checked bit for bit), so it
         takes the same passes or none."""
         if self.logits_to_keep:
-            kept = keep_last_logits(graph, self.io.logits)
+            kept = keep_last_logits(graph, self.io.logits, self.settings.tail_rows)
             if not kept.modified:
                 raise UnsupportedModelError(f"the graph takes no logits-to-keep input: {kept.report}")
             graph = kept.model
@@ -288,10 +289,12 @@ def session_graph(
     hidden_state: bool = False,
     int4_lm_head: bool = False,
     cache_dir: str | Path | None = None,
+    tail_rows: bool = True,
 ) -> SessionGraph:
     """The graph a session on ``providers`` (default: the CPU) runs for the export at ``model_path``, whose
     graph (weights not loaded) is ``graph`` when the caller has it: logits for the kept positions only
-    (``last_logits``); on the CPU, hybrid contrib ops on onnxruntime's vectorized kernels
+    (``last_logits``; with ``tail_rows`` the last layer's position-wise tail also runs on the kept rows
+    only, :mod:`onnxgen.graph.kept_rows`); on the CPU, hybrid contrib ops on onnxruntime's vectorized kernels
     (:mod:`onnxgen.graph.hybrid_ops`: the same math, rounded differently; ``fast_ops``) and fewer kernel
     launches per decode step with the same output bits (:mod:`onnxgen.graph.decode_fusions`; ``fuse``);
     the final hidden state as an output where ``hidden_state`` (what an MTP head drafts from); and the
@@ -301,6 +304,7 @@ def session_graph(
     on_cpu = providers[0] == "CPUExecutionProvider"
     settings = PassSettings(
         last_logits=last_logits,
+        tail_rows=tail_rows,
         on_cpu=on_cpu,
         fast_ops=fast_ops,
         fuse=on_cpu and fuse is not False,
@@ -445,7 +449,7 @@ def _prepare(
     if settings.int4_lm_head:
         graph = _drafter_lm_head(graph, io, base)
     if settings.last_logits:
-        kept = keep_last_logits(graph, io.logits)
+        kept = keep_last_logits(graph, io.logits, settings.tail_rows)
         graph, out.logits_to_keep, out.logits_reason = kept.model, kept.modified, kept.report
         if not out.logits_to_keep:
             log.info("logits are computed for every position: %s", out.logits_reason)
