@@ -62,6 +62,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--prefill-chunk", type=int, default=512, help="prompt tokens prefilled between decode steps"
     )
     p.add_argument(
+        "--no-batch-prefill",
+        dest="batch_prefill",
+        action="store_false",
+        help="prefill one prompt a forward (default: the equal-length prompts of one scheduler iteration "
+        "in one multi-row forward, with the same results)",
+    )
+    p.add_argument(
         "--no-spinning",
         dest="spinning",
         action="store_const",
@@ -160,6 +167,7 @@ def _engine_spec(
         max_model_len=args.max_model_len,
         prefill_chunk=args.prefill_chunk,
         min_rows=fixed_rows,
+        batch_prefill=args.batch_prefill,
         served_model_name=args.served_model_name,
         security=security,
         log_prompts=args.log_prompts,

@@ -177,10 +177,13 @@ class BatchState:
         return max(self.n, self.min_rows) if self.n else 0
 
     # -- admission and retirement -----------------------------------------------------------------------
-    def admit(self, prefilled: DecodeState) -> int:
-        """Copy a prefilled batch-1 state (its KV prefix and recurrent states) into row ``n``; return it."""
-        if prefilled.batch != 1:
-            raise ValueError(f"admit() takes a batch-1 decode state (got batch {prefilled.batch})")
+    def admit(self, prefilled: DecodeState, source: int = 0) -> int:
+        """Copy row ``source`` of a prefilled state (its KV prefix and recurrent states; a batched prefill's
+        state holds one prompt a row, all of one length) into row ``n``; return ``n``."""
+        if not 0 <= source < prefilled.batch:
+            raise ValueError(
+                f"source must be a row of the prefilled state, in [0, {prefilled.batch}) (got {source})"
+            )
         if self.n >= self.max_batch:
             raise GenerationError(f"the batch is full ({self.max_batch} rows); retire a row first")
         length = prefilled.length
@@ -193,12 +196,12 @@ class BatchState:
         kv = prefilled.kv_arrays(copy=False)  # views, copied into the row here (one copy, not two)
         if self.shared_kv:
             for name, buf, pair in zip(self._kv_in, self._kv_shared, self._kv_pairs, strict=True):
-                rows_first(buf.array, pair)[row, :length] = rows_first(kv[name], pair)[0]
+                rows_first(buf.array, pair)[row, :length] = rows_first(kv[name], pair)[source]
         else:
-            self._admit_grown([kv[name] for name in self._kv_in], length)
+            self._admit_grown([kv[name] for name in self._kv_in], length, source)
         states = prefilled.state_arrays(copy=False)
         for name, buf in zip(self._state_in, self._states, strict=True):
-            buf.array[row] = states[name][0]
+            buf.array[row] = states[name][source]
         self.lengths[row] = length
         self.n += 1
         return row
@@ -224,8 +227,9 @@ class BatchState:
     def _set_grown(self, arrays: list[np.ndarray]) -> None:
         self._kv_grown = [HostBuffer.wrap(a) for a in arrays]
 
-    def _admit_grown(self, kv: list[np.ndarray], length: int) -> None:
-        """Growing KV: left-pad the new row (or every old row) so all rows end at the common past."""
+    def _admit_grown(self, kv: list[np.ndarray], length: int, source: int) -> None:
+        """Growing KV: left-pad the new row (row ``source`` of ``kv``), or every old row, so all rows end at
+        the common past."""
         n = self.n
         past = max(self._past, length) if n else length
         rows = max(n + 1, self.min_rows)
@@ -236,7 +240,7 @@ class BatchState:
             out = np.zeros(pair.buffer_shape(rows, past), dtype=new.dtype)
             if old is not None:
                 rows_first(out, pair)[:n, shift : shift + self._past] = rows_first(old, pair)[:n]
-            rows_first(out, pair)[n, start : start + length] = rows_first(new, pair)[0]
+            rows_first(out, pair)[n, start : start + length] = rows_first(new, pair)[source]
             merged.append(out)
         self._past = past
         self._set_grown(merged)
