@@ -1,9 +1,9 @@
 """Batched prefill: equal-length prompts of one scheduler step run as one multi-row forward, and each gets
 the logits and states (KV, recurrent, conv) it gets prefilled alone, bit for bit.
 
-Checked on dense and hybrid tiny models, fp32 and int4 with int8 activations (whose kernels compute a lone
-row differently from a block: the prefill keeps two positions' logits there), with a growing-KV export
-too; against the same scheduler with batched prefill off. Negative controls: a row admitted from the
+Checked on dense and hybrid tiny models, fp32 and int4 (on fp32 and on int8 activations, whose kernels
+compute a lone row differently from a block: the prefill keeps two positions' logits there), with a
+growing-KV export too; against the same scheduler with batched prefill off. Negative controls: a row admitted from the
 wrong row of the batch, or with its state corrupted, changes that sequence's tokens and no other's.
 """
 
@@ -42,6 +42,7 @@ PROMPTS = [prompt(k, n) for k, n in enumerate(LENGTHS)]
 MODELS = {
     "dense-fp32": ("genai-dense", "fp32"),
     "hybrid-fp32": ("hybrid-genai", "fp32"),
+    "dense-int4": ("genai-dense", "int4"),
     "dense-int8": ("genai-dense", "int8"),
     "hybrid-int8": ("hybrid-genai", "int8"),
     "hybrid-growing-kv": ("hybrid-mobius", "fp32"),
@@ -54,7 +55,7 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     root = tmp_path_factory.mktemp(request.param)
     if precision == "int8":
         return int8_activations(build_model(root, family, precision="int4"))
-    return build_model(root, family)
+    return build_model(root, family, precision=precision)
 
 
 def load(model: Path, batch_prefill: bool, **overrides: object) -> LLM:

@@ -80,7 +80,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--min-batch-rows",
         default="auto",
         help="pad every decode step to this many rows; auto (default): 2 where the export's int4 kernels "
-        "(int8 activations) compute a lone row differently from a block on this CPU (probed at start), so "
+        "(MatMulNBits) compute a lone row differently from a block on this CPU (probed at start), so "
         "a request gets the same tokens alone or beside others; else 1",
     )
     p.add_argument(

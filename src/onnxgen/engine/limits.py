@@ -22,7 +22,7 @@ class BatchLimits:
         prefill_chunk: prompt tokens per prefill forward (also the budget between two decode steps); at
             least 2, so that no prefill forward but a one-token prompt's runs the single-token path.
         min_rows: every decode step runs at least this many rows (idle ones pad it), so that kernels
-            that compute one row differently from several (int4 MatMulNBits with int8 activations)
+            that compute one row differently from several (int4 MatMulNBits on this CPU)
             give a sequence the same tokens whether it decodes alone or beside others.
         batch_prefill: prefill equal-length prompts of one iteration as one multi-row forward
             (:mod:`onnxgen.engine.scheduler`).

@@ -9,7 +9,7 @@ every forward binds contiguous views ``buffer[:n]``.
 
 ``min_rows`` pads every forward to at least that many rows with idle rows (length 0, fed a token of their
 own, never read). Some kernels take a different path for one row than for several (onnxruntime's int4
-MatMulNBits with int8 activations computes a single row differently from a block of rows on some CPUs;
+MatMulNBits, on int8 or fp32 activations, computes a single row differently from a block of rows on some CPUs;
 rows of a block are computed alike whatever their neighbours), so with ``min_rows=2`` a sequence's logits
 no longer depend on whether it had company at any step (:func:`invariant_min_rows`).
 
@@ -39,7 +39,6 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError
-from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.model.io import KVPair
 from onnxgen.runtime.binding import Binder, StateBindings
@@ -58,12 +57,13 @@ def invariant_min_rows(graph: onnx.ModelProto, session: DecoderSession | None = 
     """The ``min_rows`` that makes a sequence's logits independent of its company: 1 where a row is computed
     alike alone or in a block (fp32 kernels always are), 2 where it may not be.
 
-    A MatMulNBits node on int8 activations (``accuracy_level`` 4) may compute a single row on another
-    kernel than a block of rows; which one onnxruntime picks depends on the CPU (on an AVX2-only CPU the
-    logits of a lone row differed from the same row's in a block, on one with AVX-512 VNNI they were the
-    same bits: docs/benchmarks.md). Without ``session`` such a graph gets 2; with it, :func:`lone_row_matches_block` decides
-    on this machine, and 1 spares a lone request the 2-row step."""
-    if not int8_activations(graph):
+    A MatMulNBits node may compute a single row on another kernel than a block of rows, on int8
+    activations (``accuracy_level`` 4) and on fp32 ones alike; which one onnxruntime picks depends on the
+    CPU (on an AVX2-only CPU the logits of a lone row differed from the same row's in a block, on one with
+    AVX-512 VNNI they were the same bits with int8 activations: docs/benchmarks.md). Without ``session``
+    such a graph gets 2; with it, :func:`lone_row_matches_block` decides on this machine, and 1 spares a
+    lone request the 2-row step."""
+    if not any(node.op_type == "MatMulNBits" for node in graph.graph.node):
         return 1
     return 1 if session is not None and lone_row_matches_block(session) else 2
 
