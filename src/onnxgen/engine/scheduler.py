@@ -364,7 +364,7 @@ class Scheduler:
         if not self._choose(seq, logits, touched):
             return
         start = time.perf_counter()
-        seq.slot = self.batch.admit(state or self._prefill_state, row)
+        seq.slot = self.batch.admit(self._prefill_state if state is None else state, row)
         self.copy_seconds += time.perf_counter() - start
         self.running.append(seq)
         if seq.speculative is not None:  # a greedy one that came with plain company: it starts as a row
