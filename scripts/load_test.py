@@ -14,7 +14,9 @@ behind one ingress; each starts its own local Ray instance). With ``--rounds R``
 R times (levels and engines taking turns), and tokens/s is the median round: on a shared machine the load
 of other jobs changes from minute to minute. With ``--trace FILE`` the onnxgen server writes its step trace
 there (``ONNXGEN_STEP_TRACE``) and each level's wall time is split by ``scripts/serve_trace.py`` (decode
-forwards by rows, prefill, copies, host work, idle). Every count and wait is bounded.
+forwards by rows, prefill, copies, host work, idle). With ``--ab-flags FLAGS`` a second onnxgen server
+runs with FLAGS added (e.g. ``--no-batch-prefill``), the two taking turns at each level (its trace, with
+``--trace``, goes to FILE with ``.ab`` before the suffix). Every count and wait is bounded.
 
     python scripts/load_test.py /work/bench-models/qwen3_5-int4 --threads 2 --out load.json
 """
@@ -283,6 +285,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="more flags for the onnxgen server, as one string (e.g. '--prefill-chunk 64')",
     )
     p.add_argument(
+        "--ab-flags",
+        help="also run a second onnxgen server with these flags added, as one string (e.g. "
+        "'--no-batch-prefill'); the two take turns at each level",
+    )
+    p.add_argument(
         "--ray-replicas",
         default="",
         help="also run `onnxgen serve --ray` for each comma-separated REPLICASxTHREADS (e.g. 2x1,1x2; "
@@ -326,6 +333,15 @@ def print_trace(trace: Path, results: Sequence[LevelResult]) -> None:
         print(report(trace, *r.span, clients=r.concurrency))
 
 
+def ab_label(args: argparse.Namespace) -> str:
+    return f"{SERVE} {args.ab_flags}"
+
+
+def ab_trace(args: argparse.Namespace) -> Path | None:
+    """The ``--ab-flags`` server's step trace file (None: no ``--trace``)."""
+    return args.trace.with_suffix(".ab" + args.trace.suffix) if args.trace else None
+
+
 def log_path(args: argparse.Namespace) -> Path:
     return Path(args.out.with_suffix(".server.log") if args.out else "load_test.server.log")
 
@@ -348,6 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flags = (*flags, "--min-batch-rows", "1")
                 log = log_path(args).with_suffix(".single.log")
                 servers[SINGLE] = Server(args.model, args.threads, max(levels), log, flags)
+            if args.ab_flags is not None:
+                ab = (*tuple(shlex.split(args.serve_flags)), *shlex.split(args.ab_flags))
+                log, trace = log_path(args).with_suffix(".ab.log"), ab_trace(args)
+                if trace:
+                    trace.unlink(missing_ok=True)
+                servers[ab_label(args)] = Server(args.model, args.threads, max(levels), log, ab, trace)
         for replicas, threads in ray_configs(args.ray_replicas):
             label = f"onnxgen serve --ray, {replicas} x {threads} thread"
             flags = ("--ray", "--replicas", str(replicas))
@@ -381,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(results))
     if args.trace:
         print_trace(args.trace, [r for r in results if r.engine == SERVE])
+        ab = ab_trace(args)
+        if ab:
+            print(f"\n{ab_label(args)}:")
+            print_trace(ab, [r for r in results if r.engine == ab_label(args)])
     notes = list(dict.fromkeys(notes))  # one line per finding, not per round
     print("\n".join(notes))
     report: dict[str, object] = {

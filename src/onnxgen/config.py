@@ -86,6 +86,9 @@ class EngineConfig:
         min_rows: rows every batched decode step runs, idle ones padding it, so that kernels computing one
             row differently from several give a sequence the same tokens alone or beside others; None:
             probed on this CPU (:func:`onnxgen.runtime.batch.invariant_min_rows`).
+        batch_prefill: prefill the equal-length prompts that one scheduler iteration takes as one
+            multi-row forward (each prompt's logits and states the same bits as prefilled alone); False:
+            one prompt a forward.
         prefix_cache_mb: MiB of prompts' and replies' KV rows and recurrent-state checkpoints kept, so a
             request that shares a prefix with an earlier one (a system prompt, a chat's history) prefills
             only the rest (:mod:`onnxgen.cache.prefix`); 0: off.
@@ -106,6 +109,7 @@ class EngineConfig:
     max_model_len: int | None = None
     prefill_chunk: int = 512
     min_rows: int | None = None
+    batch_prefill: bool = True
     prefix_cache_mb: float = 0
     checkpoint_interval: int | None = None
 
@@ -120,8 +124,9 @@ class EngineConfig:
         for name in ("huge_pages", "fast_ops", "fuse", "spinning"):
             if getattr(self, name) not in (None, True, False):
                 _refuse(name, getattr(self, name), "True, False or None (onnxgen's default)")
-        if not isinstance(self.speculative, bool):
-            _refuse("speculative", self.speculative, "True or False")
+        for name in ("speculative", "batch_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                _refuse(name, getattr(self, name), "True or False")
         mb = self.prefix_cache_mb
         if isinstance(mb, bool) or not isinstance(mb, int | float) or not mb >= 0:
             _refuse("prefix_cache_mb", mb, ">= 0 (a size in MiB; 0 turns prefix caching off)")

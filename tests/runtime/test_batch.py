@@ -329,8 +329,8 @@ def test_invariant_min_rows_pads_only_exports_whose_kernels_compute_a_lone_row_d
         )
         == 1
     )
-    int4 = build_model(tmp_path / "int4", "genai-dense", precision="int4")
-    assert invariant_min_rows(onnx.load(str(int4 / "model.onnx"), load_external_data=False)) == 1
+    int4 = build_model(tmp_path / "int4", "genai-dense", precision="int4")  # fp32 activations
+    assert invariant_min_rows(onnx.load(str(int4 / "model.onnx"), load_external_data=False)) == 2
     int8 = int8_activation_model(tmp_path / "int8")
     assert invariant_min_rows(onnx.load(str(int8 / "model.onnx"), load_external_data=False)) == 2
 
@@ -344,6 +344,11 @@ def test_with_the_session_the_padding_follows_what_this_cpu_computes(
     graph = onnx.load(str(int8 / "model.onnx"), load_external_data=False)
     session = open_session(int8)
     lone, beside = lone_and_beside(session, min_rows=1)
+    assert invariant_min_rows(graph, session) == (1 if np.array_equal(lone, beside) else 2)
+    int4 = build_model(tmp_path / "int4", "genai-dense", precision="int4")  # fp32 activations
+    session = open_session(int4)
+    lone, beside = lone_and_beside(session, min_rows=1)
+    graph = onnx.load(str(int4 / "model.onnx"), load_external_data=False)
     assert invariant_min_rows(graph, session) == (1 if np.array_equal(lone, beside) else 2)
     dense = family_dirs["genai-dense"]
     monkeypatch.setattr(batch_module, "lone_row_matches_block", _never_called)

@@ -62,6 +62,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--prefill-chunk", type=int, default=512, help="prompt tokens prefilled between decode steps"
     )
     p.add_argument(
+        "--no-batch-prefill",
+        dest="batch_prefill",
+        action="store_false",
+        help="prefill one prompt a forward (default: the equal-length prompts of one scheduler iteration "
+        "in one multi-row forward, with the same results)",
+    )
+    p.add_argument(
         "--no-spinning",
         dest="spinning",
         action="store_const",
@@ -73,7 +80,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--min-batch-rows",
         default="auto",
         help="pad every decode step to this many rows; auto (default): 2 where the export's int4 kernels "
-        "(int8 activations) compute a lone row differently from a block on this CPU (probed at start), so "
+        "(MatMulNBits) compute a lone row differently from a block on this CPU (probed at start), so "
         "a request gets the same tokens alone or beside others; else 1",
     )
     p.add_argument(
@@ -160,6 +167,7 @@ def _engine_spec(
         max_model_len=args.max_model_len,
         prefill_chunk=args.prefill_chunk,
         min_rows=fixed_rows,
+        batch_prefill=args.batch_prefill,
         served_model_name=args.served_model_name,
         security=security,
         log_prompts=args.log_prompts,

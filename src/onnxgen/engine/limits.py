@@ -22,8 +22,10 @@ class BatchLimits:
         prefill_chunk: prompt tokens per prefill forward (also the budget between two decode steps); at
             least 2, so that no prefill forward but a one-token prompt's runs the single-token path.
         min_rows: every decode step runs at least this many rows (idle ones pad it), so that kernels
-            that compute one row differently from several (int4 MatMulNBits with int8 activations)
+            that compute one row differently from several (int4 MatMulNBits on this CPU)
             give a sequence the same tokens whether it decodes alone or beside others.
+        batch_prefill: prefill equal-length prompts of one iteration as one multi-row forward
+            (:mod:`onnxgen.engine.scheduler`).
     """
 
     max_batch: int = 16
@@ -31,6 +33,7 @@ class BatchLimits:
     max_model_len: int = 2048
     prefill_chunk: int = 512
     min_rows: int = 1
+    batch_prefill: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows"):
@@ -52,4 +55,6 @@ class BatchLimits:
         if min_rows is None:
             min_rows = invariant_min_rows(package.graph, session)
             package.release_graph()  # read again for that probe only
-        return cls(config.max_batch, config.max_queue, max_len, config.prefill_chunk, min_rows)
+        return cls(
+            config.max_batch, config.max_queue, max_len, config.prefill_chunk, min_rows, config.batch_prefill
+        )

@@ -2,9 +2,11 @@
 
 Each :meth:`Scheduler.step`
 
-1. prefills waiting prompts one at a time (batch 1, in chunks of at most ``prefill_chunk`` tokens per
-   step, so a long prompt never stalls the running rows for long), each admitted only when a batch row is
-   free for it; a finished prompt's first token is chosen from its last logits and it takes a row;
+1. prefills waiting prompts (in chunks of at most ``prefill_chunk`` tokens per step, so a long prompt
+   never stalls the running rows for long), each admitted only when a batch row is free for it; a
+   finished prompt's first token is chosen from its last logits and it takes a row. Prompts are
+   prefilled one at a time (batch 1), but those of equal length among the prompts the step takes anyway
+   run as one multi-row forward (*batched prefill*, below);
 2. decodes every running row in one forward (:class:`~onnxgen.runtime.batch.BatchState`), each row choosing
    its token with its own processors and sampler;
 3. retires the rows that finished (their slot is reused at once).
@@ -30,6 +32,19 @@ prefilled whole (or the sequence is not cached) and the error is logged.
 
 A sequence's rows never depend on their company: the batch pads every step to ``min_rows`` where the
 export's kernels compute one row differently from several.
+
+Batched prefill (``BatchLimits.batch_prefill``): of the waiting prompts one step prefills anyway (those
+ahead in the queue whose tokens fit the step's budget, and rows are free for), those of one length
+(at least 2 tokens, at most one chunk: a prompt the step prefills in one forward) run as one forward of
+one row each, from fresh states; every row is computed as the prompt alone would be (the same
+position ids, mask and kernels; attention, recurrent and conv states are per row), so its logits and
+states are the same bits (``tests/engine/test_batch_prefill.py``). Cuts never move for company: a
+prompt in a batch is cut where it would be alone. Where ``min_rows`` is 2 (kernels that compute a lone
+row differently), every prefill forward keeps the last two positions' logits, so the logits projection
+runs a block of rows alone as in a batch. Prompts run one at a time where the prefix cache is on (their
+resume points and checkpoints are their own), for prompts longer than a chunk or of one token, and for
+speculative sequences; a batched forward that fails is retried one prompt at a time, so a bad prompt
+fails alone.
 """
 
 from __future__ import annotations
@@ -51,6 +66,7 @@ from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.sampling import check_model_logits
 from onnxgen.runtime.batch import BatchState
 from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.state import DecodeState
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +128,10 @@ class Scheduler:
         self._cuts: list[int] = []  # the prefix cache's checkpoints still ahead of the prefill
         self.batch = BatchState(session, limits.max_batch, limits.max_model_len, limits.min_rows)
         self._prefill_state = session.new_state(limits.max_model_len)
+        self._cohort_states: dict[int, DecodeState] = {}  # batched prefill's states, by rows
+        self._alone = 0  # prompts to prefill one at a time before batching again (after a failed batch)
+        # logits kept per prefill forward: 2 where the logits projection computes a lone row apart
+        self._keep = 2 if limits.min_rows >= 2 else 1
         self.running: list[Sequence] = []  # ``running[i]`` holds batch row i
         self.waiting: deque[list[Sequence]] = deque()  # groups: the choices of one prompt
         self.prefilling: list[Sequence] | None = None
@@ -183,15 +203,22 @@ class Scheduler:
     def _prefill_some(self, touched: list[Emitted]) -> None:
         budget = self.limits.prefill_chunk
         while budget > 0:
-            if self.prefilling is None and not self._next_prefill():
-                return
+            if self.prefilling is None:
+                cohort = self._cohort(budget)
+                if cohort:
+                    budget -= self._prefill_cohort(cohort, touched)
+                    continue
+                if not self._next_prefill():
+                    return
             group = self.prefilling
             assert group is not None
             lead = group[0]  # the group's prompt and progress
             take = self.chunk((self._cuts[0] if self._cuts else lead.prompt_len) - lead.offset)
             ids = lead.ids[None, lead.offset : lead.offset + take]
             try:
-                logits = self.session.forward(self._prefill_state, ids, 1)[0, -1]
+                logits = self.session.forward(
+                    self._prefill_state, ids, min(self._keep, take), phase="prefill"
+                )[0, -1]
                 if lead.offset + take == lead.prompt_len:
                     check_model_logits(logits, self.export)
             except OnnxgenError as e:
@@ -210,6 +237,72 @@ class Scheduler:
                 self.prefilling = None
                 for seq in group:
                     self._start(seq, logits, touched)
+
+    def _cohort(self, budget: int) -> list[list[Sequence]]:
+        """Take the waiting groups to prefill as one batched forward: the head group and those behind it
+        with prompts of its length, among the groups this step prefills anyway (in queue order while their
+        tokens fit ``budget`` and rows are free); empty (nothing taken) where fewer than two qualify."""
+        self._open_lanes()
+        if not self.limits.batch_prefill or self.prefix_cache is not None or self._alone:
+            self._alone = max(0, self._alone - 1)
+            return []
+        rows, spent, members = self.free_rows, 0, []
+        length = self.waiting[0][0].prompt_len if self.waiting else 0
+        if not 2 <= length <= self.limits.prefill_chunk:
+            return []
+        for group in self.waiting:
+            if spent >= budget or len(group) > rows or group[0].speculative is not None:
+                break
+            rows -= len(group)
+            spent += group[0].prompt_len
+            if group[0].prompt_len == length:
+                members.append(group)
+        if len(members) < 2:
+            return []
+        taken = {id(group) for group in members}
+        self.waiting = deque(group for group in self.waiting if id(group) not in taken)
+        return members
+
+    def _prefill_cohort(self, cohort: list[list[Sequence]], touched: list[Emitted]) -> int:
+        """Prefill ``cohort`` (groups of one prompt length) in one forward, a row each; start each group's
+        sequences from its row. Returns the tokens prefilled. A failed forward puts the groups back at
+        the head of the queue, to be prefilled one at a time."""
+        length = cohort[0][0].prompt_len
+        state = self._cohort_state(len(cohort))
+        ids = np.stack([group[0].ids[:length] for group in cohort])
+        try:
+            logits = self.session.forward(state, ids, self._keep, phase="prefill")[:, -1]
+        except OnnxgenError:
+            log.exception(
+                "a batched prefill of %d prompts failed; prefilling them one at a time", len(cohort)
+            )
+            self.waiting.extendleft(reversed(cohort))
+            self._alone = len(cohort)
+            return 0
+        self.prefilled_tokens += length * len(cohort)
+        for row, group in enumerate(cohort):
+            for seq in group:
+                seq.offset = length
+            try:
+                check_model_logits(logits[row], self.export)
+            except OnnxgenError as e:
+                for seq in group:
+                    self._fail(seq, str(e), touched)
+                continue
+            for seq in group:
+                self._start(seq, logits[row], touched, state, row)
+        return length * len(cohort)
+
+    def _cohort_state(self, rows: int) -> DecodeState:
+        """An emptied decode state of ``rows`` rows for a batched prefill (kept for the next batch of as
+        many rows; others are dropped where the kept ones would hold more rows than the batch)."""
+        state = self._cohort_states.get(rows)
+        if state is None:
+            if sum(self._cohort_states) + rows > self.limits.max_batch:
+                self._cohort_states.clear()
+            state = self._cohort_states[rows] = self.session.new_state(self.limits.max_model_len, rows)
+        state.reset()
+        return state
 
     def _next_prefill(self) -> bool:
         """Take the next waiting group to prefill (whether one could: it needs a free row per sequence),
@@ -258,12 +351,20 @@ class Scheduler:
         """The next prefill chunk of a prompt with ``left`` tokens to go (:func:`prefill_cut`)."""
         return prefill_cut(left, self.limits.prefill_chunk)
 
-    def _start(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> None:
-        """Choose the first token of a prefilled ``seq``; give it a row unless that token finished it."""
+    def _start(
+        self,
+        seq: Sequence,
+        logits: np.ndarray,
+        touched: list[Emitted],
+        state: DecodeState | None = None,
+        row: int = 0,
+    ) -> None:
+        """Choose the first token of ``seq``, prefilled in row ``row`` of ``state`` (None: the prefill
+        state); give it a batch row unless that token finished it."""
         if not self._choose(seq, logits, touched):
             return
         start = time.perf_counter()
-        seq.slot = self.batch.admit(self._prefill_state)
+        seq.slot = self.batch.admit(self._prefill_state if state is None else state, row)
         self.copy_seconds += time.perf_counter() - start
         self.running.append(seq)
         if seq.speculative is not None:  # a greedy one that came with plain company: it starts as a row

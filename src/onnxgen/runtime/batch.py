@@ -9,7 +9,7 @@ every forward binds contiguous views ``buffer[:n]``.
 
 ``min_rows`` pads every forward to at least that many rows with idle rows (length 0, fed a token of their
 own, never read). Some kernels take a different path for one row than for several (onnxruntime's int4
-MatMulNBits with int8 activations computes a single row differently from a block of rows on some CPUs;
+MatMulNBits, on int8 or fp32 activations, computes a single row differently from a block of rows on some CPUs;
 rows of a block are computed alike whatever their neighbours), so with ``min_rows=2`` a sequence's logits
 no longer depend on whether it had company at any step (:func:`invariant_min_rows`).
 
@@ -39,7 +39,6 @@ import onnx
 import onnxruntime as ort
 
 from onnxgen.errors import GenerationError
-from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.model.io import KVPair
 from onnxgen.runtime.binding import Binder, StateBindings
@@ -58,12 +57,13 @@ def invariant_min_rows(graph: onnx.ModelProto, session: DecoderSession | None = 
     """The ``min_rows`` that makes a sequence's logits independent of its company: 1 where a row is computed
     alike alone or in a block (fp32 kernels always are), 2 where it may not be.
 
-    A MatMulNBits node on int8 activations (``accuracy_level`` 4) may compute a single row on another
-    kernel than a block of rows; which one onnxruntime picks depends on the CPU (on an AVX2-only CPU the
-    logits of a lone row differed from the same row's in a block, on one with AVX-512 VNNI they were the
-    same bits: docs/benchmarks.md). Without ``session`` such a graph gets 2; with it, :func:`lone_row_matches_block` decides
-    on this machine, and 1 spares a lone request the 2-row step."""
-    if not int8_activations(graph):
+    A MatMulNBits node may compute a single row on another kernel than a block of rows, on int8
+    activations (``accuracy_level`` 4) and on fp32 ones alike; which one onnxruntime picks depends on the
+    CPU (on an AVX2-only CPU the logits of a lone row differed from the same row's in a block, on one with
+    AVX-512 VNNI they were the same bits with int8 activations: docs/benchmarks.md). Without ``session``
+    such a graph gets 2; with it, :func:`lone_row_matches_block` decides on this machine, and 1 spares a
+    lone request the 2-row step."""
+    if not any(node.op_type == "MatMulNBits" for node in graph.graph.node):
         return 1
     return 1 if session is not None and lone_row_matches_block(session) else 2
 
@@ -177,10 +177,13 @@ class BatchState:
         return max(self.n, self.min_rows) if self.n else 0
 
     # -- admission and retirement -----------------------------------------------------------------------
-    def admit(self, prefilled: DecodeState) -> int:
-        """Copy a prefilled batch-1 state (its KV prefix and recurrent states) into row ``n``; return it."""
-        if prefilled.batch != 1:
-            raise ValueError(f"admit() takes a batch-1 decode state (got batch {prefilled.batch})")
+    def admit(self, prefilled: DecodeState, source: int = 0) -> int:
+        """Copy row ``source`` of a prefilled state (its KV prefix and recurrent states; a batched prefill's
+        state holds one prompt a row, all of one length) into row ``n``; return ``n``."""
+        if not 0 <= source < prefilled.batch:
+            raise ValueError(
+                f"source must be a row of the prefilled state, in [0, {prefilled.batch}) (got {source})"
+            )
         if self.n >= self.max_batch:
             raise GenerationError(f"the batch is full ({self.max_batch} rows); retire a row first")
         length = prefilled.length
@@ -193,12 +196,12 @@ class BatchState:
         kv = prefilled.kv_arrays(copy=False)  # views, copied into the row here (one copy, not two)
         if self.shared_kv:
             for name, buf, pair in zip(self._kv_in, self._kv_shared, self._kv_pairs, strict=True):
-                rows_first(buf.array, pair)[row, :length] = rows_first(kv[name], pair)[0]
+                rows_first(buf.array, pair)[row, :length] = rows_first(kv[name], pair)[source]
         else:
-            self._admit_grown([kv[name] for name in self._kv_in], length)
+            self._admit_grown([kv[name] for name in self._kv_in], length, source)
         states = prefilled.state_arrays(copy=False)
         for name, buf in zip(self._state_in, self._states, strict=True):
-            buf.array[row] = states[name][0]
+            buf.array[row] = states[name][source]
         self.lengths[row] = length
         self.n += 1
         return row
@@ -224,8 +227,9 @@ class BatchState:
     def _set_grown(self, arrays: list[np.ndarray]) -> None:
         self._kv_grown = [HostBuffer.wrap(a) for a in arrays]
 
-    def _admit_grown(self, kv: list[np.ndarray], length: int) -> None:
-        """Growing KV: left-pad the new row (or every old row) so all rows end at the common past."""
+    def _admit_grown(self, kv: list[np.ndarray], length: int, source: int) -> None:
+        """Growing KV: left-pad the new row (row ``source`` of ``kv``), or every old row, so all rows end at
+        the common past."""
         n = self.n
         past = max(self._past, length) if n else length
         rows = max(n + 1, self.min_rows)
@@ -236,7 +240,7 @@ class BatchState:
             out = np.zeros(pair.buffer_shape(rows, past), dtype=new.dtype)
             if old is not None:
                 rows_first(out, pair)[:n, shift : shift + self._past] = rows_first(old, pair)[:n]
-            rows_first(out, pair)[n, start : start + length] = rows_first(new, pair)[0]
+            rows_first(out, pair)[n, start : start + length] = rows_first(new, pair)[source]
             merged.append(out)
         self._past = past
         self._set_grown(merged)

@@ -26,7 +26,7 @@ from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.binding import Binder, LengthMask, OnesMasks, OrtInternals, SingleInputs, StepLane
 from onnxgen.runtime.buffers import HostBuffer, index_dtype
 from onnxgen.runtime.graph_cache import SessionGraph
-from onnxgen.runtime.observer import ForwardEvent, ForwardObserver, phase_of
+from onnxgen.runtime.observer import ForwardEvent, ForwardObserver, Phase, phase_of
 from onnxgen.runtime.state import DecodeState, StepIO
 from onnxgen.runtime.state_commit import VerifyPlan, plan_graph, verify_strategy
 
@@ -305,6 +305,7 @@ class DecoderSession:
         fetched: dict[str, ort.OrtValue] | None = None,
         copy: bool = True,
         feeds: Mapping[str, np.ndarray] | None = None,
+        phase: Phase | None = None,
     ) -> np.ndarray:
         """Run ``ids`` [batch, T] after what ``state`` holds; return logits [batch, N, vocab] for the last
         N = ``num_logits`` positions (all T when None), an array the caller owns.
@@ -315,14 +316,17 @@ class DecoderSession:
         ``copy=False`` the logits may be a view of a buffer that the forward after next on this state
         overwrites, for a caller that consumes them at once (the decode loop saves a logits copy per token).
         ``feeds`` gives graph inputs beyond the decoder's roles by name (an MTP head's hidden-state input),
-        each ``[batch, T, ...]``. The :attr:`forward_observer`, if any, sees the forward once it ran."""
+        each ``[batch, T, ...]``. The :attr:`forward_observer`, if any, sees the forward once it ran, as
+        ``phase`` where given (a prefill that keeps two positions' logits), else the phase its shape
+        tells."""
         observer = self.forward_observer
         if observer is None:
             return self._forward(state, ids, num_logits, fetch, fetched, copy, feeds)
         started, past = time.perf_counter(), state.length
         logits = self._forward(state, ids, num_logits, fetch, fetched, copy, feeds)
         batch, t = ids.shape
-        observer(ForwardEvent(phase_of(t, logits.shape[1]), batch, t, past, time.perf_counter() - started))
+        phase = phase or phase_of(t, logits.shape[1])
+        observer(ForwardEvent(phase, batch, t, past, time.perf_counter() - started))
         return logits
 
     def _forward(

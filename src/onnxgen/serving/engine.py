@@ -29,6 +29,7 @@ class EngineSpec:
         max_batch, max_queue, prefill_chunk: as ``--max-batch``, ``--max-queue``, ``--prefill-chunk``.
         max_model_len: tokens per sequence (None: the model's context, at most 2048).
         min_rows: rows every decode step runs (None: probed on this CPU, as ``--min-batch-rows auto``).
+        batch_prefill: False as ``--no-batch-prefill`` (one prompt a prefill forward).
         served_model_name: model id clients pass (None: the model directory's name).
         security: who may call the app (API key, Host names, CORS origins).
         log_prompts: put each request's prompt into its log line.
@@ -49,6 +50,7 @@ class EngineSpec:
     max_model_len: int | None = None
     prefill_chunk: int = 512
     min_rows: int | None = None
+    batch_prefill: bool = True
     served_model_name: str | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
     log_prompts: bool = False
@@ -73,6 +75,7 @@ class EngineSpec:
             max_model_len=self.max_model_len,
             prefill_chunk=self.prefill_chunk,
             min_rows=self.min_rows,
+            batch_prefill=self.batch_prefill,
             prefix_cache_mb=self.prefix_cache_mb,
             checkpoint_interval=self.checkpoint_interval,
             speculative=self.speculative is not None or None,
