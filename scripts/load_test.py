@@ -15,7 +15,7 @@ R times (levels and engines taking turns), and tokens/s is the median round: on 
 of other jobs changes from minute to minute. With ``--trace FILE`` the onnxgen server writes its step trace
 there (``ONNXGEN_STEP_TRACE``) and each level's wall time is split by ``scripts/serve_trace.py`` (decode
 forwards by rows, prefill, copies, host work, idle). With ``--ab-flags FLAGS`` a second onnxgen server
-runs with FLAGS added (e.g. ``--no-batch-prefill``), the two taking turns at each level (its trace, with
+runs with FLAGS added (e.g. ``--batch-prefill``), the two taking turns at each level (its trace, with
 ``--trace``, goes to FILE with ``.ab`` before the suffix). Every count and wait is bounded.
 
     python scripts/load_test.py /work/bench-models/qwen3_5-int4 --threads 2 --out load.json
@@ -287,7 +287,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--ab-flags",
         help="also run a second onnxgen server with these flags added, as one string (e.g. "
-        "'--no-batch-prefill'); the two take turns at each level",
+        "'--batch-prefill'); the two take turns at each level",
     )
     p.add_argument(
         "--ray-replicas",

@@ -87,8 +87,8 @@ class EngineConfig:
             row differently from several give a sequence the same tokens alone or beside others; None:
             probed on this CPU (:func:`onnxgen.runtime.batch.invariant_min_rows`).
         batch_prefill: prefill the equal-length prompts that one scheduler iteration takes as one
-            multi-row forward (each prompt's logits and states the same bits as prefilled alone); False:
-            one prompt a forward.
+            multi-row forward (each prompt's logits and states the same bits as prefilled alone; off by
+            default: it has not been faster on CPU and holds up to ``max_batch`` rows of prefill state).
         prefix_cache_mb: MiB of prompts' and replies' KV rows and recurrent-state checkpoints kept, so a
             request that shares a prefix with an earlier one (a system prompt, a chat's history) prefills
             only the rest (:mod:`onnxgen.cache.prefix`); 0: off.
@@ -109,7 +109,7 @@ class EngineConfig:
     max_model_len: int | None = None
     prefill_chunk: int = 512
     min_rows: int | None = None
-    batch_prefill: bool = True
+    batch_prefill: bool = False
     prefix_cache_mb: float = 0
     checkpoint_interval: int | None = None
 

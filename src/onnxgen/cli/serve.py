@@ -62,11 +62,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--prefill-chunk", type=int, default=512, help="prompt tokens prefilled between decode steps"
     )
     p.add_argument(
-        "--no-batch-prefill",
-        dest="batch_prefill",
-        action="store_false",
-        help="prefill one prompt a forward (default: the equal-length prompts of one scheduler iteration "
-        "in one multi-row forward, with the same results)",
+        "--batch-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="prefill the equal-length prompts of one scheduler iteration in one multi-row forward, with "
+        "the same results (default: one prompt a forward; on CPU it has not paid, and it holds up to "
+        "--max-batch rows of prefill state)",
     )
     p.add_argument(
         "--no-spinning",

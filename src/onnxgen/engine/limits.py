@@ -33,7 +33,7 @@ class BatchLimits:
     max_model_len: int = 2048
     prefill_chunk: int = 512
     min_rows: int = 1
-    batch_prefill: bool = True
+    batch_prefill: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows"):

@@ -287,26 +287,12 @@ def merge_qk_norms(
         base = f"{q_norm.name or split.output[0]}/onnxgen_qk"
         graph.initializer.extend(
             [
-                numpy_helper.from_array(np.array([sizes[0] + sizes[1], sizes[2]], np.int64), f"{base}.outer"),
-                numpy_helper.from_array(np.array([0, 0, qh + kh, head], np.int64), f"{base}.heads"),
                 numpy_helper.from_array(np.ones(head, aq.dtype), f"{base}.ones"),
                 store(f"{base}.weight", np.concatenate([np.tile(aq, (qh, 1)), np.tile(ak, (kh, 1))])),
-                numpy_helper.from_array(np.array([0, 0, sizes[0] + sizes[1]], np.int64), f"{base}.flat"),
-                numpy_helper.from_array(np.array(sizes[:2], np.int64), f"{base}.inner"),
             ]
         )
         norm_attrs = {a.name: helper.get_attribute_value(a) for a in q_norm.attribute}
-        replace[split.output[0]] = [
-            helper.make_node(
-                "Split",
-                [split.input[0], f"{base}.outer"],
-                [f"{base}.qk", split.output[2]],
-                name=base,
-                axis=-1,
-            ),
-            helper.make_node(
-                "Reshape", [f"{base}.qk", f"{base}.heads"], [f"{base}.qk4"], name=f"{base}/reshape"
-            ),
+        middle = [
             helper.make_node(
                 "SimplifiedLayerNormalization",
                 [f"{base}.qk4", f"{base}.ones"],
@@ -316,19 +302,11 @@ def merge_qk_norms(
                 **norm_attrs,
             ),
             helper.make_node(
-                "Mul", [f"{base}.normed", f"{base}.weight"], [f"{base}.scaled"], name=f"{base}/mul"
-            ),
-            helper.make_node(
-                "Reshape", [f"{base}.scaled", f"{base}.flat"], [f"{base}.qk3"], name=f"{base}/reshape_back"
-            ),
-            helper.make_node(
-                "Split",
-                [f"{base}.qk3", f"{base}.inner"],
-                [q_nodes[2].output[0], k_nodes[2].output[0]],
-                name=f"{base}/split",
-                axis=-1,
+                "Mul", [f"{base}.normed", f"{base}.weight"], [f"{base}.mid"], name=f"{base}/mul"
             ),
         ]
+        outs = (q_nodes[2].output[0], k_nodes[2].output[0])
+        replace[split.output[0]] = _merged_qk(graph, base, split, sizes, (qh + kh, head), outs, middle)
         drop.update(n.output[0] for n in q_nodes + k_nodes)
         fusions.merged_norms += 1
     _splice(graph, replace, drop)
@@ -385,43 +363,52 @@ def merge_l2_norms(model: onnx.ModelProto, fusions: Fusions, dry: bool = False) 
             fusions.merged_l2_norms += 1
             continue
         base = f"{q_nodes[1].name or split.output[0]}/onnxgen_qk_l2"
-        graph.initializer.extend(
-            [
-                numpy_helper.from_array(np.array([sizes[0] + sizes[1], sizes[2]], np.int64), f"{base}.outer"),
-                numpy_helper.from_array(np.array([0, 0, qh + kh, dim], np.int64), f"{base}.heads"),
-                numpy_helper.from_array(np.array([0, 0, sizes[0] + sizes[1]], np.int64), f"{base}.flat"),
-                numpy_helper.from_array(np.array(sizes[:2], np.int64), f"{base}.inner"),
-            ]
-        )
         norm_attrs = {a.name: helper.get_attribute_value(a) for a in q_nodes[1].attribute}
-        replace[split.output[0]] = [
+        middle = [
             helper.make_node(
-                "Split",
-                [split.input[0], f"{base}.outer"],
-                [f"{base}.qk", split.output[2]],
-                name=base,
-                axis=-1,
-            ),
-            helper.make_node(
-                "Reshape", [f"{base}.qk", f"{base}.heads"], [f"{base}.qk4"], name=f"{base}/reshape"
-            ),
-            helper.make_node(
-                "LpNormalization", [f"{base}.qk4"], [f"{base}.normed"], name=f"{base}/norm", **norm_attrs
-            ),
-            helper.make_node(
-                "Reshape", [f"{base}.normed", f"{base}.flat"], [f"{base}.qk3"], name=f"{base}/reshape_back"
-            ),
-            helper.make_node(
-                "Split",
-                [f"{base}.qk3", f"{base}.inner"],
-                [q_nodes[2].output[0], k_nodes[2].output[0]],
-                name=f"{base}/split",
-                axis=-1,
-            ),
+                "LpNormalization", [f"{base}.qk4"], [f"{base}.mid"], name=f"{base}/norm", **norm_attrs
+            )
         ]
+        outs = (q_nodes[2].output[0], k_nodes[2].output[0])
+        replace[split.output[0]] = _merged_qk(graph, base, split, sizes, (qh + kh, dim), outs, middle)
         drop.update(n.output[0] for n in q_nodes + k_nodes)
         fusions.merged_l2_norms += 1
     _splice(graph, replace, drop)
+
+
+def _merged_qk(
+    graph: onnx.GraphProto,
+    base: str,
+    split: onnx.NodeProto,
+    sizes: list[int],
+    heads: tuple[int, int],
+    outs: tuple[str, str],
+    middle: list[onnx.NodeProto],
+) -> list[onnx.NodeProto]:
+    """The nodes that replace a ``[q | k | v]`` split's separate query and key paths: split off ``q | k``
+    together, view it as ``heads = (query + key heads, head dim)``, run ``middle`` (from ``{base}.qk4`` to
+    ``{base}.mid``) over all those heads at once, and split the result back into ``outs``."""
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([sizes[0] + sizes[1], sizes[2]], np.int64), f"{base}.outer"),
+            numpy_helper.from_array(np.array([0, 0, *heads], np.int64), f"{base}.heads"),
+            numpy_helper.from_array(np.array([0, 0, sizes[0] + sizes[1]], np.int64), f"{base}.flat"),
+            numpy_helper.from_array(np.array(sizes[:2], np.int64), f"{base}.inner"),
+        ]
+    )
+    return [
+        helper.make_node(
+            "Split", [split.input[0], f"{base}.outer"], [f"{base}.qk", split.output[2]], name=base, axis=-1
+        ),
+        helper.make_node("Reshape", [f"{base}.qk", f"{base}.heads"], [f"{base}.qk4"], name=f"{base}/reshape"),
+        *middle,
+        helper.make_node(
+            "Reshape", [f"{base}.mid", f"{base}.flat"], [f"{base}.qk3"], name=f"{base}/reshape_back"
+        ),
+        helper.make_node(
+            "Split", [f"{base}.qk3", f"{base}.inner"], list(outs), name=f"{base}/split", axis=-1
+        ),
+    ]
 
 
 def _splice(graph: onnx.GraphProto, replace: dict[str, list[onnx.NodeProto]], drop: set[str]) -> None:

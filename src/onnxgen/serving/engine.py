@@ -29,7 +29,7 @@ class EngineSpec:
         max_batch, max_queue, prefill_chunk: as ``--max-batch``, ``--max-queue``, ``--prefill-chunk``.
         max_model_len: tokens per sequence (None: the model's context, at most 2048).
         min_rows: rows every decode step runs (None: probed on this CPU, as ``--min-batch-rows auto``).
-        batch_prefill: False as ``--no-batch-prefill`` (one prompt a prefill forward).
+        batch_prefill: True as ``--batch-prefill`` (equal-length prompts in one prefill forward).
         served_model_name: model id clients pass (None: the model directory's name).
         security: who may call the app (API key, Host names, CORS origins).
         log_prompts: put each request's prompt into its log line.
@@ -50,7 +50,7 @@ class EngineSpec:
     max_model_len: int | None = None
     prefill_chunk: int = 512
     min_rows: int | None = None
-    batch_prefill: bool = True
+    batch_prefill: bool = False
     served_model_name: str | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
     log_prompts: bool = False
