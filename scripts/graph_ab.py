@@ -12,6 +12,8 @@ median decode-step milliseconds (the first two steps left out) and the first ste
 
 - ``tail_rows``: the last layer's position-wise tail on the kept rows only (:mod:`onnxgen.graph.kept_rows`)
   against the logits-to-keep slice right before the lm_head.
+- ``matmul_merge``: sibling ``MatMulNBits`` projections of one input merged into one node and a ``Split``
+  (:func:`onnxgen.graph.decode_fusions.merge_sibling_matmuls`) against the separate projections;
 - ``l2_norms``: a linear attention's query and key L2 norms as one normalization
   (:func:`onnxgen.graph.decode_fusions.merge_l2_norms`) against the two (that graph prepared in a cache
   folder of its own under the temporary directory).
@@ -42,6 +44,7 @@ WARM_STEPS = 2  # leading decode steps left out of each median
 
 
 OFF_CACHE = Path(tempfile.gettempdir()) / "onnxgen-graph-ab-off"  # graphs prepared without the pass
+REWRITES = {"l2_norms": "merge_l2_norms", "matmul_merge": "merge_sibling_matmuls"}  # decode_fusions' own
 
 
 def make_session(package: ModelPackage, threads: int, feature: str, on: bool) -> DecoderSession:
@@ -54,11 +57,13 @@ def make_session(package: ModelPackage, threads: int, feature: str, on: bool) ->
         if not on:
             session._shrink_options = session._run_options
         return session
-    elif feature == "l2_norms" and on:
+    elif feature in REWRITES and on:
         graph = session_graph(package.model_path, package.io, graph=package.graph)
-    elif feature == "l2_norms":  # the same settings (the same cache key) prepared without the rewrite
-        with mock.patch("onnxgen.graph.decode_fusions.merge_l2_norms", lambda *a, **k: None):
-            graph = session_graph(package.model_path, package.io, graph=package.graph, cache_dir=OFF_CACHE)
+    elif feature in REWRITES:  # the same settings (the same cache key) prepared without the rewrite
+        with mock.patch(f"onnxgen.graph.decode_fusions.{REWRITES[feature]}", lambda *a, **k: None):
+            graph = session_graph(
+                package.model_path, package.io, graph=package.graph, cache_dir=OFF_CACHE / feature
+            )
     else:
         raise SystemExit(f"unknown pass {feature!r}")
     return DecoderSession(graph, threads=threads, verify=False)
@@ -89,7 +94,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
-    p.add_argument("--pass", dest="feature", required=True, choices=["tail_rows", "l2_norms", "arena_shrink"])
+    p.add_argument("--pass", dest="feature", required=True, choices=["tail_rows", *REWRITES, "arena_shrink"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-tokens", default="16,512")
     p.add_argument("--steps", type=int, default=32)
