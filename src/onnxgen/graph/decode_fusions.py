@@ -226,6 +226,21 @@ def _norm_path(
     return [r1, norm, r2], shape[2]
 
 
+def _three_way_splits(
+    graph: onnx.GraphProto, prods: dict, axes: tuple[int, ...]
+) -> list[tuple[onnx.NodeProto, list[int]]]:
+    """The graph's ``Split`` nodes into three parts along one of ``axes`` with constant sizes (a
+    ``[q | k | v]`` projection's candidates), each with its sizes; a list, so the caller may rewrite."""
+    found = []
+    for split in graph.node:
+        if not _is_onnx(split, "Split") or len(split.output) != 3 or _ints(split, "axis", 0) not in axes:
+            continue
+        sizes = constant_ints(graph, split.input[1], prods) if len(split.input) > 1 else None
+        if sizes is not None and len(sizes) == 3:
+            found.append((split, sizes))
+    return found
+
+
 def merge_qk_norms(
     model: onnx.ModelProto,
     base_dir: Path | None,
@@ -244,12 +259,7 @@ def merge_qk_norms(
     outputs = {o.name for o in graph.output}
     replace: dict[str, list[onnx.NodeProto]] = {}  # by the first output of the node they replace
     drop: set[str] = set()
-    for split in list(graph.node):
-        if not _is_onnx(split, "Split") or len(split.output) != 3 or _ints(split, "axis", 0) not in (-1, 2):
-            continue
-        sizes = constant_ints(graph, split.input[1], prods) if len(split.input) > 1 else None
-        if sizes is None or len(sizes) != 3:
-            continue
+    for split, sizes in _three_way_splits(graph, prods, (-1, 2)):
         q = _norm_path(graph, users, outputs, prods, split.output[0], sizes[0])
         k = _norm_path(graph, users, outputs, prods, split.output[1], sizes[1])
         if q is None or k is None or q[1] != k[1]:
@@ -348,12 +358,7 @@ def merge_l2_norms(model: onnx.ModelProto, fusions: Fusions, dry: bool = False) 
     outputs = {o.name for o in graph.output}
     replace: dict[str, list[onnx.NodeProto]] = {}
     drop: set[str] = set()
-    for split in list(graph.node):
-        if not _is_onnx(split, "Split") or len(split.output) != 3 or _ints(split, "axis", 0) != -1:
-            continue
-        sizes = constant_ints(graph, split.input[1], prods) if len(split.input) > 1 else None
-        if sizes is None or len(sizes) != 3:
-            continue
+    for split, sizes in _three_way_splits(graph, prods, (-1,)):
         q = _l2_path(graph, users, outputs, prods, split.output[0], sizes[0])
         k = _l2_path(graph, users, outputs, prods, split.output[1], sizes[1])
         if q is None or k is None or q[1][1] != k[1][1]:
