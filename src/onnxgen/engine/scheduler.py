@@ -242,10 +242,10 @@ class Scheduler:
         """Take the waiting groups to prefill as one batched forward: the head group and those behind it
         with prompts of its length, among the groups this step prefills anyway (in queue order while their
         tokens fit ``budget`` and rows are free); empty (nothing taken) where fewer than two qualify."""
-        self._open_lanes()
         if not self.limits.batch_prefill or self.prefix_cache is not None or self._alone:
             self._alone = max(0, self._alone - 1)
             return []
+        self._open_lanes()  # speculative groups at the head take lanes, not a batched prefill's rows
         rows, spent, members = self.free_rows, 0, []
         length = self.waiting[0][0].prompt_len if self.waiting else 0
         if not 2 <= length <= self.limits.prefill_chunk:
