@@ -168,12 +168,9 @@ async def create_response(server: Service, request: Request) -> Response:
         )
     done = await collect(stream, request)
     record.completion_tokens = len(done.token_ids[0])
-    if done.disconnected:
-        return Response(status_code=499)
-    if done.error is not None:
-        if done.client_error:
-            raise ApiError(400, done.error)
-        raise ApiError(500, done.error, "server_error")
+    failed = done.failure()
+    if failed is not None:
+        return failed
     run.start()
     scores = done.scores[0]
     for i, text in enumerate(done.texts[0]):

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from onnxgen.server.access import request_record
-from onnxgen.server.protocol import ApiError, usage
+from onnxgen.server.protocol import usage
 from onnxgen.server.service import Service
 from onnxgen.server.shapes import ResponseShape
 from onnxgen.server.streaming import collect, sse_events
@@ -35,11 +35,8 @@ async def completion(server: Service, request: Request, chat: bool) -> Response:
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     done = await collect(stream, request)
     record.completion_tokens = sum(map(len, done.token_ids))
-    if done.disconnected:
-        return Response(status_code=499)
-    if done.error is not None:
-        if done.client_error:
-            raise ApiError(400, done.error)
-        raise ApiError(500, done.error, "server_error")
+    failed = done.failure()
+    if failed is not None:
+        return failed
     use = usage(stream.prompt_tokens, record.completion_tokens, stream.handle.cached_tokens)
     return JSONResponse(shape.response(done.results(), use))

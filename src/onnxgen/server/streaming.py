@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.server.access import RequestRecord
-from onnxgen.server.protocol import error_body, usage
+from onnxgen.server.protocol import ApiError, error_body, usage
 from onnxgen.server.sequence import Delta, Handle
 from onnxgen.server.shapes import ChoiceResult, ResponseShape
 
@@ -53,6 +54,17 @@ class Collected:
     error: str | None = None
     client_error: bool = False  # the request caused ``error`` (a 400, not a 500)
     disconnected: bool = False
+
+    def failure(self) -> Response | None:
+        """What a request that did not finish answers: 499 after the client left, else None; raises the
+        ``ApiError`` of a failed request (400 where the request caused it, else 500)."""
+        if self.disconnected:
+            return Response(status_code=499)
+        if self.error is not None:
+            if self.client_error:
+                raise ApiError(400, self.error)
+            raise ApiError(500, self.error, "server_error")
+        return None
 
     def results(self) -> list[ChoiceResult]:
         return [
