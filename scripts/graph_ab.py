@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(f'{x:.3f}' for x in prefill)}); step ms on "
             f"{1e3 * statistics.median(t for r in on for t in r[1][WARM_STEPS:]):.2f} off "
             f"{1e3 * statistics.median(t for r in off for t in r[1][WARM_STEPS:]):.2f} "
-            f"(off/on {statistics.median(step):.3f}); first step ms on "
+            f"(off/on {statistics.median(step):.3f}: {', '.join(f'{x:.3f}' for x in step)}); first step ms on "
             f"{1e3 * statistics.median(r[1][0] for r in on):.1f} off {1e3 * statistics.median(r[1][0] for r in off):.1f}; "
             f"prefill logits bit-identical {same_bits}, tokens equal {same_tokens}; prefill page faults on "
             f"{statistics.median(r[4] for r in on):.0f} off {statistics.median(r[4] for r in off):.0f}"
