@@ -58,8 +58,8 @@ MERGE_MIN_THREADS = 2  # sibling MatMulNBits are merged for sessions with at lea
 
 def merge_pays(threads: int) -> bool:
     """Whether rewrite 1 (sibling MatMulNBits merged) pays on a session with ``threads`` intra-op threads
-    (measured on the real-size int4 exports: faster per decode step from 2 threads, slower on 1; the numbers
-    are in docs/benchmarks.md, "Real-size exports")."""
+    (measured per group on the real-size int4 exports: 0-4% off a decode step from 2 threads, nothing or a
+    loss on 1; the numbers are in docs/benchmarks.md, "Real-size exports")."""
     return threads >= MERGE_MIN_THREADS
 
 

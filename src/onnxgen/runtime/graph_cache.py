@@ -301,9 +301,9 @@ def session_graph(
     (:mod:`onnxgen.graph.hybrid_ops`: the same math, rounded differently; ``fast_ops``) and fewer kernel
     launches per decode step with the same output bits (:mod:`onnxgen.graph.decode_fusions`; ``fuse``; its
     sibling MatMulNBits merged only where the session's ``threads`` intra-op threads, None: one per core,
-    make it pay); the final hidden state as an output where ``hidden_state`` (what an MTP head drafts from); and the
-    analyses a session reads. Prepared once per model and settings and kept on disk; every weight stays
-    in its file."""
+    make it pay); the final hidden state as an output where ``hidden_state`` (what an MTP head drafts
+    from); and the analyses a session reads. Prepared once per model and settings and kept on disk; every
+    weight stays in its file."""
     providers = list(providers or ["CPUExecutionProvider"])
     on_cpu = providers[0] == "CPUExecutionProvider"
     settings = PassSettings(
