@@ -78,7 +78,10 @@ def open_session(model: Path, threads: int, profile_prefix: str | None) -> objec
         opts.enable_profiling = True
         opts.profile_file_prefix = profile_prefix
     return DecoderSession(
-        session_graph(package.model_path, package.io), threads=threads, options=opts, verify=False
+        session_graph(package.model_path, package.io, threads=threads),
+        threads=threads,
+        options=opts,
+        verify=False,
     )
 
 

@@ -54,7 +54,10 @@ def onnxgen_profile(model: Path, threads: int, prompt: list[int], steps: int, fo
     opts.enable_profiling = True
     opts.profile_file_prefix = str(folder / "onnxgen")
     session = DecoderSession(
-        session_graph(package.model_path, package.io), threads=threads, options=opts, verify=False
+        session_graph(package.model_path, package.io, threads=threads),
+        threads=threads,
+        options=opts,
+        verify=False,
     )
     state = session.new_state(len(prompt) + steps + 1)
     logits = session.forward(state, np.array([prompt]), 1)[0, -1]

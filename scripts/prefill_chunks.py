@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     package = ModelPackage.open(args.model)
     session = DecoderSession(
-        session_graph(package.model_path, package.io), threads=args.threads, verify=False
+        session_graph(package.model_path, package.io, threads=args.threads),
+        threads=args.threads,
+        verify=False,
     )
     hugepages.wait()
     vocab = session.vocab_size

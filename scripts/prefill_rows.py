@@ -26,7 +26,9 @@ def open_session(model: Path, threads: int) -> object:
     from onnxgen.runtime.session import DecoderSession
 
     package = ModelPackage.open(model)
-    return DecoderSession(session_graph(package.model_path, package.io), threads=threads, verify=False)
+    return DecoderSession(
+        session_graph(package.model_path, package.io, threads=threads), threads=threads, verify=False
+    )
 
 
 def prompts(rows: int, length: int, vocab: int) -> np.ndarray:

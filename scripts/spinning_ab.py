@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in rows} for name in VARIANTS}
     for _ in range(args.rounds):
         for name, (threads, spinning) in VARIANTS.items():
-            graph = session_graph(package.model_path, package.io)
+            graph = session_graph(package.model_path, package.io, threads=threads)
             session = DecoderSession(graph, threads=threads, spinning=spinning, verify=False)
             prompt = token_ids(64, session.vocab_size)
             for n in rows:

@@ -45,12 +45,12 @@ def int4_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_switch_takes_the_same_words(int4_dense: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each switch takes "off" as it takes "0" (ONNXGEN_FUSE once took only "0"); keywords still win."""
-    assert onnxgen.load(int4_dense, threads=1).session.fusions.rewritten
+    assert onnxgen.load(int4_dense, threads=2).session.fusions.rewritten
     monkeypatch.setenv(FUSE, "off")
     monkeypatch.setenv(HUGE_PAGES, "no")
-    llm = onnxgen.load(int4_dense, threads=1)
+    llm = onnxgen.load(int4_dense, threads=2)
     assert not llm.session.fusions.rewritten and not llm.session._huge_pages
-    assert onnxgen.load(int4_dense, threads=1, fuse=True).session.fusions.rewritten
+    assert onnxgen.load(int4_dense, threads=2, fuse=True).session.fusions.rewritten
 
 
 @pytest.mark.parametrize("name", SWITCHES)

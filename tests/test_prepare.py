@@ -34,13 +34,13 @@ def test_prepare_decides_from_the_graph_alone_and_follows_the_config(
 ) -> None:
     no_session(monkeypatch)
     dense, hybrid = (ModelPackage.open(dirs[f]) for f in ("genai-dense", "hybrid-genai"))
-    d = prepare(dense, EngineConfig())
+    d = prepare(dense, EngineConfig(threads=2))
     assert d.decode.choice.plan == "main" and d.decode.graph is None  # no graph kept once prepared
     assert d.graph.logits_to_keep and d.graph.fusions.merged_matmuls > 0
     assert d.verify.strategy is None and "no recurrent state" in d.verify.reason
     assert d.mtp.path is None and "mtp.onnx" in d.mtp.missing
-    assert prepare(dense, EngineConfig()).graph.cache == "hit"
-    unfused = prepare(dense, EngineConfig(fuse=False)).graph
+    assert prepare(dense, EngineConfig(threads=2)).graph.cache == "hit"
+    unfused = prepare(dense, EngineConfig(threads=2, fuse=False)).graph
     assert not unfused.fusions.rewritten and unfused.graph_path != d.graph.graph_path
     h = prepare(hybrid, EngineConfig(fast_ops=True))
     assert h.verify.strategy == "auto" and h.graph.fast_ops.rewritten and h.graph.inplace_states
@@ -48,7 +48,7 @@ def test_prepare_decides_from_the_graph_alone_and_follows_the_config(
 
 
 def test_a_session_made_from_the_prepared_model_runs_the_prepared_graph(dirs: dict[str, Path]) -> None:
-    prepared = prepare(ModelPackage.open(dirs["hybrid-genai"]), EngineConfig(threads=1, fast_ops=False))
+    prepared = prepare(ModelPackage.open(dirs["hybrid-genai"]), EngineConfig(threads=2, fast_ops=False))
     session = prepared.open_session()
     assert session.prepared is prepared.graph and prepared.decode.plan.name == "main"
     assert session.fusions.merged_matmuls == prepared.graph.fusions.merged_matmuls > 0

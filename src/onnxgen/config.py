@@ -190,6 +190,14 @@ def env_switch(name: str) -> bool | None:
     )
 
 
+def default_threads() -> int:
+    """All cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def env_threads() -> int | None:
     """``$ONNXGEN_THREADS`` as a count, None where unset or empty."""
     raw = os.environ.get(THREADS, "").strip()

@@ -124,6 +124,7 @@ def prepare(package: ModelPackage, config: EngineConfig | None = None) -> Prepar
         fast_ops=config.fast_ops,
         fuse=config.fuse,
         hidden_state=mtp.path is not None,
+        threads=config.threads,
     )
     decode.graph = None  # the prepared graph is read from disk when a pass needs it again
     verify = VerifyChoice(*verify_strategy(True, package.io))

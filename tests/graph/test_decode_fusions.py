@@ -208,7 +208,7 @@ def test_session_logits_are_bit_identical_with_and_without_the_fusions(tmp_path:
     """Through the session (prefill, decode lane steps, external weights) on int4 fixtures."""
     package = ModelPackage.open(build_model(tmp_path, family, precision="int4"))
     sessions = [
-        DecoderSession(session_graph(package.model_path, package.io, fuse=f), threads=2)
+        DecoderSession(session_graph(package.model_path, package.io, fuse=f, threads=2), threads=2)
         for f in (True, False)
     ]
     assert sessions[0].fusions.merged_matmuls > 0 and not sessions[1].fusions.rewritten
@@ -233,9 +233,9 @@ def test_inspect_and_load_report_what_the_session_merges(
     from onnxgen.cli import main
 
     model_dir = build_model(tmp_path, "genai-dense", precision="int4")
-    assert main(["inspect", str(model_dir), "--json"]) == 0
+    assert main(["inspect", str(model_dir), "--json", "--threads", "2"]) == 0
     reported = json.loads(capsys.readouterr().out)["decode_fusions"]
-    merged = onnxgen.load(model_dir, threads=1).session.fusions
+    merged = onnxgen.load(model_dir, threads=2).session.fusions
     assert merged.merged_matmuls > 0 and reported == merged.summary()
     assert not onnxgen.load(model_dir, threads=1, fuse=False).session.fusions.rewritten
     monkeypatch.setenv("ONNXGEN_FUSE", "0")
@@ -287,3 +287,71 @@ def test_linear_attention_l2_norms_merge_with_the_same_outputs(tokens: int) -> N
 def test_l2_norms_that_differ_are_not_merged() -> None:
     done = fuse_for_decode(_linear_qkv(p_key=1), None)
     assert done.report.merged_l2_norms == 0 and not done.modified
+
+
+def _merged_nodes(graph: onnx.ModelProto) -> list[str]:
+    return [n.name for n in graph.graph.node if n.op_type == "MatMulNBits" and "onnxgen_merged" in n.name]
+
+
+def _rows(session: DecoderSession, steps: int = 10) -> list[np.ndarray]:
+    """Logits of a prefill (every position) and of greedy single-token steps after it."""
+    state = session.new_state(32)
+    rows = [session.forward(state, np.array([[5, 9, 2, 7, 1, 3]]))[0]]
+    for _ in range(steps):
+        rows.append(session.step(state, int(rows[-1][-1].argmax())).copy()[None])
+    return rows
+
+
+@pytest.mark.parametrize("family", ["genai-dense", "hybrid-genai"])
+def test_siblings_merge_only_for_sessions_of_two_threads_or_more(tmp_path: Path, family: str) -> None:
+    """One thread: no merged MatMulNBits (the other fusions stay), a cache entry of its own; two: merged.
+    Either way the logits are those of the graph without any fusion, bit for bit, on as many threads."""
+    import dataclasses
+
+    package = ModelPackage.open(build_model(tmp_path, family, precision="int4"))
+    prepared = {t: session_graph(package.model_path, package.io, threads=t) for t in (1, 2, 4)}
+    one, two = prepared[1], prepared[2]
+    assert not one.settings.merge_matmuls and one.fusions.merged_matmuls == 0
+    assert not _merged_nodes(one.load_graph()) and one.fusions.separate_matmuls == two.fusions.merged_matmuls
+    assert two.settings.merge_matmuls and two.fusions.merged_matmuls > 0 and _merged_nodes(two.load_graph())
+    assert one.graph_path != two.graph_path and prepared[4].graph_path == two.graph_path
+    exported = sum(n.op_type == "MatMulNBits" for n in package.graph.graph.node)
+    assert sum(n.op_type == "MatMulNBits" for n in one.load_graph().graph.node) == exported
+    # the other fusions do not depend on the threads
+    assert (one.fusions.merged_norms, one.fusions.merged_l2_norms) == (
+        two.fusions.merged_norms,
+        two.fusions.merged_l2_norms,
+    )
+    # a sibling graph (the inline decode plan's) takes the same rewrites as its session's graph
+    sibling = onnx.load(str(package.model_path), load_external_data=False)
+    assert not _merged_nodes(one.same_rewrites(sibling, package.root))
+    assert _merged_nodes(two.same_rewrites(sibling, package.root))
+    unfused = session_graph(package.model_path, package.io, fuse=False, threads=2)
+    for threads, graph in ((1, one), (2, two)):
+        got = _rows(DecoderSession(graph, threads=threads, verify=False))
+        assert _same(got, _rows(DecoderSession(unfused, threads=threads, verify=False)))
+    # negative control: a merged MLP's gate and up outputs swapped (same sizes) change the logits
+    wrong = two.load_graph()
+    sizes = {
+        i.name: numpy_helper.to_array(i).tolist()
+        for i in wrong.graph.initializer
+        if i.name.endswith(".sizes")
+    }
+    split = next(
+        n
+        for n in wrong.graph.node
+        if n.name.endswith("onnxgen_merged/split") and len(set(sizes[n.input[1]])) == 1
+    )
+    split.output[:] = list(reversed(split.output))
+    onnx.save(wrong, str(tmp_path / "wrong.onnx"))
+    miswired = dataclasses.replace(two, graph_path=tmp_path / "wrong.onnx")
+    assert not _same(_rows(DecoderSession(miswired, threads=2, verify=False)), got)
+
+
+def test_a_load_prepares_for_its_threads(tmp_path: Path) -> None:
+    """The engine's load (onnxgen.prepare) and an MTP head pass their threads to the passes."""
+    import onnxgen
+
+    model_dir = build_model(tmp_path, "hybrid-genai", precision="int4")
+    assert onnxgen.load(model_dir, threads=1).session.fusions.merged_matmuls == 0
+    assert onnxgen.load(model_dir, threads=2).session.fusions.merged_matmuls > 0

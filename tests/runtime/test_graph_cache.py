@@ -45,9 +45,12 @@ def decode(session: DecoderSession, steps: int = STEPS) -> np.ndarray:
 
 
 def open_session(model_dir: Path, verify: bool = True, **passes: bool) -> DecoderSession:
+    """A one-thread session on the graph prepared for two threads: every rewrite, sibling merges included."""
     package = ModelPackage.open(model_dir)
     return DecoderSession(
-        graph_cache.session_graph(package.model_path, package.io, **passes), threads=1, verify=verify
+        graph_cache.session_graph(package.model_path, package.io, threads=2, **passes),
+        threads=1,
+        verify=verify,
     )
 
 
@@ -258,6 +261,7 @@ def test_every_setting_and_io_difference_that_changes_the_graph_changes_the_key(
             dataclasses.replace(base, hidden_state=True),
             dataclasses.replace(base, last_logits=False),
             dataclasses.replace(base, fuse=False),
+            dataclasses.replace(base, merge_matmuls=False),
             dataclasses.replace(base, fast_ops=False),
             dataclasses.replace(base, on_cpu=False),
         )
@@ -265,7 +269,7 @@ def test_every_setting_and_io_difference_that_changes_the_graph_changes_the_key(
     static = dataclasses.replace(io, static_cache=StaticCache("write_indices", None, 64))
     shared = dataclasses.replace(io, past_present_share_buffer=not io.past_present_share_buffer)
     keys |= {graph_cache.cache_key(path, graph, other, base) for other in (static, shared)}
-    assert len(keys) == 8
+    assert len(keys) == 9
     noted = dataclasses.replace(io, notes=(*io.notes, "a note"))
     assert graph_cache.cache_key(path, graph, noted, base) == graph_cache.cache_key(path, graph, io, base)
 

@@ -9,7 +9,11 @@ needs; both rewrites compute every output value exactly as before (tests compare
    the same ``K``, ``bits``, ``block_size`` and ``accuracy_level`` (an MLP's ``gate_proj`` and
    ``up_proj``) become one ``MatMulNBits`` over the weights stacked along ``N`` followed by a ``Split``.
    Each output column is computed from its own weight row alone, so the columns do not change; the
-   input is quantized once instead of once per projection.
+   input is quantized once instead of once per projection. It pays only where the session runs two or
+   more intra-op threads (:func:`merge_pays`): there the larger product divides between the threads
+   better than its parts did; on one thread nothing divides and the ``Split`` only adds copies. Every
+   kind of group the builder's exports hold (a linear attention's ``qkv_proj`` and ``z_proj``, an MLP's
+   ``gate_proj`` and ``up_proj``) is merged by that one rule.
 2. **Query and key RMSNorms** (:func:`merge_qk_norms`): a fused QKV projection's query and key heads
    each go ``Split -> Reshape [0, -1, head] -> SimplifiedLayerNormalization -> Reshape`` into
    GroupQueryAttention: two normalizations, each a thread-pool launch over a handful of rows. They
@@ -49,6 +53,14 @@ MAX_INLINE_BYTES = 1 << 30  # merged weights kept inline go into the serialized 
 # session graph's store writes it to a weights file and returns a reference (onnxgen.runtime.graph_cache).
 Store = Callable[[str, np.ndarray], onnx.TensorProto]
 _NBITS_ATTRS = ("K", "bits", "block_size", "accuracy_level")
+MERGE_MIN_THREADS = 2  # sibling MatMulNBits are merged for sessions with at least this many intra-op threads
+
+
+def merge_pays(threads: int) -> bool:
+    """Whether rewrite 1 (sibling MatMulNBits merged) pays on a session with ``threads`` intra-op threads
+    (measured per group on the real-size int4 exports: 0-4% off a decode step from 2 threads, nothing or a
+    loss on 1; the numbers are in docs/benchmarks.md, "Real-size exports")."""
+    return threads >= MERGE_MIN_THREADS
 
 
 @dataclass
@@ -58,6 +70,7 @@ class Fusions:
     merged_matmuls: int = 0  # MatMulNBits nodes now computed by a merged one
     merged_norms: int = 0  # query/key RMSNorm pairs now one normalization
     merged_l2_norms: int = 0  # linear attentions' query/key L2 norm pairs now one normalization
+    separate_matmuls: int = 0  # MatMulNBits that would merge, left separate for a one-thread session
     skipped: list[str] = field(default_factory=list)
 
     @property
@@ -66,11 +79,17 @@ class Fusions:
 
     def summary(self) -> str:
         """One line for reports (``onnxgen inspect``, ``onnxgen bench``)."""
+        separate = (
+            f"{self.separate_matmuls} MatMulNBits left separate on one thread"
+            if self.separate_matmuls
+            else ""
+        )
         if not self.rewritten:
-            return "nothing to merge"
+            return f"nothing merged: {separate}" if separate else "nothing to merge"
         return (
             f"{self.merged_matmuls} MatMulNBits merged in groups, {self.merged_norms} query/key norm pairs as one"
             + (f", {self.merged_l2_norms} query/key L2 norm pairs as one" if self.merged_l2_norms else "")
+            + (f", {separate}" if separate else "")
         )
 
 
@@ -433,11 +452,12 @@ def _splice(graph: onnx.GraphProto, replace: dict[str, list[onnx.NodeProto]], dr
 
 
 def fuse_for_decode(
-    model: onnx.ModelProto, base_dir: Path | None, store: Store | None = None
+    model: onnx.ModelProto, base_dir: Path | None, store: Store | None = None, merge_matmuls: bool = True
 ) -> PassResult[Fusions]:
-    """Both rewrites on a copy of ``model`` (returned as is when neither applies). With ``store`` the
-    merged weights go where it puts them (no size limit); without it they are inline in the graph."""
-    planned = planned_fusions(model)
+    """The rewrites on a copy of ``model`` (returned as is when none applies); rewrite 1 only with
+    ``merge_matmuls`` (:func:`merge_pays` for the session's threads). With ``store`` the merged weights go
+    where it puts them (no size limit); without it they are inline in the graph."""
+    planned = planned_fusions(model, merge_matmuls)
     if not planned.rewritten:
         return PassResult(model, False, planned)
     out = onnx.ModelProto()
@@ -445,15 +465,20 @@ def fuse_for_decode(
     fusions = Fusions()
     merge_qk_norms(out, base_dir, fusions, store=store or _inline)
     merge_l2_norms(out, fusions)
-    limit = MAX_INLINE_BYTES if store is None else None
-    merge_sibling_matmuls(out, base_dir, fusions, max_bytes=limit, store=store or _inline)
+    if merge_matmuls:
+        limit = MAX_INLINE_BYTES if store is None else None
+        merge_sibling_matmuls(out, base_dir, fusions, max_bytes=limit, store=store or _inline)
+    fusions.separate_matmuls = planned.separate_matmuls
     return PassResult(out, True, fusions)
 
 
-def planned_fusions(model: onnx.ModelProto) -> Fusions:
-    """What :func:`fuse_for_decode` would merge, from the graph alone (``onnxgen inspect``)."""
+def planned_fusions(model: onnx.ModelProto, merge_matmuls: bool = True) -> Fusions:
+    """What :func:`fuse_for_decode` would merge, from the graph alone."""
     fusions = Fusions()
     merge_qk_norms(model, None, fusions, dry=True)
     merge_l2_norms(model, fusions, dry=True)
-    merge_sibling_matmuls(model, None, fusions, dry=True)
+    if merge_matmuls:
+        merge_sibling_matmuls(model, None, fusions, dry=True)
+    else:
+        fusions.separate_matmuls = sum(len(group) for group in sibling_groups(model))
     return fusions

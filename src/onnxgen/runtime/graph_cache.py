@@ -46,9 +46,9 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from onnxgen.config import env_cache_dir, env_cache_off
+from onnxgen.config import default_threads, env_cache_dir, env_cache_off
 from onnxgen.errors import OnnxgenError, UnsupportedModelError
-from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode
+from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode, merge_pays
 from onnxgen.graph.hidden_state import expose_hidden_state
 from onnxgen.graph.hybrid_ops import FastOps, apply_fast_ops
 from onnxgen.graph.int4_lm_head import int4_lm_head
@@ -79,6 +79,8 @@ class PassSettings:
     on_cpu: bool = True  # CPU provider: fast ops, fusions, in-place states and length masks apply
     fast_ops: bool | None = None  # None: the pass decides
     fuse: bool = True
+    # ... sibling MatMulNBits merged too: decided by the session's intra-op threads (decode_fusions.merge_pays)
+    merge_matmuls: bool = True
     hidden_state: bool = False  # output the final hidden state (what an MTP head reads)
     int4_lm_head: bool = False  # a drafter's float lm_head as int4 (onnxgen.graph.int4_lm_head)
 
@@ -142,7 +144,7 @@ class SessionGraph:
         if self.fast_ops_ran:
             graph = apply_fast_ops(graph, True).model
         if self.settings.fuse:
-            graph = fuse_for_decode(graph, base_dir).model
+            graph = fuse_for_decode(graph, base_dir, merge_matmuls=self.settings.merge_matmuls).model
         return graph
 
     def to_json(self) -> dict:
@@ -290,16 +292,18 @@ def session_graph(
     int4_lm_head: bool = False,
     cache_dir: str | Path | None = None,
     tail_rows: bool = True,
+    threads: int | None = None,
 ) -> SessionGraph:
     """The graph a session on ``providers`` (default: the CPU) runs for the export at ``model_path``, whose
     graph (weights not loaded) is ``graph`` when the caller has it: logits for the kept positions only
     (``last_logits``; with ``tail_rows`` the last layer's position-wise tail also runs on the kept rows
     only, :mod:`onnxgen.graph.kept_rows`); on the CPU, hybrid contrib ops on onnxruntime's vectorized kernels
     (:mod:`onnxgen.graph.hybrid_ops`: the same math, rounded differently; ``fast_ops``) and fewer kernel
-    launches per decode step with the same output bits (:mod:`onnxgen.graph.decode_fusions`; ``fuse``);
-    the final hidden state as an output where ``hidden_state`` (what an MTP head drafts from); and the
-    analyses a session reads. Prepared once per model and settings and kept on disk; every weight stays
-    in its file."""
+    launches per decode step with the same output bits (:mod:`onnxgen.graph.decode_fusions`; ``fuse``; its
+    sibling MatMulNBits merged only where the session's ``threads`` intra-op threads, None: one per core,
+    make it pay); the final hidden state as an output where ``hidden_state`` (what an MTP head drafts
+    from); and the analyses a session reads. Prepared once per model and settings and kept on disk; every
+    weight stays in its file."""
     providers = list(providers or ["CPUExecutionProvider"])
     on_cpu = providers[0] == "CPUExecutionProvider"
     settings = PassSettings(
@@ -308,6 +312,7 @@ def session_graph(
         on_cpu=on_cpu,
         fast_ops=fast_ops,
         fuse=on_cpu and fuse is not False,
+        merge_matmuls=merge_pays(threads or default_threads()),
         hidden_state=hidden_state,
         int4_lm_head=int4_lm_head,
     )
@@ -458,7 +463,7 @@ def _prepare(
             fast = apply_fast_ops(graph, settings.fast_ops)
             graph, out.fast_ops = fast.model, fast.report
         if settings.on_cpu and settings.fuse:
-            fused = fuse_for_decode(graph, base, store=weights.store)
+            fused = fuse_for_decode(graph, base, store=weights.store, merge_matmuls=settings.merge_matmuls)
             graph, out.fusions = fused.model, fused.report
         _analyses(out, graph, io, settings)
         if graph is original and not weights.used and model_path.suffix != ".textproto":

@@ -35,7 +35,14 @@ class MTPHeadSession:
     ) -> None:
         self.head = head
         self.session = DecoderSession(
-            session_graph(head.path, head.io, providers=providers, fuse=fuse, int4_lm_head=int4_lm_head),
+            session_graph(
+                head.path,
+                head.io,
+                providers=providers,
+                fuse=fuse,
+                int4_lm_head=int4_lm_head,
+                threads=threads,
+            ),
             threads=threads,
             providers=providers,
         )

@@ -8,7 +8,6 @@ advances the state. Nothing on that path copies a KV cache or a recurrent state.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 import numpy as np
 import onnxruntime as ort
 
+from onnxgen.config import default_threads
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.runtime import hugepages, memory
@@ -47,14 +47,6 @@ class BindingOwner(Protocol):
 
 LANE_DECAY = 0.8  # weight of the past in the moving average of lane steps' time
 SMALL_STEP = 16  # forwards of at most this many tokens bind persistent buffers (inputs, fetched outputs)
-
-
-def default_threads() -> int:
-    """All cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def make_session_options(threads: int | None, spinning: bool | None = None) -> ort.SessionOptions:
