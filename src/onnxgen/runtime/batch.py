@@ -42,7 +42,7 @@ from onnxgen.errors import GenerationError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.model.io import KVPair
 from onnxgen.runtime.binding import Binder, StateBindings
-from onnxgen.runtime.buffers import HostBuffer, dtype_of, index_dtype
+from onnxgen.runtime.buffers import HostBuffer, IndexDtypes, dtype_of
 from onnxgen.runtime.observer import ForwardEvent
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
@@ -150,13 +150,7 @@ class BatchState:
             self._spares.append(RowBuffer(shape, dtype_of(pair.dtype)))
         self._bindings = StateBindings()
         session.track(self)  # its binders are dropped when the session is replaced
-        self._token_dtype = index_dtype(io, io.token_input)
-        self._mask_dtype = index_dtype(io, io.attention_mask)
-        self._position_dtype = index_dtype(io, io.position_ids)
-        static = io.static_cache
-        self._static_dtypes = (
-            (index_dtype(io, static.write_indices), index_dtype(io, static.kv_lengths)) if static else None
-        )
+        self._dtypes = IndexDtypes.of(io)
         vocab = session.vocab_size
         self._logits = RowBuffer((max_batch, 1, vocab), np.dtype(np.float32)) if vocab > 0 else None
         logits_type = next(o.type for o in session.session.get_outputs() if o.name == io.logits)
@@ -298,7 +292,7 @@ class BatchState:
     def _step(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """:meth:`step`, unobserved."""
         n, m = self.n, self.bound_rows
-        tokens = np.asarray(tokens, dtype=self._token_dtype).reshape(-1)
+        tokens = np.asarray(tokens, dtype=self._dtypes.token).reshape(-1)
         if n == 0 or len(tokens) != n:
             raise GenerationError(f"step() needs one token per live row ({n} rows, got {len(tokens)} tokens)")
         tokens = np.concatenate([tokens, np.full(m - n, tokens[0], dtype=tokens.dtype)]) if m > n else tokens
@@ -341,15 +335,15 @@ class BatchState:
                 mask = np.arange(width)[None, :] < (lengths + 1)[:, None]
             else:  # left-padded: ones in [past - len, past + 1)
                 mask = np.arange(self._past + 1)[None, :] >= (self._past - lengths)[:, None]
-            arrays.append(np.ascontiguousarray(mask, dtype=self._mask_dtype))
+            arrays.append(np.ascontiguousarray(mask, dtype=self._dtypes.mask))
             binding.bind_cpu_input(io.attention_mask, arrays[-1])
         if io.position_ids is not None:
-            pos = lengths.reshape(n, 1).astype(self._position_dtype)
+            pos = lengths.reshape(n, 1).astype(self._dtypes.position)
             if io.position_ids_rank == 3:
                 pos = np.broadcast_to(pos, (3, n, 1))
             arrays.append(np.ascontiguousarray(pos))
             binding.bind_cpu_input(io.position_ids, arrays[-1])
-        static, dtypes = io.static_cache, self._static_dtypes
+        static, dtypes = io.static_cache, self._dtypes.static
         if static is not None and dtypes is not None:  # each row writes at its own length
             arrays.append(lengths.astype(dtypes[0]))
             binding.bind_cpu_input(static.write_indices, arrays[-1])

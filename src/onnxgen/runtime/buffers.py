@@ -44,6 +44,27 @@ def index_dtype(io: DecoderIO, name: str | None) -> type:
     return np.int32 if io.port(name).dtype == "int32" else np.int64
 
 
+@dataclass(frozen=True)
+class IndexDtypes:
+    """The numpy types of the integer inputs onnxgen writes: token ids, attention mask, position ids and a
+    static cache's write indices and lengths (None without a static cache), as the graph declares them."""
+
+    token: type
+    mask: type
+    position: type
+    static: tuple[type, type] | None
+
+    @classmethod
+    def of(cls, io: DecoderIO) -> IndexDtypes:
+        static = io.static_cache
+        return cls(
+            index_dtype(io, io.token_input),
+            index_dtype(io, io.attention_mask),
+            index_dtype(io, io.position_ids),
+            (index_dtype(io, static.write_indices), index_dtype(io, static.kv_lengths)) if static else None,
+        )
+
+
 @dataclass
 class HostBuffer:
     """A numpy array and the OrtValue that views the same memory."""

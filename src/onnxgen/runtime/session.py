@@ -24,7 +24,7 @@ from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.binding import Binder, LengthMask, OnesMasks, OrtInternals, SingleInputs, StepLane
-from onnxgen.runtime.buffers import HostBuffer, index_dtype
+from onnxgen.runtime.buffers import HostBuffer, IndexDtypes
 from onnxgen.runtime.graph_cache import SessionGraph
 from onnxgen.runtime.observer import ForwardEvent, ForwardObserver, Phase, phase_of
 from onnxgen.runtime.state import DecodeState, StepIO
@@ -157,14 +157,8 @@ class DecoderSession:
         self._shared_kv = io.kv_in_place
         # every input onnxgen writes takes the element type the graph declares (int64 or int32, checked
         # when the I/O was derived)
-        self._token_dtype = index_dtype(io, io.token_input)
-        self._mask_dtype = index_dtype(io, io.attention_mask)
-        self._position_dtype = index_dtype(io, io.position_ids)
-        static = io.static_cache
-        self._static_dtypes = (
-            (index_dtype(io, static.write_indices), index_dtype(io, static.kv_lengths)) if static else None
-        )
-        self._ones = OnesMasks(self._mask_dtype).get  # attention masks of ones, one OrtValue per shape
+        self._dtypes = IndexDtypes.of(io)
+        self._ones = OnesMasks(self._dtypes.mask).get  # attention masks of ones, one OrtValue per shape
         self._run_options = ort.RunOptions()  # what the wrapper's run_with_iobinding passes by default
         # After a forward over many tokens (a prefill) onnxruntime's arena holds its activations: tens to
         # hundreds of MB at real sizes, kept (and grown by later prefills) for the life of the session.
@@ -572,7 +566,7 @@ class DecoderSession:
         if self.length_mask and session is self.session:  # (length_mask implies a mask input)
             held = state.bindings.lane_mask
             if held is None:
-                held = state.bindings.lane_mask = LengthMask(state.capacity, self._mask_dtype)
+                held = state.bindings.lane_mask = LengthMask(state.capacity, self._dtypes.mask)
             held.fill(state.length)  # the bound mask describes the state from the moment it is bound
             binder.input(self.io.attention_mask, held.buffer.value)
         return StepLane(
@@ -610,11 +604,11 @@ class DecoderSession:
     def _single_inputs(self, binder: Binder, batch: int) -> SingleInputs:
         """Bind the binder's persistent buffers of a one-token forward."""
         io = self.io
-        tokens = binder.step_input(io.token_input, (batch, 1), self._token_dtype)
+        tokens = binder.step_input(io.token_input, (batch, 1), self._dtypes.token)
         positions = None
         if io.position_ids is not None:
             positions = binder.step_input(
-                io.position_ids, self._position_shape(batch, 1), self._position_dtype
+                io.position_ids, self._position_shape(batch, 1), self._dtypes.position
             )
         keep = binder.step_input(LOGITS_TO_KEEP, (1,), np.int64) if self.logits_to_keep else None
         token_value = binder.bound_input(io.token_input)
@@ -650,12 +644,12 @@ class DecoderSession:
 
         if self.logits_to_keep:
             put(LOGITS_TO_KEEP, (1,), np.int64)[0] = keep
-        put(io.token_input, (batch, t), self._token_dtype)[...] = ids
+        put(io.token_input, (batch, t), self._dtypes.token)[...] = ids
         if io.attention_mask is not None:
             binder.input(io.attention_mask, self._ones(batch, past + t))
         if io.position_ids is not None:
             # every row alike; a single position is a scalar fill (no range array in the decode loop)
-            put(io.position_ids, self._position_shape(batch, t), self._position_dtype)[...] = (
+            put(io.position_ids, self._position_shape(batch, t), self._dtypes.position)[...] = (
                 past if t == 1 else np.arange(past, past + t)
             )
         if io.static_cache is not None:
@@ -665,7 +659,7 @@ class DecoderSession:
         self, buffer: Callable[[str, tuple[int, ...], type], np.ndarray], batch: int, past: int, t: int
     ) -> None:
         """A static cache's write indices (every row writes at ``past``) and live lengths (``past + t``)."""
-        static, dtypes = self.io.static_cache, self._static_dtypes
+        static, dtypes = self.io.static_cache, self._dtypes.static
         assert static is not None and dtypes is not None
         buffer(static.write_indices, (batch,), dtypes[0])[...] = past
         if static.kv_lengths is not None:
