@@ -306,13 +306,15 @@ def session_graph(
     weight stays in its file."""
     providers = list(providers or ["CPUExecutionProvider"])
     on_cpu = providers[0] == "CPUExecutionProvider"
+    fusing = on_cpu and fuse is not False
     settings = PassSettings(
         last_logits=last_logits,
         tail_rows=tail_rows,
         on_cpu=on_cpu,
         fast_ops=fast_ops,
-        fuse=on_cpu and fuse is not False,
-        merge_matmuls=merge_pays(threads or default_threads()),
+        fuse=fusing,
+        # without fusions the graph does not depend on the threads: one cache entry for every count
+        merge_matmuls=fusing and merge_pays(threads or default_threads()),
         hidden_state=hidden_state,
         int4_lm_head=int4_lm_head,
     )
