@@ -144,6 +144,17 @@ def admitting(change: Callable[[BatchState, int, int], None]) -> Callable[..., i
     return patched
 
 
+def tokens_before_and_after(
+    model: Path, monkeypatch: pytest.MonkeyPatch, owner: type, name: str, replacement: Callable[..., object]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The batched-prefill engine's greedy tokens for :data:`PROMPTS`, then again with ``owner.name``
+    replaced by ``replacement``."""
+    llm = load(model, True)
+    want = [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
+    monkeypatch.setattr(owner, name, replacement)
+    return want, [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
+
+
 def corrupt_source_row(batch: BatchState, row: int, source: int) -> None:
     if source == 1:
         for buf in batch._states:
@@ -155,10 +166,9 @@ def test_corrupting_one_rows_state_changes_that_prompts_tokens_and_no_other(
 ) -> None:
     """Negative control: the prompts of length 3 share one forward; halving the recurrent states admitted
     from its second row changes that prompt's tokens only."""
-    llm = load(hybrid, True)
-    want = [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
-    monkeypatch.setattr(BatchState, "admit", admitting(corrupt_source_row))
-    got = [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
+    want, got = tokens_before_and_after(
+        hybrid, monkeypatch, BatchState, "admit", admitting(corrupt_source_row)
+    )
     changed = [k for k in range(len(PROMPTS)) if got[k] != want[k]]
     second_of_each = [2, 5, 7]  # the second prompt of lengths 3, 6 and 9 (row 1 of their forwards)
     assert changed == second_of_each
@@ -167,15 +177,12 @@ def test_corrupting_one_rows_state_changes_that_prompts_tokens_and_no_other(
 def test_a_row_admitted_from_the_wrong_row_of_the_batch_would_be_caught(
     hybrid: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    llm = load(hybrid, True)
-    want = [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
     admit = BatchState.admit
 
     def shifted(self: BatchState, prefilled: DecodeState, source: int = 0) -> int:
         return admit(self, prefilled, (source + 1) % prefilled.batch)
 
-    monkeypatch.setattr(BatchState, "admit", shifted)
-    got = [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
+    want, got = tokens_before_and_after(hybrid, monkeypatch, BatchState, "admit", shifted)
     assert got[0] != want[0] and got[4] == want[4]  # (prompt 4 runs alone: 2 tokens, no company)
 
 
@@ -205,8 +212,6 @@ def test_one_token_prompts_prompts_over_a_chunk_and_the_prefix_cache_prefill_alo
 def test_a_failed_batched_forward_is_retried_one_prompt_at_a_time(
     hybrid: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    llm = load(hybrid, True)
-    want = [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
     forward = DecoderSession.forward
 
     def refuse_batches(self: DecoderSession, state: DecodeState, ids: np.ndarray, *a: object, **k: object):
@@ -214,8 +219,8 @@ def test_a_failed_batched_forward_is_retried_one_prompt_at_a_time(
             raise GenerationError("a batched forward failed")
         return forward(self, state, ids, *a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(DecoderSession, "forward", refuse_batches)
-    assert [r.token_ids for r in llm.generate(PROMPTS, GREEDY)] == want
+    want, got = tokens_before_and_after(hybrid, monkeypatch, DecoderSession, "forward", refuse_batches)
+    assert got == want
 
 
 def test_the_cohort_states_hold_no_more_rows_than_the_batch(hybrid: Path) -> None:
