@@ -42,7 +42,7 @@ from onnxgen.errors import GenerationError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.model.io import KVPair
 from onnxgen.runtime.binding import Binder, StateBindings
-from onnxgen.runtime.buffers import HostBuffer, IndexDtypes, dtype_of
+from onnxgen.runtime.buffers import HostBuffer, IndexDtypes, aligned_zeros, dtype_of
 from onnxgen.runtime.observer import ForwardEvent
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
@@ -91,7 +91,7 @@ class RowBuffer:
     """A ``[max_batch, ...]`` host buffer and OrtValues over its leading rows ``[:n]`` (made once per n)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.array = np.zeros(shape, dtype=dtype)
+        self.array = aligned_zeros(shape, dtype)
         self._views: dict[int, HostBuffer] = {}
 
     def rows(self, n: int) -> ort.OrtValue:
@@ -231,7 +231,7 @@ class BatchState:
         merged = []
         shift, start = (past - self._past, past - length) if self._left else (0, 0)
         for old, new, pair in zip(olds, kv, self._kv_pairs, strict=True):
-            out = np.zeros(pair.buffer_shape(rows, past), dtype=new.dtype)
+            out = aligned_zeros(pair.buffer_shape(rows, past), new.dtype)
             if old is not None:
                 rows_first(out, pair)[:n, shift : shift + self._past] = rows_first(old, pair)[:n]
             rows_first(out, pair)[n, start : start + length] = rows_first(new, pair)[source]
@@ -270,7 +270,7 @@ class BatchState:
         past = int(self.lengths[: self.n].max())
         trimmed = []
         for a, pair in zip(self._grown_arrays(), self._kv_pairs, strict=True):
-            out = np.zeros(pair.buffer_shape(self.bound_rows, past), dtype=a.dtype)
+            out = aligned_zeros(pair.buffer_shape(self.bound_rows, past), a.dtype)
             kept = slice(self._past - past, self._past) if self._left else slice(0, past)
             rows_first(out, pair)[: self.n] = rows_first(a, pair)[order, kept]
             trimmed.append(out)

@@ -29,7 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxgen.errors import OnnxgenError
-from onnxgen.runtime.buffers import HostBuffer
+from onnxgen.runtime.buffers import HostBuffer, aligned_empty, aligned_zeros
 
 if TYPE_CHECKING:
     import onnxruntime.capi.onnxruntime_pybind11_state as C
@@ -100,7 +100,7 @@ class Binder:
         """The persistent input buffer ``(name, shape)``, bound; the caller writes its values in place."""
         buf = self.step_inputs.get((name, shape))
         if buf is None:
-            buf = self.step_inputs[(name, shape)] = HostBuffer.wrap(np.zeros(shape, dtype=dtype))
+            buf = self.step_inputs[(name, shape)] = HostBuffer.wrap(aligned_zeros(shape, dtype))
         self.input(name, buf.value)
         return buf.array
 
@@ -134,7 +134,7 @@ class LengthMask:
     writes one element, or (after a rewind, or steps that ran without a lane) re-fills it first."""
 
     def __init__(self, capacity: int, dtype: np.dtype) -> None:
-        self.buffer = HostBuffer.wrap(np.zeros((1, capacity), dtype=dtype))
+        self.buffer = HostBuffer.wrap(aligned_zeros((1, capacity), dtype))
         self.row = self.buffer.array[0]
         self.filled = 0
 
@@ -160,7 +160,8 @@ class OnesMasks:
             return value
         n = batch * length
         if self.buffer.size < n:
-            self.buffer = np.ones(max(n, 2 * self.buffer.size), dtype=self.dtype)
+            self.buffer = aligned_empty((max(n, 2 * self.buffer.size),), self.dtype)
+            self.buffer.fill(1)
             self.buffer.flags.writeable = False
         if len(self.values) >= MASK_VALUES:
             self.values.clear()

@@ -24,7 +24,7 @@ from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
 from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.binding import Binder, LengthMask, OnesMasks, OrtInternals, SingleInputs, StepLane
-from onnxgen.runtime.buffers import HostBuffer, IndexDtypes
+from onnxgen.runtime.buffers import HostBuffer, IndexDtypes, aligned_empty
 from onnxgen.runtime.graph_cache import SessionGraph
 from onnxgen.runtime.observer import ForwardEvent, ForwardObserver, Phase, phase_of
 from onnxgen.runtime.state import DecodeState, StepIO
@@ -449,7 +449,8 @@ class DecoderSession:
         got = {n: allocated[n] if n in allocated else binder.fetch_buffers[n].value for n in fetch}
         if persistent:
             for name in allocated.keys() & set(fetch):  # first run at this t: keep buffers like these
-                binder.fetch_buffers[name] = HostBuffer.wrap(np.empty_like(allocated[name].numpy()))
+                made = allocated[name].numpy()
+                binder.fetch_buffers[name] = HostBuffer.wrap(aligned_empty(made.shape, made.dtype))
         if fetched is not None:
             fetched.update(got)
 
@@ -638,7 +639,7 @@ class DecoderSession:
             """A bound buffer to write the input into: the binder's persistent one for small forwards."""
             if t <= SMALL_STEP:
                 return binder.step_input(name, shape, dtype)
-            buf = HostBuffer.wrap(np.empty(shape, dtype=dtype))
+            buf = HostBuffer.wrap(aligned_empty(shape, dtype))
             binder.input(name, buf.value)
             return buf.array
 

@@ -43,7 +43,7 @@ import onnxruntime as ort
 from onnxgen.errors import GenerationError
 from onnxgen.model.io import DecoderIO, StatePair
 from onnxgen.runtime.binding import StateBindings
-from onnxgen.runtime.buffers import HostBuffer, dtype_of
+from onnxgen.runtime.buffers import HostBuffer, aligned_copy, aligned_zeros, dtype_of
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class DecodeState:
                 if shared_kv:
                     self._kv_shared.append(HostBuffer.zeros(pair.buffer_shape(batch, capacity), dt))
                 else:
-                    empty = np.zeros(pair.buffer_shape(batch, 0), dtype=dt)
+                    empty = aligned_zeros(pair.buffer_shape(batch, 0), dt)
                     self._kv_empty.append(ort.OrtValue.ortvalue_from_numpy(empty))
         self._kv = list(self._kv_empty)
         self._kv_axes = [p.seq_axis for p in io.kv_pairs for _ in p.inputs]  # sequence axis of each past
@@ -202,7 +202,7 @@ class DecodeState:
         buf = self._zeros.get(i)
         if buf is None:
             slot = self._slots[i]
-            buf = self._zeros[i] = HostBuffer.wrap(np.zeros(slot.shape, dtype=slot.dtype))
+            buf = self._zeros[i] = HostBuffer.wrap(aligned_zeros(slot.shape, slot.dtype))
         return buf.value
 
     def _zero_states(self) -> None:
@@ -372,7 +372,7 @@ class DecodeState:
         self.length = length
         if not self.shared_kv:
             self._kv = [
-                ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(live(v.numpy(), axis, length)))
+                ort.OrtValue.ortvalue_from_numpy(aligned_copy(live(v.numpy(), axis, length)))
                 for v, axis in zip(self._kv, self._kv_axes, strict=True)
             ]
 
@@ -436,7 +436,7 @@ class DecodeState:
         else:
             self.bindings.clear()  # bound pasts of an earlier run would otherwise stay alive
             self._kv = [
-                ort.OrtValue.ortvalue_from_numpy(np.concatenate(parts, axis=axis))
+                ort.OrtValue.ortvalue_from_numpy(aligned_copy(np.concatenate(parts, axis=axis)))
                 for parts, axis in zip(kv, self._kv_axes, strict=True)
             ]
         for slot, array in zip(self._slots, states or (), strict=True):
