@@ -1,6 +1,7 @@
 """Where a prefill and a decode step spend their time, by operator, in onnxgen and onnxruntime-genai.
 
-``python scripts/op_profile.py MODEL_DIR [--threads 2] [--prompt-tokens 512] [--steps 32] [--engine both]``
+``python scripts/op_profile.py MODEL_DIR [--threads 2] [--prompt-tokens 512] [--steps 32] [--engine both]
+[--warm 0]``
 
 Both engines run the same greedy request with onnxruntime's profiler on (``SessionOptions.enable_profiling``;
 onnxruntime-genai through its config's ``session_options.enable_profiling``). The profile's ``model_run``
@@ -44,7 +45,9 @@ def split_runs(events: list[dict]) -> list[tuple[float, dict[str, float]]]:
     return out
 
 
-def onnxgen_profile(model: Path, threads: int, prompt: list[int], steps: int, folder: Path) -> list:
+def onnxgen_profile(
+    model: Path, threads: int, prompt: list[int], steps: int, folder: Path, warm: int = 0
+) -> list:
     from onnxgen.model import ModelPackage
     from onnxgen.runtime.graph_cache import session_graph
     from onnxgen.runtime.session import DecoderSession, make_session_options
@@ -59,6 +62,9 @@ def onnxgen_profile(model: Path, threads: int, prompt: list[int], steps: int, fo
         options=opts,
         verify=False,
     )
+    for _ in range(warm):  # earlier requests (a prefill and a step each): the arena and its pages are warm
+        warm_state = session.new_state(len(prompt) + 2)
+        session.step(warm_state, int(session.forward(warm_state, np.array([prompt]), 1)[0, -1].argmax()))
     state = session.new_state(len(prompt) + steps + 1)
     logits = session.forward(state, np.array([prompt]), 1)[0, -1]
     for _ in range(steps):
@@ -67,7 +73,9 @@ def onnxgen_profile(model: Path, threads: int, prompt: list[int], steps: int, fo
     return split_runs(json.loads(Path(path).read_text()))
 
 
-def genai_profile(model: Path, threads: int, prompt: list[int], steps: int, folder: Path) -> list:
+def genai_profile(
+    model: Path, threads: int, prompt: list[int], steps: int, folder: Path, warm: int = 0
+) -> list:
     import onnxruntime_genai as og
 
     config = og.Config(str(model))
@@ -75,6 +83,12 @@ def genai_profile(model: Path, threads: int, prompt: list[int], steps: int, fold
     options = {"intra_op_num_threads": threads, "enable_profiling": str(folder / "genai")}
     config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
     loaded = og.Model(config)
+    for _ in range(warm):
+        params = og.GeneratorParams(loaded)
+        params.set_search_options(do_sample=False, max_length=len(prompt) + 2, min_length=len(prompt) + 2)
+        gen = og.Generator(loaded, params)
+        gen.append_tokens(np.asarray(prompt, dtype=np.int32))  # one forward: the prefill
+        del gen
     params = og.GeneratorParams(loaded)
     total = len(prompt) + steps + 1
     params.set_search_options(do_sample=False, max_length=total, min_length=total)
@@ -87,9 +101,10 @@ def genai_profile(model: Path, threads: int, prompt: list[int], steps: int, fold
     return split_runs(json.loads(Path(files[-1]).read_text()))
 
 
-def summarize(runs: list) -> tuple[float, dict[str, float], float, dict[str, float]]:
-    prefill_wall, prefill_ops = runs[0]
-    decode = runs[3:]  # the first two steps warm up
+def summarize(runs: list, skip: int = 0) -> tuple[float, dict[str, float], float, dict[str, float]]:
+    """The prefill (the forward after the ``skip`` warm-up forwards) and the median decode step."""
+    prefill_wall, prefill_ops = runs[skip]
+    decode = runs[skip + 3 :]  # the first two steps warm up
     walls = [w for w, _ in decode]
     ops = sorted({op for _, per in decode for op in per})
     step_ops = {op: statistics.median(per.get(op, 0.0) for _, per in decode) for op in ops}
@@ -103,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--engine", choices=("both", "onnxgen", "genai"), default="both")
+    p.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="requests of the same prompt before the profiled one (the first"
+        " forwards of a session also fault in its activation memory)",
+    )
     args = p.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="op-profile-"))
     import onnxgen
@@ -111,16 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     prompt = [1 + (7919 * i + 13) % (vocab - 1) for i in range(args.prompt_tokens)]
     results = {}
     if args.engine in ("both", "onnxgen"):
-        results["onnxgen"] = summarize(onnxgen_profile(args.model, args.threads, prompt, args.steps, folder))
+        runs = onnxgen_profile(args.model, args.threads, prompt, args.steps, folder, args.warm)
+        results["onnxgen"] = summarize(runs, 2 * args.warm)
     if args.engine in ("both", "genai"):
-        results["genai"] = summarize(genai_profile(args.model, args.threads, prompt, args.steps, folder))
+        runs = genai_profile(args.model, args.threads, prompt, args.steps, folder, args.warm)
+        results["genai"] = summarize(runs, args.warm)
     ops = sorted(
         {op for r in results.values() for op in (*r[1], *r[3])},
         key=lambda op: -max(r[1].get(op, 0) for r in results.values()),
     )
     names = list(results)
     print(
-        f"model {args.model}, {args.threads} threads, prefill of {args.prompt_tokens} tokens, decode steps from step 3"
+        f"model {args.model}, {args.threads} threads, prefill of {args.prompt_tokens} tokens after {args.warm}"
+        " warm-up requests, decode steps from step 3"
     )
     print(
         f"{'op':34}"

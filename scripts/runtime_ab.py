@@ -1,6 +1,6 @@
 """In-process A/B of a decode-loop feature, on and off in shuffled order.
 
-``python scripts/runtime_ab.py MODEL_DIR --feature lane|inplace|fast_ops|fuse|hidden [--threads 2] [--rounds 16]
+``python scripts/runtime_ab.py MODEL_DIR --feature lane|inplace|fast_ops|fuse|hidden|align [--threads 2] [--rounds 16]
 [--prompt-tokens 16]``
 
 One process loads the model (after a throwaway first session: the first onnxruntime session of a process
@@ -20,6 +20,9 @@ whether both produced the same tokens.
 - ``hidden``: plain decoding of a model with an MTP head beside it, whose decoder therefore outputs its
   final hidden state (:mod:`onnxgen.graph.hidden_state`), against the same model loaded as if it had no
   head (two sessions, made in random order).
+- ``align``: KV, state and input buffers on 64-byte boundaries (:func:`onnxgen.runtime.buffers.aligned_zeros`),
+  against buffers 16 bytes past one, where numpy puts a large array (a fresh decode state per request; the
+  session's persistent logits and step-input buffers keep the placement of the first request).
 """
 
 from __future__ import annotations
@@ -95,13 +98,29 @@ def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], onnxgen.LLM]:
             return llm
 
         return set_inplace
-    raise SystemExit(f"unknown feature {feature!r}; choose lane, inplace, fast_ops, fuse or hidden")
+    if feature == "align":
+        from onnxgen.runtime import buffers
+
+        aligned = buffers._aligned
+
+        def skewed(shape: tuple[int, ...], dtype: np.dtype, make: Callable) -> np.ndarray:
+            dtype = np.dtype(dtype)
+            raw = aligned((int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + 16,), np.uint8, make)
+            return raw[16:].view(dtype).reshape(shape)
+
+        def set_align(on: bool) -> onnxgen.LLM:
+            buffers._aligned = aligned if on else skewed
+            llm.generator._state = None  # the next request's state takes the placement
+            return llm
+
+        return set_align
+    raise SystemExit(f"unknown feature {feature!r}; choose lane, inplace, fast_ops, fuse, hidden or align")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
-    p.add_argument("--feature", required=True, choices=["lane", "inplace", "fast_ops", "fuse", "hidden"])
+    p.add_argument("--feature", required=True, choices=["lane", "inplace", "fast_ops", "fuse", "hidden", "align"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=16)
