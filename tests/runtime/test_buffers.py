@@ -117,3 +117,29 @@ def test_the_check_sees_a_misaligned_buffer() -> None:
         ("HostBuffer(1024,)", 16),
         ("OrtValue(1024,)", 16),
     ]
+
+
+@pytest.mark.parametrize("family", ["standard-dense", "genai-dense"])
+def test_a_loaded_prefix_is_bound_aligned_and_continues_as_the_prompt_run_in_one_forward(
+    sessions: dict[str, DecoderSession], family: str
+) -> None:
+    """A prefix loaded in pieces (the prefix cache's restore) lands in aligned buffers, a growing cache's
+    pieces joined into one, and the next forward gives the logits of the whole prompt run at once."""
+    session = sessions[family]
+    source = session.new_state(40)
+    session.forward(source, ids(PROMPT))
+    kv = [[np.split(a, [3], axis=axis)[0], np.split(a, [3], axis=axis)[1]] for a, axis in _live_kv(source)]
+    state = session.new_state(40)
+    state.load_prefix(len(PROMPT), kv, None)
+    got = session.forward(state, ids([40]))[0, -1]
+    want = session.forward(session.new_state(40), ids([*PROMPT, 40]))[0, -1]
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    assert not [(what, ptr % ALIGNMENT) for what, ptr in bound_pointers([state]) if ptr % ALIGNMENT]
+
+
+def _live_kv(state) -> list[tuple[np.ndarray, int]]:
+    """Each past KV tensor's first ``state.length`` positions and its sequence axis."""
+    return [
+        (np.take(a, np.arange(state.length), axis=axis), axis)
+        for a, axis in zip(state.kv_arrays().values(), state._kv_axes, strict=True)
+    ]

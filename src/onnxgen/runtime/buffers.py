@@ -8,7 +8,7 @@ Every buffer a forward binds starts on a 64-byte boundary (:func:`aligned_zeros`
 allocations do. numpy places a large array 16 bytes past one, and kernels that stream a bound buffer with
 64-byte vector loads pay for the split cache lines: onnxruntime's ``LinearAttention`` runs 1.2x slower
 on a misaligned recurrent state for one token and 1.5x slower for a 512-token prompt (AVX-512;
-docs/benchmarks.md, "Aligned state buffers").
+docs/benchmarks.md, "Aligned buffers, and the int4 cells on an AVX-512 machine").
 """
 
 from __future__ import annotations

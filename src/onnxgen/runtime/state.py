@@ -34,7 +34,7 @@ unusable until :meth:`reset` or :meth:`restore` (ids outside the vocabulary are 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +43,7 @@ import onnxruntime as ort
 from onnxgen.errors import GenerationError
 from onnxgen.model.io import DecoderIO, StatePair
 from onnxgen.runtime.binding import StateBindings
-from onnxgen.runtime.buffers import HostBuffer, aligned_copy, aligned_zeros, dtype_of
+from onnxgen.runtime.buffers import HostBuffer, aligned_copy, aligned_empty, aligned_zeros, dtype_of
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,13 @@ class _StateSlot:
 
     def take_spare(self) -> HostBuffer:
         return self.free.pop() if self.free else HostBuffer.zeros(self.shape, self.dtype)
+
+
+def joined(parts: Sequence[np.ndarray], axis: int) -> np.ndarray:
+    """``parts`` concatenated along ``axis`` into one aligned array."""
+    shape = list(parts[0].shape)
+    shape[axis] = sum(p.shape[axis] for p in parts)
+    return np.concatenate(parts, axis=axis, out=aligned_empty(tuple(shape), parts[0].dtype))
 
 
 def live(array: np.ndarray, axis: int, length: int) -> np.ndarray:
@@ -436,7 +443,7 @@ class DecodeState:
         else:
             self.bindings.clear()  # bound pasts of an earlier run would otherwise stay alive
             self._kv = [
-                ort.OrtValue.ortvalue_from_numpy(aligned_copy(np.concatenate(parts, axis=axis)))
+                ort.OrtValue.ortvalue_from_numpy(joined(parts, axis))
                 for parts, axis in zip(kv, self._kv_axes, strict=True)
             ]
         for slot, array in zip(self._slots, states or (), strict=True):
