@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import mmap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +158,86 @@ def test_resident_bytes_from_pagemap_agree_with_smaps() -> None:
     assert counted == [mine.rss] and 5 << 20 <= mine.rss < 6 << 20
     del data
     buf.close()
+
+
+def _spin_for(seconds: float, ended: list[float] | None = None) -> threading.Thread:
+    """A thread of this process that keeps a CPU busy for ``seconds`` (as onnxruntime's threads do in a
+    forward); appends the monotonic time it stopped to ``ended``."""
+
+    def spin() -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(range(2000))
+        if ended is not None:
+            ended.append(time.monotonic())
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    return thread
+
+
+def _goes_idle(within: float = 3.0) -> bool:
+    """Whether the process's other threads go idle within ``within`` seconds (onnxruntime's pool threads
+    of earlier tests' sessions spin a while after a run)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not hugepages.others_busy(0.05):
+            return True
+    return False
+
+
+def test_others_busy_sees_another_thread_working_and_not_an_idle_process() -> None:
+    assert _goes_idle()
+    spinner = _spin_for(0.5)
+    try:
+        assert hugepages.others_busy(0.05)
+    finally:
+        spinner.join()
+    assert _goes_idle()
+
+
+def _chunks_beside_a_busy_thread(monkeypatch: pytest.MonkeyPatch, busy_s: float) -> tuple[list[float], float]:
+    """Run the background thread's chunked collapse of a resident 8 MB mapping (``_collapse`` recorded,
+    not run: no huge pages needed) while another thread is busy for ``busy_s`` seconds: when each 2 MB
+    chunk went and when the busy thread stopped (monotonic seconds)."""
+    calls: list[float] = []
+    monkeypatch.setattr(hugepages, "CHUNK", 2 << 20)
+    monkeypatch.setattr(hugepages, "_collapse", lambda lo, hi: calls.append(time.monotonic()) or hi - lo)
+    buf = _private_anonymous(8 << 20)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    data[:] = 1  # resident: a candidate
+    start = data.ctypes.data
+    ended: list[float] = []
+    assert _goes_idle()
+    spinner = _spin_for(busy_s, ended)
+    time.sleep(0.05)  # the spinner runs before the collapse starts, as a request right after a load
+    done = hugepages._collapse_populated([hugepages.Mapping(start, start + data.size, "")], True)
+    spinner.join()
+    del data
+    buf.close()
+    assert done >= 6 << 20 and len(calls) >= 3
+    return calls, ended[0]
+
+
+def test_a_background_collapse_waits_until_the_rest_of_the_process_is_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A collapse beside a request stalls the request (the copy holds the address space's lock), so no
+    chunk goes while another thread of the process works, and all of them go once it stops."""
+    calls, stopped = _chunks_beside_a_busy_thread(monkeypatch, busy_s=0.6)
+    assert calls[0] >= stopped
+
+
+def test_without_the_idle_gate_the_chunks_go_beside_the_busy_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control for the test above: with a gate that never waits, every chunk goes while the
+    other thread is busy."""
+    monkeypatch.setattr(hugepages, "IdleGate", lambda: lambda: None)
+    calls, stopped = _chunks_beside_a_busy_thread(monkeypatch, busy_s=0.6)
+    assert calls[-1] < stopped
+
+
+def test_a_chunk_waits_for_an_idle_moment_no_longer_than_max_defer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under load that never pauses, the chunks still go, each after at most ``MAX_DEFER_S``."""
+    monkeypatch.setattr(hugepages, "MAX_DEFER_S", 0.1)
+    calls, stopped = _chunks_beside_a_busy_thread(monkeypatch, busy_s=3.0)
+    assert calls[-1] < stopped - 1.0

@@ -13,6 +13,11 @@ mappings that are mostly unpopulated (collapsing those would make their holes re
 memory once (time in proportion to its size): up to ``SYNC_LIMIT`` bytes before the
 session is returned, a larger model on a background thread (``madvise`` releases the GIL), so loading a
 big model is not held up by seconds and its steps speed up once the collapse is done (:func:`wait`).
+The background thread collapses ``CHUNK`` bytes at a time and only while the rest of the process is idle
+(:func:`others_busy`): a collapse holds the address space's lock while it copies, so running beside the
+first request after a load it stalled that request's allocations and page faults (its first token came
+2-4x later). A request that arrives mid-collapse waits for at most one chunk; under load that never
+pauses, a chunk goes ahead after ``MAX_DEFER_S``.
 Memory the session allocates later (activation arenas) is left alone. :func:`advise` marks a large
 buffer before it is first written, so its pages are huge from the start at no copy.
 
@@ -24,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +47,10 @@ MADV_COLLAPSE = 25
 MIN_POPULATED = 0.75  # share of a mapping that must be resident before it is collapsed
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 SYNC_LIMIT = 256 << 20  # bytes collapsed while loading; more is collapsed on a background thread
+CHUNK = 8 << 20  # bytes a background collapse copies between checks that the process is idle
+IDLE_WINDOW_S = 0.02  # how long the background thread watches the process's CPU time before a chunk
+BUSY_SHARE = 0.2  # CPU time of the other threads, as a share of the window, that counts as busy
+MAX_DEFER_S = 10.0  # a chunk waits at most this long for an idle moment
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,7 @@ def collapse_new_memory(before: dict[int, tuple[Mapping, int]]) -> int:
     extent = sum(hi - lo for lo, hi in (_aligned(m.start, m.end) for m in grown) if hi > lo)
     if extent > SYNC_LIMIT:
         worker = threading.Thread(
-            target=_collapse_populated, args=(grown,), name="onnxgen-hugepages", daemon=True
+            target=_collapse_populated, args=(grown, True), name="onnxgen-hugepages", daemon=True
         )
         with _LOCK:
             _WORKERS.append(worker)
@@ -108,8 +118,9 @@ def collapse_new_memory(before: dict[int, tuple[Mapping, int]]) -> int:
     return _collapse_populated(grown)
 
 
-def _collapse_populated(grown: list[Mapping]) -> int:
-    """Collapse those of ``grown`` that are mostly resident; the bytes collapsed."""
+def _collapse_populated(grown: list[Mapping], when_idle: bool = False) -> int:
+    """Collapse those of ``grown`` that are mostly resident; the bytes collapsed. ``when_idle``: a chunk at
+    a time, each when the rest of the process is idle (the background thread)."""
     try:  # pagemap for these mappings only (smaps would walk every mapping, the weight files' too)
         resident = memory.resident_bytes([memory.Mapping(m.start, m.end, m.name) for m in grown])
     except OSError:
@@ -121,7 +132,51 @@ def _collapse_populated(grown: list[Mapping]) -> int:
             lo, hi = _aligned(mapping.start, mapping.end)
             if hi - lo >= HUGE:
                 ranges.append((lo, hi))
+    if when_idle:
+        ranges = [(at, min(at + CHUNK, hi)) for lo, hi in ranges for at in range(lo, hi, CHUNK)]
+        return _collapse_all(ranges, before_each=IdleGate())
     return _collapse_all(ranges)
+
+
+def _clocks() -> tuple[float, float, float]:
+    return time.monotonic(), time.process_time(), time.thread_time()
+
+
+def _others_busy(since: tuple[float, float, float]) -> bool:
+    """Whether the process's threads other than the calling one (onnxruntime's, the engine's) used more
+    than ``BUSY_SHARE`` of a CPU since ``since`` (a :func:`_clocks` reading of the calling thread)."""
+    wall, process, own = _clocks()
+    others = (process - since[1]) - (own - since[2])
+    return others > BUSY_SHARE * (wall - since[0])
+
+
+def others_busy(window: float = IDLE_WINDOW_S) -> bool:
+    """Whether the process's other threads used more than ``BUSY_SHARE`` of a CPU during the next
+    ``window`` seconds (the calling thread sleeps meanwhile)."""
+    start = _clocks()
+    time.sleep(window)
+    return _others_busy(start)
+
+
+class IdleGate:
+    """Called before each chunk of a background collapse: returns at once where the rest of the process
+    was idle since the previous call (the first call watches it for ``IDLE_WINDOW_S``), else once it has
+    been idle for ``IDLE_WINDOW_S`` (or after ``MAX_DEFER_S``)."""
+
+    def __init__(self) -> None:
+        self._since: tuple[float, float, float] | None = None
+        self.waited = 0  # calls that found the process busy
+
+    def __call__(self) -> None:
+        if self._since is None:
+            self._since = _clocks()
+            time.sleep(IDLE_WINDOW_S)
+        if _others_busy(self._since):
+            self.waited += 1
+            deadline = time.monotonic() + MAX_DEFER_S
+            while others_busy() and time.monotonic() < deadline:
+                pass
+        self._since = _clocks()
 
 
 def wait(timeout: float | None = None) -> bool:
@@ -135,9 +190,14 @@ def wait(timeout: float | None = None) -> bool:
         return not _WORKERS
 
 
-def _collapse_all(ranges: list[tuple[int, int]]) -> int:
-    """Collapse each huge-page-aligned ``(lo, hi)`` range; the bytes collapsed."""
-    done = sum(_collapse(lo, hi) for lo, hi in ranges)
+def _collapse_all(ranges: list[tuple[int, int]], before_each: Callable[[], None] | None = None) -> int:
+    """Collapse each huge-page-aligned ``(lo, hi)`` range (calling ``before_each`` first); the bytes
+    collapsed."""
+    done = 0
+    for lo, hi in ranges:
+        if before_each is not None:
+            before_each()
+        done += _collapse(lo, hi)
     log.debug("collapsed %.1f MB of new session memory into huge pages", done / 2**20)
     return done
 
