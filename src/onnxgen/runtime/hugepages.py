@@ -165,14 +165,12 @@ class IdleGate:
 
     def __init__(self) -> None:
         self._since: tuple[float, float, float] | None = None
-        self.waited = 0  # calls that found the process busy
 
     def __call__(self) -> None:
         if self._since is None:
             self._since = _clocks()
             time.sleep(IDLE_WINDOW_S)
         if _others_busy(self._since):
-            self.waited += 1
             deadline = time.monotonic() + MAX_DEFER_S
             while others_busy() and time.monotonic() < deadline:
                 pass
