@@ -37,6 +37,13 @@ def ids(tokens: list[int] | int) -> np.ndarray:
     return np.asarray([[tokens]] if isinstance(tokens, int) else [tokens], dtype=np.int64)
 
 
+def prefilled(session: DecoderSession, capacity: int = 64, prompt: list[int] = PROMPT) -> DecodeState:
+    """A new state of ``capacity`` positions after a forward over ``prompt``."""
+    state = session.new_state(capacity)
+    session.forward(state, ids(prompt))
+    return state
+
+
 def greedy_run(
     session: DecoderSession, state: DecodeState, prompt: list[int], steps: int
 ) -> tuple[list[int], np.ndarray]:

@@ -7,11 +7,20 @@ import gc
 import numpy as np
 import onnxruntime as ort
 import pytest
-from runtime_helpers import DENSE_FAMILIES, HYBRID_FAMILIES, PROMPT, ids, open_session, teacher_forced
+from runtime_helpers import (
+    DENSE_FAMILIES,
+    HYBRID_FAMILIES,
+    PROMPT,
+    ids,
+    open_session,
+    prefilled,
+    teacher_forced,
+)
 
 from onnxgen.runtime.batch import BatchState, RowBuffer
 from onnxgen.runtime.buffers import ALIGNMENT, HostBuffer, aligned_copy, aligned_empty, aligned_zeros
 from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.state import live
 
 FAMILIES = DENSE_FAMILIES + HYBRID_FAMILIES
 SHAPES = [(0,), (1,), (3, 5), (1, 16, 0, 128), (2, 7, 33), (1, 6144, 3), (1, 16, 128, 128)]
@@ -83,8 +92,7 @@ def test_every_buffer_a_forward_binds_starts_on_a_64_byte_boundary(
     session = sessions[family]
     state = session.new_state(40)
     teacher_forced(session, state, PROMPT, [40, 7, 300, 41, 2, 99])  # prefill, then steps on a lane
-    stale = session.new_state(40)  # a fresh state's first forward reads a zero past
-    session.forward(stale, ids(PROMPT))
+    stale = prefilled(session, 40)  # a fresh state's first forward reads a zero past
     found = bound_pointers([session, state, stale])
     kinds = {what.split("(")[0] for what, _ in found}
     assert {"HostBuffer", "OrtValue"} <= kinds, kinds
@@ -99,9 +107,7 @@ def test_a_batch_binds_aligned_rows(family_dirs, family: str) -> None:
     session = open_session(family_dirs[family])
     batch = BatchState(session, max_batch=3, capacity=40)
     for prompt in (PROMPT, PROMPT[:5]):
-        state = session.new_state(40)
-        session.forward(state, ids(prompt))
-        batch.admit(state)
+        batch.admit(prefilled(session, 40, prompt))
     batch.step([7, 9])
     found = bound_pointers([batch])
     assert any(what.startswith("RowBuffer") for what, _ in found)
@@ -126,20 +132,15 @@ def test_a_loaded_prefix_is_bound_aligned_and_continues_as_the_prompt_run_in_one
     """A prefix loaded in pieces (the prefix cache's restore) lands in aligned buffers, a growing cache's
     pieces joined into one, and the next forward gives the logits of the whole prompt run at once."""
     session = sessions[family]
-    source = session.new_state(40)
-    session.forward(source, ids(PROMPT))
-    kv = [[np.split(a, [3], axis=axis)[0], np.split(a, [3], axis=axis)[1]] for a, axis in _live_kv(source)]
+    source = prefilled(session, 40)
+    arrays = source.kv_arrays().values()
+    kv = [
+        np.split(live(a, axis, source.length), [3], axis=axis)
+        for a, axis in zip(arrays, source._kv_axes, strict=True)
+    ]
     state = session.new_state(40)
     state.load_prefix(len(PROMPT), kv, None)
     got = session.forward(state, ids([40]))[0, -1]
     want = session.forward(session.new_state(40), ids([*PROMPT, 40]))[0, -1]
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert not [(what, ptr % ALIGNMENT) for what, ptr in bound_pointers([state]) if ptr % ALIGNMENT]
-
-
-def _live_kv(state) -> list[tuple[np.ndarray, int]]:
-    """Each past KV tensor's first ``state.length`` positions and its sequence axis."""
-    return [
-        (np.take(a, np.arange(state.length), axis=axis), axis)
-        for a, axis in zip(state.kv_arrays().values(), state._kv_axes, strict=True)
-    ]

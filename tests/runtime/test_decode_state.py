@@ -6,7 +6,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_helpers import DENSE_FAMILIES, HYBRID, HYBRID_FAMILIES, PROMPT, ids, open_session, teacher_forced
+from runtime_helpers import (
+    DENSE_FAMILIES,
+    HYBRID,
+    HYBRID_FAMILIES,
+    PROMPT,
+    ids,
+    open_session,
+    prefilled,
+    teacher_forced,
+)
 
 from onnxgen.errors import GenerationError
 from onnxgen.runtime import state as state_module
@@ -23,12 +32,6 @@ def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> No
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-
-
-def prefilled(session: DecoderSession, capacity: int = 64) -> DecodeState:
-    state = session.new_state(capacity)
-    session.forward(state, ids(PROMPT))
-    return state
 
 
 @pytest.mark.parametrize("family", FAMILIES)
