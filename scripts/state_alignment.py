@@ -20,15 +20,15 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from onnxgen.runtime.buffers import aligned_zeros
+
 HEADS, HEAD_DIM, CHANNELS, KERNEL = 16, 128, 6144, 4
 
 
 def placed(shape: tuple[int, ...], skew: int) -> np.ndarray:
-    """Zeros of float32 ``skew`` bytes past a 64-byte boundary."""
+    """Zeros of float32 ``skew`` bytes past a 64-byte boundary (onnxgen's own aligned allocation, shifted)."""
     nbytes = int(np.prod(shape)) * 4
-    raw = np.zeros(nbytes + 128, np.uint8)
-    start = -raw.ctypes.data % 64 + skew
-    return raw[start : start + nbytes].view(np.float32).reshape(shape)
+    return aligned_zeros((nbytes + skew,), np.uint8)[skew:].view(np.float32).reshape(shape)
 
 
 def graph(op: str, tokens: int) -> tuple[bytes, dict[str, np.ndarray], tuple[int, ...], tuple[int, ...]]:
