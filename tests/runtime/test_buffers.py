@@ -1,4 +1,4 @@
-"""Host buffers: aligned allocation, and every buffer a forward binds starting on a 64-byte boundary."""
+"""Host buffers: aligned allocation, and the buffers a session, its states and a batch hold starting on a 64-byte boundary."""
 
 from __future__ import annotations
 

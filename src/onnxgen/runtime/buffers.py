@@ -4,8 +4,10 @@ On the CPU an ``OrtValue`` made by ``ortvalue_from_numpy`` shares memory with it
 onnxgen keeps every KV and state buffer as a (numpy array, OrtValue) pair: the runtime binds the OrtValue,
 the state object reads, zeroes, snapshots and rewinds through the array, and nothing is copied per step.
 
-Every buffer a forward binds starts on a 64-byte boundary (:func:`aligned_zeros`), as onnxruntime's own
-allocations do. numpy places a large array 16 bytes past one, and kernels that stream a bound buffer with
+The buffers onnxgen keeps for forwards to bind (KV caches, recurrent states and their spares, logits,
+input buffers and masks, a batch's rows) start on a 64-byte boundary (:func:`aligned_zeros`), as
+onnxruntime's own allocations do; a batched step's small per-step index arrays and arrays a caller passes
+in are bound where numpy put them. numpy places a large array 16 bytes past one, and kernels that stream a bound buffer with
 64-byte vector loads pay for the split cache lines: onnxruntime's ``LinearAttention`` runs 1.2x slower
 on a misaligned recurrent state for one token and 1.5x slower for a 512-token prompt (AVX-512;
 docs/benchmarks.md, "Aligned buffers, and the int4 cells on an AVX-512 machine").
