@@ -94,6 +94,13 @@ class EngineConfig:
             only the rest (:mod:`onnxgen.cache.prefix`); 0: off.
         checkpoint_interval: tokens of a long prefill between two cached checkpoints of a hybrid's
             recurrent states; None: 256.
+        exact_speculation: speculate only where a verify forward computes the bits single decode steps
+            would (probed once per model: :mod:`onnxgen.runtime.verify_check`), so speculative greedy
+            output is plain greedy output; elsewhere speculative requests decode plainly. None: so for
+            exports whose ``MatMulNBits`` quantize activations to int8 (where a last-bit difference grows
+            into a different token), while other exports speculate (their verify rows may differ from
+            single steps in the last bits, which changes a greedy token only at a near-tie); False:
+            always speculate (docs/speculative-commit.md, "Exactness").
     """
 
     threads: int | None = None
@@ -112,6 +119,7 @@ class EngineConfig:
     batch_prefill: bool = False
     prefix_cache_mb: float = 0
     checkpoint_interval: int | None = None
+    exact_speculation: bool | None = None
 
     def __post_init__(self) -> None:
         if self.providers is not None:
@@ -121,7 +129,7 @@ class EngineConfig:
             object.__setattr__(self, "providers", tuple(providers))
         if self.decode_plan not in DECODE_PLANS:
             _refuse("decode_plan", self.decode_plan, f"one of {', '.join(DECODE_PLANS)}")
-        for name in ("huge_pages", "fast_ops", "fuse", "spinning"):
+        for name in ("huge_pages", "fast_ops", "fuse", "spinning", "exact_speculation"):
             if getattr(self, name) not in (None, True, False):
                 _refuse(name, getattr(self, name), "True, False or None (onnxgen's default)")
         for name in ("speculative", "batch_prefill"):

@@ -27,6 +27,7 @@ from onnxgen.errors import GenerationError, TokenizerError
 from onnxgen.generation.generator import GenerationResult, Generator, StreamEvent
 from onnxgen.generation.params import SAMPLING_FIELDS, SamplingParams, resolve_params
 from onnxgen.generation.speculative import DraftModel, Speculative
+from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.model import ModelPackage
 from onnxgen.model.mtp import mtp_head_io
 from onnxgen.prepare import prepare
@@ -90,6 +91,8 @@ class LLM:
             export=f"the export {package.model_path}",
             mtp_head=self.mtp_head,  # raises, naming what is missing, where there is no usable head
             prefix_cache=PrefixCache.from_mb(self.io, config.prefix_cache_mb, config.checkpoint_interval),
+            exact_speculation=config.exact_speculation,
+            int8_activations=int8_activations(package.graph),
         )
         package.release_graph()
         if config.speculative and self.mtp_path is not None:

@@ -124,3 +124,30 @@ def test_speculative_methods_the_server_cannot_run_are_refused(
         assert ok.status_code == 200
     finally:
         server.close()
+
+
+def test_a_speculative_request_on_int8_activations_returns_plain_greedy_tokens(tmp_path: Path) -> None:
+    """On an int4 export with int8 activations a server-wide ``--speculative`` request gives plain greedy
+    decoding's 200 tokens whatever this CPU's verify kernels do (speculation runs only where a verify is
+    exact: tests/speculative/test_verify_exactness.py)."""
+    from onnxgen.testing import build_model, int8_activations
+
+    model = int8_activations(build_model(tmp_path / "int4", "genai-dense", precision="int4"))
+    prompt = [5, 17, 200, 33, 44, 91, 12, 8, 5, 17, 200, 33, 44, 91, 12, 8, 5, 17, 200, 33]
+    want = load(model, threads=1).generate(prompt, max_new_tokens=200, ignore_eos=True).token_ids
+    server = ServerProcess(model, tmp_path / "server.log", "--speculative", "prompt-lookup")
+    try:
+        r = server.http.post(
+            "/v1/completions",
+            json={
+                "prompt": prompt,
+                "max_tokens": 200,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == want
+    finally:
+        server.close()

@@ -63,6 +63,7 @@ class Engine:
         lane of its own (:mod:`.lane`), giving what ``LLM.generate`` gives it. A bad one (prompt, stop
         strings, constraint, a missing MTP head or draft model, a taken id) raises here."""
         self.lanes.check(speculative)
+        speculative = self.generator.speculation_for(speculative)  # off where a verify is not exact
         if request_id in self._requests:
             raise GenerationError(
                 f"request id {request_id!r} is already running; give each request its own id"

@@ -24,9 +24,11 @@ from onnxgen.generation.logprobs import TokenLogprob
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.speculative import MTP, PromptLookup, Speculative
 from onnxgen.generation.token_loop import TokenLoop
+from onnxgen.runtime.decode_routing import warn_once
 from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
+from onnxgen.runtime.verify_check import check_verify
 from onnxgen.tokenizer import Tokenizer
 
 
@@ -70,6 +72,8 @@ class Generator:
         export: str = "the model",
         mtp_head: Callable[[], MTPHeadSession] | None = None,
         prefix_cache: PrefixCache | None = None,
+        exact_speculation: bool | None = None,
+        int8_activations: bool = False,
     ) -> None:
         """``final_stats`` adds entries to every request's statistics when it finishes (the LLM's decode
         plan: which plan ran the decode steps); ``export`` names the model in errors. ``mtp_head`` gives the
@@ -86,6 +90,9 @@ class Generator:
         self.constraints = ConstraintCompiler(tokenizer, session.vocab_size, self.eos_ids)
         self._state: DecodeState | None = None
         self._state_lock = threading.Lock()  # requests on other threads each check out their own state
+        # speculate only where a verify computes what plain steps would (EngineConfig.exact_speculation)
+        self.exact_speculation = exact_speculation
+        self.int8_activations = int8_activations
 
     def check_prompt(self, prompt_ids: Ids[int]) -> None:
         if len(prompt_ids) == 0:
@@ -193,6 +200,37 @@ class Generator:
             )
         return head, hidden
 
+    def speculation_off(self) -> str | None:
+        """Why speculative requests decode plainly on this model and CPU (None: they speculate).
+
+        A verify forward computes its rows on other kernels than single decode steps on some CPUs
+        (:mod:`onnxgen.runtime.verify_check`); where the graph quantizes activations to int8 (or
+        ``exact_speculation=True``) and the probe finds them different, speculation would change greedy
+        output, so it is off. ``exact_speculation=False`` speculates anyway."""
+        wanted = self.exact_speculation
+        if wanted is False or (wanted is None and not self.int8_activations):
+            return None
+        _ = self.session.verify_plan  # probe the graph verifies run on (a hybrid's verify plan)
+        check = check_verify(self.session)
+        if check.exact:
+            return None
+        why = f"a verify would change greedy output here ({check.detail})"
+        warn_once(
+            self.export,
+            "inexact-verify",
+            "speculative decoding is off for %s on this CPU: %s; requests decode plainly with the same "
+            "tokens (exact_speculation=False speculates anyway)",
+            self.export,
+            why,
+        )
+        return why
+
+    def speculation_for(self, speculative: Speculative | None) -> Speculative | None:
+        """``speculative``, or None where speculation is off on this model (:meth:`speculation_off`)."""
+        if speculative is None or self.speculation_off() is not None:
+            return None
+        return speculative
+
     def check_speculative(self, speculative: Speculative | None) -> None:
         """Raise, naming what is missing, where this model cannot draft with ``speculative`` (an MTP head
         absent or not fitting the model); a draft model is checked where it is loaded."""
@@ -239,7 +277,8 @@ class Generator:
         constraint: Constraint | None = None,
     ) -> Iterator[StreamEvent]:
         start = time.perf_counter()
-        loop = self.loop(prompt_ids, params, speculative, draft, constraint)
+        off = self.speculation_off() if speculative is not None else None
+        loop = self.loop(prompt_ids, params, None if off else speculative, draft, constraint)
         try:  # (one generator, not two: what runs per token runs with caches the forward evicted)
             text = TextStream.of(self.tokenizer, prompt_ids, params)
             generated: list[int] = []
@@ -261,6 +300,8 @@ class Generator:
                 stats["prefill_s"] = loop.prefill_s
                 stats["cached_tokens"] = loop.cached_tokens
                 stats.update(loop.stats())
+                if off is not None:
+                    stats["speculation"] = f"off: {off}"
                 if loop.constraint is not None:
                     stats.update(loop.constraint.stats())
                 if self.final_stats is not None:
