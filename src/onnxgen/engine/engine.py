@@ -63,7 +63,6 @@ class Engine:
         lane of its own (:mod:`.lane`), giving what ``LLM.generate`` gives it. A bad one (prompt, stop
         strings, constraint, a missing MTP head or draft model, a taken id) raises here."""
         self.lanes.check(speculative)
-        speculative = self.generator.speculation_for(speculative)  # off where a verify is not exact
         if request_id in self._requests:
             raise GenerationError(
                 f"request id {request_id!r} is already running; give each request its own id"
@@ -82,6 +81,10 @@ class Engine:
             raise GenerationError(
                 f"request id {request_id!r} is already running; give each request its own id"
             )
+        for (
+            seq
+        ) in group:  # speculation is off where this model's verify would not give plain decoding's tokens
+            seq.speculative = self.generator.speculation_for(seq.speculative)
         self.scheduler.add(group)  # raises QueueFull before the request is known
         self._requests[request_id] = group
         for index, seq in enumerate(group):

@@ -59,6 +59,9 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
+DEFAULT_VERIFY_DRAFTS = 4  # drafts a serial-attention verify holds when no request named a count
+
+
 class Generator:
     """Runs requests on one :class:`DecoderSession`, reusing its decode state between requests."""
 
@@ -200,7 +203,7 @@ class Generator:
             )
         return head, hidden
 
-    def speculation_off(self) -> str | None:
+    def speculation_off(self, speculative: Speculative | None = None) -> str | None:
         """Why speculative requests decode plainly on this model and CPU (None: they speculate).
 
         A verify forward computes its rows on other kernels than single decode steps on some CPUs
@@ -212,6 +215,12 @@ class Generator:
             return None
         _ = self.session.verify_plan  # probe the graph verifies run on (a hybrid's verify plan)
         check = check_verify(self.session)
+        if not check.exact and self.session.serial_width is None:
+            # attention position by position in verifies of one width: exact where the rest of the graph
+            # computes rows alike (probed again on the new graph)
+            width = 1 + (speculative.num_draft_tokens if speculative is not None else DEFAULT_VERIFY_DRAFTS)
+            if self.session.serialize_verifies(width) is not None:
+                check = check_verify(self.session)
         if check.exact:
             return None
         why = f"a verify would change greedy output here ({check.detail})"
@@ -227,7 +236,7 @@ class Generator:
 
     def speculation_for(self, speculative: Speculative | None) -> Speculative | None:
         """``speculative``, or None where speculation is off on this model (:meth:`speculation_off`)."""
-        if speculative is None or self.speculation_off() is not None:
+        if speculative is None or self.speculation_off(speculative) is not None:
             return None
         return speculative
 
@@ -277,7 +286,7 @@ class Generator:
         constraint: Constraint | None = None,
     ) -> Iterator[StreamEvent]:
         start = time.perf_counter()
-        off = self.speculation_off() if speculative is not None else None
+        off = self.speculation_off(speculative) if speculative is not None else None
         loop = self.loop(prompt_ids, params, None if off else speculative, draft, constraint)
         try:  # (one generator, not two: what runs per token runs with caches the forward evicted)
             text = TextStream.of(self.tokenizer, prompt_ids, params)

@@ -22,6 +22,7 @@ import onnxruntime as ort
 from onnxgen.config import default_threads
 from onnxgen.errors import GenerationError, UnsupportedModelError
 from onnxgen.graph.logits_to_keep import LOGITS_TO_KEEP
+from onnxgen.graph.serial_attention import SerialAttention, serialize_attention
 from onnxgen.runtime import hugepages, memory
 from onnxgen.runtime.binding import Binder, LengthMask, OnesMasks, OrtInternals, SingleInputs, StepLane
 from onnxgen.runtime.buffers import HostBuffer, IndexDtypes, aligned_empty
@@ -46,6 +47,7 @@ class BindingOwner(Protocol):
 
 
 LANE_DECAY = 0.8  # weight of the past in the moving average of lane steps' time
+SERIAL_KIND = 1 << 20  # binder slots of serial-attention verifies (:meth:`DecoderSession.serialize_verifies`)
 SMALL_STEP = 16  # forwards of at most this many tokens bind persistent buffers (inputs, fetched outputs)
 
 
@@ -124,6 +126,10 @@ class DecoderSession:
         self._verify_plan: VerifyPlan | None = None
         self._verify_strategy = verify_strategy(verify, io)[0]  # a plan not yet made (None: replay)
         self._verify_lock = threading.Lock()
+        # verifies of exactly ``serial_width`` tokens run each attention position as its own call
+        # (:meth:`serialize_verifies`); present output -> the per-position outputs bound beside it
+        self.serial_width: int | None = None
+        self._serial_aliases: dict[str, list[str]] = {}
         # bindings made on this session (decode and batch states): dropped when the session is replaced
         self._binding_owners: weakref.WeakSet[BindingOwner] = weakref.WeakSet()
         self._open_session(verify_now, before_initialize)
@@ -239,6 +245,36 @@ class DecoderSession:
         self.session, self._verify_plan = session, plan
         self.epoch += 1
 
+    def serialize_verifies(self, width: int) -> SerialAttention | None:
+        """Move the session onto a graph whose forwards of exactly ``width`` tokens compute each position's
+        attention as its own single-token call (:mod:`onnxgen.graph.serial_attention`): a verify then
+        computes each row as the decode step for it would, where the other kernels compute rows alike.
+        Only for a KV cache written in place and no recurrent state. Returns the pass's report (None: not
+        applicable, nothing changed); the plain session is released before the new one is made."""
+        if self.io.state_pairs or not self.io.past_present_share_buffer or self.io.token_input is None:
+            return None
+        with self._verify_lock:
+            if self.serial_width is not None:
+                return None
+            self.prepared = self.prepared.still_on_disk()
+            result = serialize_attention(self.prepared.load_graph(), self.io.token_input, width)
+            if not result.modified:
+                return None
+            self._release_session()
+            try:
+                session = self._load(result.model.SerializeToString())
+            except Exception:
+                log.warning(
+                    "the serial-attention verify graph could not be loaded; running the graph as it was"
+                )
+                self.session = self._load(self.prepared.source()[0])
+                self.epoch += 1
+                return None
+            self.session, self.serial_width = session, width
+            self._serial_aliases = result.report.aliases
+            self.epoch += 1
+            return result.report
+
     def _release_session(self) -> None:
         """Drop every reference this session's states and binders hold to the onnxruntime session, then the
         session itself (its memory goes before a replacement is loaded); :meth:`current` waits meanwhile."""
@@ -335,7 +371,11 @@ class DecoderSession:
         session = self.current() if self.plan is None or fetch else self.plan.session_for(t)
         persistent = bool(fetch) and t <= SMALL_STEP
         parity = state.steps & 1
-        binder = self._binder(state, session, 2 * (t + 1) if persistent else 2 if fetch else 0)
+        kind = 2 * (t + 1) if persistent else 2 if fetch else 0
+        serial = t == self.serial_width
+        if serial:  # binders of their own: they also bind each position's present outputs to the cache
+            kind += SERIAL_KIND
+        binder = self._binder(state, session, kind)
         binder.touched += 1
         self._bind_step_inputs(binder, state.length, ids, keep)
         if feeds:
@@ -345,6 +385,10 @@ class DecoderSession:
         stale = step.inputs is not binder.state_inputs or step.outputs is not binder.state_outputs
         if stale or binder.allocates:
             self._bind_state(binder, step)
+            if serial:
+                for name, value in step.outputs:
+                    for alias in self._serial_aliases.get(name, ()):
+                        binder.output(alias, value)
         bound = self._bind_fetch(binder, fetch, persistent) if fetch else None
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)

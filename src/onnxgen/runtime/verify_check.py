@@ -48,7 +48,7 @@ def check_verify(session: DecoderSession) -> VerifyCheck:
         cached = getattr(session, "_verify_check", None)
         if cached is not None and cached[0] == session.epoch:
             return cached[1]
-        check = verify_matches_steps(session)
+        check = verify_matches_steps(session, session.serial_width or PROBE_WIDTH)
         session._verify_check = (session.epoch, check)  # type: ignore[attr-defined]
         return check
 

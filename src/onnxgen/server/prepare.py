@@ -272,8 +272,7 @@ class RequestPreparer:
         ``params_for(room, index)``: a choice's parameters (default: from ``fields``)."""
         llm, max_len = self.llm, self.config.max_model_len
         self._check_stop_ids(fields.stop_token_ids or ())
-        # off where this model's verify would not give plain decoding's tokens (Generator.speculation_off)
-        speculative = self.llm.generator.speculation_for(self.speculative_for(fields))
+        speculative = self.speculative_for(fields)
         stops = StopStrings(fields.stop) if fields.stop else None
         out = []
         for p, prompt in enumerate(prompts):

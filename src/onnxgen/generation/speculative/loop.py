@@ -198,8 +198,13 @@ class SpeculativeLoop(TokenLoop):
                 k = 0  # auto needs a plain step's time to compare verifies with
             if self.adaptive and self.budget is not None and k > 0:
                 k = self.budget.cap(k)
+            width = self.session.serial_width
+            if width is not None:  # verifies of exactly ``width`` tokens are the exact ones: draft that many
+                k = width - 1 if k > 0 and width - 1 <= room - 1 else 0
             started = time.perf_counter()
             drafts, q = self.proposer.propose(self.ids[: self.n], k) if k > 0 else ([], None)
+            if drafts and width is not None:
+                drafts, q = _pad_drafts(drafts, q, width - 1)
             if self.budget is not None and self.verifies:
                 # (not before the first verify: a draft model or MTP head also runs the prompt then)
                 self.budget.observe_proposal(len(drafts), time.perf_counter() - started)
@@ -315,3 +320,18 @@ class SpeculativeLoop(TokenLoop):
         for i, token in enumerate(emitted):
             row = logits[i] if self.params.logprobs_mode == "raw" else self.process(logits[i], n + i)
             self.scores.append(token_logprob(row, token, self.params.top_logprobs))
+
+
+def _pad_drafts(
+    drafts: list[int], q: list[np.ndarray] | None, k: int
+) -> tuple[list[int], list[np.ndarray] | None]:
+    """``drafts`` made ``k`` long by repeating the last one (a guess like any other: the verify accepts it
+    only where the target agrees), each added draft proposed with certainty (a one-hot ``q``)."""
+    extra = k - len(drafts)
+    if extra <= 0:
+        return drafts[:k], None if q is None else q[:k]
+    if q is not None:
+        onehot = np.zeros_like(q[-1])
+        onehot[drafts[-1]] = 1
+        q = [*q, *([onehot] * extra)]
+    return [*drafts, *([drafts[-1]] * extra)], q
