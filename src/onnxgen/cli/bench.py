@@ -13,7 +13,14 @@ import json
 from onnxgen.bench.constraints import CONSTRAINTS
 from onnxgen.bench.genai_engine import GENAI
 from onnxgen.bench.prompts import PROMPT_KINDS
-from onnxgen.cli.generate import MODEL_ENV, THREADS_ENV, add_fast_ops_flag, resolve_model, resolve_threads
+from onnxgen.cli.generate import (
+    MODEL_ENV,
+    MODEL_HELP,
+    THREADS_ENV,
+    add_fast_ops_flag,
+    resolve_model,
+    resolve_threads,
+)
 from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.runtime.plan_names import DECODE_PLANS
 
@@ -67,9 +74,7 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
         description="Greedy generation of exactly --new-tokens tokens from each prompt, each worker "
         "(engine or decode plan) in its own process with the same thread count, runs interleaved.",
     )
-    p.add_argument(
-        "model", nargs="?", help=f"model directory (default: ${MODEL_ENV}, then the bundled model)"
-    )
+    p.add_argument("model", nargs="?", help=f"{MODEL_HELP} (default: ${MODEL_ENV}, then the bundled model)")
     _add_prompt_flags(p)
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per run (default 128)")
     p.add_argument("--warmups", type=int, default=1, help="untimed runs per worker first (default 1)")

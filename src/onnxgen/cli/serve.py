@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from onnxgen.cli.generate import (
     MODEL_ENV,
+    MODEL_HELP,
+    add_chat_template_flag,
     add_prefix_cache_flags,
     add_runtime_flags,
+    chat_template_text,
     resolve_model,
     resolve_threads,
 )
@@ -47,7 +50,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", help=f"model directory (env {MODEL_ENV}; default: the bundled model)")
+    p.add_argument("model", nargs="?", help=f"{MODEL_HELP} (env {MODEL_ENV}; default: the bundled model)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--served-model-name", help="model id clients pass (default: the model directory's name)")
@@ -84,6 +87,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "(MatMulNBits) compute a lone row differently from a block on this CPU (probed at start), so "
         "a request gets the same tokens alone or beside others; else 1",
     )
+    add_chat_template_flag(p)
     p.add_argument(
         "--tool-call-parser",
         help="tool-call format of the model's replies: hermes or qwen3_coder (default: from the chat template)",
@@ -173,6 +177,7 @@ def _engine_spec(
         security=security,
         log_prompts=args.log_prompts,
         tool_parser=args.tool_call_parser,
+        chat_template=chat_template_text(args),
         prefix_cache_mb=args.prefix_cache_mb,
         checkpoint_interval=args.checkpoint_interval,
         decode_plan=args.decode_plan,
