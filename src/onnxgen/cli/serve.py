@@ -13,7 +13,6 @@ import logging
 import socket
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxgen.cli.generate import (
@@ -28,7 +27,7 @@ from onnxgen.cli.generate import (
 )
 from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.config import API_KEY, env_api_key
-from onnxgen.errors import ModelPackageError, OnnxgenError
+from onnxgen.errors import OnnxgenError
 from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
 if TYPE_CHECKING:
@@ -162,10 +161,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _engine_spec(
-    args: argparse.Namespace, model: Path, fixed_rows: int | None, security: SecurityConfig
+    args: argparse.Namespace, model: str, fixed_rows: int | None, security: SecurityConfig
 ) -> EngineSpec:
     return EngineSpec(
-        str(model),
+        model,
         threads=resolve_threads(args.threads),
         max_batch=args.max_batch,
         max_queue=args.max_queue,
@@ -242,12 +241,11 @@ def _run(args: argparse.Namespace) -> int:
     tool_parser_for(args.tool_call_parser)  # an unknown tool-call format is an error before the model
     api_key = args.api_key if args.api_key is not None else env_api_key()
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
-    spec = _engine_spec(args, Path(resolve_model(args.model)), fixed_rows, security)
+    spec = _engine_spec(args, args.model or "", fixed_rows, security)
     spec.scheduler_config()  # a bad size is an error before the port and the model
     spec.speculative_spec()  # so is a bad --speculative
-    model = Path(spec.model)
-    if not model.exists():
-        raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
+    model = resolve_model(args.model)  # a pulled name, a hub id, a GGUF file (converted): its directory
+    spec = dataclasses.replace(spec, model=str(model))
     _check_scale_flags(args)
     if args.ray:
         return _run_on_ray(args, dataclasses.replace(spec, model=str(model.resolve())))
