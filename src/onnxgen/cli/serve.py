@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -248,7 +249,7 @@ def _run(args: argparse.Namespace) -> int:
     spec = dataclasses.replace(spec, model=str(model))
     _check_scale_flags(args)
     if args.ray:
-        return _run_on_ray(args, dataclasses.replace(spec, model=str(model.resolve())))
+        return _run_on_ray(args, dataclasses.replace(spec, model=os.path.abspath(model)))
     sock = bind(args.host, args.port)
     try:
         with LoadingResponder(sock):  # /health and every route answer 503 until the app serves

@@ -56,7 +56,8 @@ def register(name: str, path: Path, source: str) -> None:
     root = models_root()
     root.mkdir(parents=True, exist_ok=True)
     data = _read()
-    data[name] = {"path": str(Path(path).resolve()), "source": source}
+    # absolute, links kept: a model file in a hub snapshot links to a blob whose folder lacks its data
+    data[name] = {"path": os.path.abspath(path), "source": source}
     tmp = root / f".{REGISTRY_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tmp.replace(root / REGISTRY_FILE)  # atomic: a reader sees the old registry or the new one
