@@ -20,7 +20,7 @@ from hub_cache import add_repo, repo_files
 from onnxgen.cli import main
 from onnxgen.errors import ModelPackageError
 from onnxgen.llm import load
-from onnxgen.model import ModelPackage
+from onnxgen.model import ModelPackage, checkpoint
 from onnxgen.model.sources import resolve_model
 from onnxgen.testing import build_model
 
@@ -73,7 +73,10 @@ def _one_line(err: str, command: str) -> str:
 
 
 # -- checkpoints -------------------------------------------------------------------------------------
-def test_a_checkpoint_folder_is_named_a_checkpoint_with_the_builder_command(tmp_path: Path) -> None:
+def test_a_checkpoint_folder_is_named_a_checkpoint_with_the_builder_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint, "_installed", lambda module: module == "onnxruntime_genai")
     folder = _checkpoint(tmp_path / "SmolLM2-135M")
     for call in (resolve_model, ModelPackage.open):
         with pytest.raises(ModelPackageError) as e:
@@ -85,6 +88,23 @@ def test_a_checkpoint_folder_is_named_a_checkpoint_with_the_builder_command(tmp_
             in message
         )
         assert "torch==2.13.0" in message and "transformers" in message
+
+
+@pytest.mark.parametrize(
+    ("installed", "command"),
+    [
+        ({"onnxruntime_genai", "mobius"}, "python -m onnxruntime_genai.models.builder"),
+        ({"mobius"}, "mobius build --config"),  # the exporter there is
+        (set(), "python -m onnxruntime_genai.models.builder"),  # neither: the builder, with its packages
+    ],
+)
+def test_the_export_command_is_the_installed_exporters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installed: set[str], command: str
+) -> None:
+    monkeypatch.setattr(checkpoint, "_installed", lambda module: module in installed)
+    with pytest.raises(ModelPackageError) as e:
+        resolve_model(_checkpoint(tmp_path / "ckpt"))
+    assert command in str(e.value) and "pip install" in str(e.value)
 
 
 def test_a_hybrid_checkpoint_gets_the_mobius_command(tmp_path: Path) -> None:
@@ -99,7 +119,7 @@ def test_a_checkpoint_folder_on_the_command_line_is_one_error_line(
     folder = _checkpoint(tmp_path / "ckpt")
     assert main(["generate", str(folder), PROMPT]) == 2
     err = _one_line(capsys.readouterr().err, "generate")
-    assert "is a Hugging Face checkpoint" in err and "onnxruntime_genai.models.builder" in err
+    assert "is a Hugging Face checkpoint" in err and "export it first" in err
 
 
 def test_a_folder_with_weights_but_no_config_is_not_called_a_checkpoint(tmp_path: Path) -> None:
