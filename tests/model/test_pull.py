@@ -206,3 +206,14 @@ def test_a_pulled_name_whose_folder_is_gone_says_to_pull_again(tmp_path: Path) -
         ModelPackageError, match=r"which is gone; fetch it again with `onnxgen pull gone-model`"
     ):
         resolve_model("gone-model")
+
+
+def test_serve_names_a_pulled_or_hub_model_as_the_user_did(dense: Path, tmp_path: Path) -> None:
+    from onnxgen.cli.serve import served_name
+
+    assert served_name("smollm2-135m-instruct", dense) == "smollm2-135m-instruct"
+    assert served_name("tiny-org/tiny-onnx", dense) == "tiny-org/tiny-onnx"
+    gguf = tmp_path / "SmolLM2.Q4_1.gguf"
+    gguf.write_bytes(GGUF_BYTES)
+    assert served_name(str(gguf), dense) == "SmolLM2.Q4_1"
+    assert served_name(str(dense), dense) is None and served_name(None, dense) is None  # the folder's name

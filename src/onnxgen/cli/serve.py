@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxgen.cli.generate import (
@@ -188,6 +189,15 @@ def _engine_spec(
     )
 
 
+def served_name(given: str | None, model: Path) -> str | None:
+    """The model id clients pass when ``--served-model-name`` is not given: the name the user gave where it
+    is not the model's own folder (a pulled name or hub id, whose folder is a cache's; a GGUF file, by its
+    stem); None (the folder's name) otherwise."""
+    if given is None or Path(given).expanduser() == model:
+        return None
+    return Path(given).stem if Path(given).expanduser().is_file() else given
+
+
 def _check_scale_flags(args: argparse.Namespace) -> None:
     given = [
         f"--{name.replace('_', '-')}" for name in ("replicas", "min_replicas", "max_replicas", "address")
@@ -246,7 +256,9 @@ def _run(args: argparse.Namespace) -> int:
     spec.scheduler_config()  # a bad size is an error before the port and the model
     spec.speculative_spec()  # so is a bad --speculative
     model = resolve_model(args.model)  # a pulled name, a hub id, a GGUF file (converted): its directory
-    spec = dataclasses.replace(spec, model=str(model))
+    spec = dataclasses.replace(
+        spec, model=str(model), served_model_name=args.served_model_name or served_name(args.model, model)
+    )
     _check_scale_flags(args)
     if args.ray:
         return _run_on_ray(args, dataclasses.replace(spec, model=os.path.abspath(model)))

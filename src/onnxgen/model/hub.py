@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from types import ModuleType
 
 from onnxgen.errors import ModelPackageError
 
@@ -56,7 +57,7 @@ def hub_offline() -> bool:
     return value.strip().lower() in _TRUE
 
 
-def _hub():  # type: ignore[no-untyped-def]
+def _hub() -> ModuleType:
     try:
         import huggingface_hub
     except ImportError as e:  # a core dependency; an install without it still gets one line
