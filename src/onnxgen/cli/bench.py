@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from onnxgen.bench.constraints import CONSTRAINTS
 from onnxgen.bench.genai_engine import GENAI
@@ -132,7 +133,7 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from onnxgen.bench.harness import BenchConfig, run_bench, to_json
+    from onnxgen.bench.harness import BenchConfig, prompt_cases, run_bench, to_json
     from onnxgen.cli.bench_table import format_report
     from onnxgen.runtime.session import default_threads
 
@@ -153,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report.__dict__, indent=2) if args.json else format_prefix_report(report))
         return 0
     cfg = BenchConfig(
-        model=str(resolve_model(args.model)),
+        model=args.model or "",  # resolved below, once the settings are known to be good
         prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT_TOKENS,
         new_tokens=args.new_tokens,
         warmups=args.warmups,
@@ -170,6 +171,7 @@ def _run(args: argparse.Namespace) -> int:
         processes=args.processes,
         fast_ops=args.fast_ops,
     )
-    report = run_bench(cfg)
+    prompt_cases(cfg)  # a prompt file that cannot be read: an error before the model is looked for
+    report = run_bench(replace(cfg, model=str(resolve_model(args.model))))
     print(to_json(report) if args.json else format_report(report))
     return 0
