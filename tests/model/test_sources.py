@@ -179,6 +179,14 @@ def test_a_json_file_on_the_command_line_is_one_error_line_without_traceback(
         assert f"{config} is a JSON file, not a model" in err
 
 
+def test_a_config_file_beside_a_model_points_at_its_folder(dense: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    shutil.copytree(dense, folder)
+    (folder / "genai_config.json").write_text("{}")
+    with pytest.raises(ModelPackageError, match=rf"not a model; pass the folder that holds it: {folder}$"):
+        resolve_model(folder / "genai_config.json")
+
+
 def test_a_protobuf_text_file_that_does_not_parse_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "model.onnx.textproto"  # onnx.load reads this suffix as protobuf text
     path.write_text("graph { this is not }")

@@ -63,6 +63,11 @@ def checkpoint_error(path: Path) -> ModelPackageError | None:
 def not_a_model(path: Path) -> ModelPackageError:
     """The error for a file of another kind (a config, a tokenizer, weights) given as the model."""
     kind = path.suffix.lower().lstrip(".").upper() or "this"
+    folder = path.parent
+    if any((folder / name).is_file() for name in ("model.onnx", "onnx/model.onnx")):
+        return ModelPackageError(
+            f"{path} is a {kind} file, not a model; pass the folder that holds it: {folder}"
+        )
     return ModelPackageError(
         f"{path} is a {kind} file, not a model; pass a model directory (the folder holding model.onnx), "
         "a .onnx or .gguf file, a name from `onnxgen pull` or a Hugging Face hub id"
