@@ -12,6 +12,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Decode plans cache optimized model copies; keep the tests' copies out of the user's cache.
     if "ONNXGEN_CACHE_DIR" not in os.environ:
         os.environ["ONNXGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnxgen-test-cache-")
+    # Hub ids resolve from the Hugging Face cache: the tests see an empty one of their own, never the user's.
+    os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="onnxgen-test-hf-cache-")
 
 
 @pytest.fixture(autouse=True)

@@ -297,10 +297,10 @@ def test_bench_rejects_bad_settings_with_one_line_and_exit_2(
 
 
 def test_bench_refuses_prompt_plus_new_tokens_past_the_context(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    dense_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(bench, "Worker", _FakeWorker)
-    assert main(["bench", "m", "--prompt-tokens", "30", "--new-tokens", "16"]) == 2
+    assert main(["bench", str(dense_dir), "--prompt-tokens", "30", "--new-tokens", "16"]) == 2
     err = capsys.readouterr().err
     assert "prompt synthetic of 30 tokens plus --new-tokens 16" in err and "context of 40 tokens" in err
 
@@ -308,6 +308,7 @@ def test_bench_refuses_prompt_plus_new_tokens_past_the_context(
 def test_bench_relays_a_worker_load_failure_as_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    (tmp_path / "absent").mkdir()  # a folder without a model: found, and the worker's load fails
     assert main(["bench", str(tmp_path / "absent"), *QUICK]) == 2
     err = capsys.readouterr().err
     line = next(ln for ln in err.splitlines() if ln.startswith("onnxgen bench: error:"))

@@ -120,9 +120,11 @@ def test_loading_is_announced_with_its_time_on_a_terminal_only(
     assert first.startswith(f"[onnxgen] loading {dense_dir} ... ") and first.endswith(" s")
 
 
-def test_a_hub_id_is_refused_with_what_to_do_instead(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_hub_id_not_in_the_hub_cache_says_how_to_pull_it(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "Qwen/Qwen3-0.6B", PROMPT]) == 2
     err = capsys.readouterr().err
-    assert "hub id such as Qwen/Qwen3-0.6B is not accepted" in err and "export the checkpoint" in err
+    assert "Qwen/Qwen3-0.6B is not a local path and not in the Hugging Face cache" in err
+    assert "onnxgen pull Qwen/Qwen3-0.6B" in err and err.count("\n") == 1
     assert main(["generate", "no_such_dir", PROMPT]) == 2
-    assert "hub id" not in capsys.readouterr().err  # a plain missing directory is only that
+    err = capsys.readouterr().err  # a plain missing directory is only that
+    assert "model no_such_dir does not exist" in err and "Hugging Face cache" not in err

@@ -42,6 +42,8 @@ def _modules_after(argv: list[str]) -> tuple[int, set[str], str]:
         ["inspect", "--help"],
         ["bench", "--help"],
         ["export-mtp", "--help"],
+        ["pull", "--help"],
+        ["pull"],  # usage error: no name
         ["generate"],  # usage error: no prompt
         ["generate", "hi", "--bogus"],
         ["nonsense"],

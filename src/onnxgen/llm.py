@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,6 +31,7 @@ from onnxgen.generation.speculative import DraftModel, Speculative
 from onnxgen.graph.hybrid_ops import int8_activations
 from onnxgen.model import ModelPackage
 from onnxgen.model.mtp import mtp_head_io
+from onnxgen.model.sources import resolve_model
 from onnxgen.prepare import prepare
 from onnxgen.runtime.mtp_head import MTPHeadSession
 from onnxgen.runtime.session import default_threads
@@ -56,7 +58,9 @@ class LLM:
     Each takes a :class:`~onnxgen.SamplingParams` or its fields as keywords.
     """
 
-    def __init__(self, package: ModelPackage, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self, package: ModelPackage, config: EngineConfig | None = None, *, chat_template: str | None = None
+    ) -> None:
         self.package = package
         self.io = package.io
         self.config = config = config if config is not None else EngineConfig()
@@ -74,6 +78,8 @@ class LLM:
             tokenizer.cancel()
             raise
         self.tokenizer: Tokenizer | None = tokenizer.result()
+        if chat_template is not None:
+            self._require_tokenizer().use_chat_template(chat_template)
         eos = package.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else ())
         if not eos:
             log.warning(
@@ -181,7 +187,7 @@ class LLM:
             return None
         draft = speculative.model
         if not isinstance(draft, LLM):
-            key = str(Path(draft).expanduser().resolve())
+            key = os.path.abspath(resolve_model(draft))  # links kept: a hub cache's files are links
             if key not in self._drafts:
                 self._drafts[key] = load(key, threads=draft_threads(self.session.threads))
             draft = self._drafts[key]
@@ -540,8 +546,19 @@ def draft_threads(target_threads: int) -> int:
     return max(1, default_threads() - target_threads + 1)
 
 
-def load(model: str | Path | None = None, config: EngineConfig | None = None, **overrides: Any) -> LLM:
-    """Open a model directory (or the bundled default model when ``model`` is None) and get it ready.
+def load(
+    model: str | Path | None = None,
+    config: EngineConfig | None = None,
+    *,
+    chat_template: str | None = None,
+    **overrides: Any,
+) -> LLM:
+    """Open a model (or the bundled default model when ``model`` is None) and get it ready.
+
+    ``model`` is a model directory, a ``.onnx`` or ``.gguf`` file (converted once into a cache), a name
+    given to ``onnxgen pull`` or a Hugging Face hub id in the local hub cache
+    (:func:`onnxgen.model.sources.resolve_model`). ``chat_template``: the text of a chat template that
+    replaces the model's own (a Jinja template as in ``tokenizer_config.json``).
 
     The engine's settings are ``config`` (default: :meth:`EngineConfig.from_env`, the environment's
     ``ONNXGEN_*`` settings) with ``overrides`` on top: any :class:`~onnxgen.config.EngineConfig` field by
@@ -550,5 +567,5 @@ def load(model: str | Path | None = None, config: EngineConfig | None = None, **
     :class:`~onnxgen.errors.SettingError` naming it.
     """
     config = (config if config is not None else EngineConfig.from_env()).replace(**overrides)
-    package = ModelPackage.open(model if model is not None else default_model_dir())
-    return LLM(package, config)
+    package = ModelPackage.open(resolve_model(model) if model is not None else default_model_dir())
+    return LLM(package, config, chat_template=chat_template)

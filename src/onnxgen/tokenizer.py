@@ -252,6 +252,17 @@ class Tokenizer:
         """Token ids of the rendered chat (no special tokens added: the template writes its own)."""
         return self.encode(self.apply_chat_template(messages, **kwargs), add_special_tokens=False)
 
+    def use_chat_template(self, source: str, origin: str = "the chat template given") -> None:
+        """Render chats with ``source`` instead of the template the model's files hold; compiled here, so a
+        template that does not compile is an error now rather than at the first chat."""
+        self.chat_template, self._compiled, self._template_looked_at = source, None, (origin,)
+        self._template()
+
+    def check_chat_template(self) -> None:
+        """Raise :class:`TokenizerError` (naming where it looked) where there is no chat template or it
+        does not compile: for callers that will chat, so that they fail before the first message."""
+        self._template()
+
     def _template(self) -> jinja2.Template:
         if self._compiled is None:
             if self.chat_template is None:

@@ -339,11 +339,13 @@ def validate(
     ``self_check``, with itself run with its ops as exported) over ``prompts``. ``thresholds`` overrides
     fields of :func:`default_thresholds`' choice."""
     from onnxgen.llm import load
+    from onnxgen.model.sources import resolve_model
 
     if (reference is None) == (not self_check):
         raise ValueError("give a reference or self_check=True (--reference or --self), not both or neither")
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1 (got {new_tokens})")
+    export = resolve_model(export)  # a pulled name, a hub id, a GGUF file: the directory it names
     llm = load(export, threads=threads, decode_plan=decode_plan, fast_ops=fast_ops)
     quantized = is_quantized(llm.package)
     if self_check:

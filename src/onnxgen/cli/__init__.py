@@ -4,7 +4,7 @@ User errors (:class:`onnxgen.errors.OnnxgenError`, ``ValueError`` from parameter
 line on stderr and exit 2; they never show a traceback.
 
 Each subcommand lives in its own module of this package (``generate``, ``chat``, ``serve``, ``bench``,
-``inspect``, ``validate``, ``export_mtp``; ``speculative`` holds the speculative flags several share and
+``inspect``, ``validate``, ``pull``, ``export_mtp``; ``speculative`` holds the speculative flags several share and
 ``bench_table`` the bench report's tables) and registers itself through an ``add_<command>(sub, help)`` hook
 that sets ``run`` (and, for commands with an optional leading positional, ``take_extra_positional``).
 Only the module of the command being run is imported, and the command modules import onnx and
@@ -45,6 +45,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "add_validate",
         "compare an export's logits with a transformers checkpoint or another export",
     ),
+    "pull": (
+        "onnxgen.cli.pull",
+        "add_pull",
+        "fetch a model by name (smollm2-135m-instruct) or Hugging Face repository; later commands take the name",
+    ),
     "export-mtp": (
         "onnxgen.cli.export_mtp",
         "add_export_mtp",
@@ -64,7 +69,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onnxgen",
         description="Generate text from ONNX exports of language models on onnxruntime. "
-        "Without MODEL, a command runs on $ONNXGEN_MODEL or the small bundled demo model.",
+        "MODEL is a model directory, a .onnx or .gguf file, a name from `onnxgen pull` or a Hugging Face "
+        "hub id in the local cache; without it, a command runs on $ONNXGEN_MODEL or the small bundled demo "
+        "model.",
     )
     parser.add_argument("--version", action="version", version=f"onnxgen {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from onnxgen.bench.constraints import CONSTRAINTS
 from onnxgen.bench.genai_engine import GENAI
 from onnxgen.bench.prompts import PROMPT_KINDS
-from onnxgen.cli.generate import MODEL_ENV, THREADS_ENV, add_fast_ops_flag, resolve_model, resolve_threads
+from onnxgen.cli.generate import (
+    MODEL_ENV,
+    MODEL_HELP,
+    THREADS_ENV,
+    add_fast_ops_flag,
+    resolve_model,
+    resolve_threads,
+)
 from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.runtime.plan_names import DECODE_PLANS
 
@@ -67,9 +75,7 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
         description="Greedy generation of exactly --new-tokens tokens from each prompt, each worker "
         "(engine or decode plan) in its own process with the same thread count, runs interleaved.",
     )
-    p.add_argument(
-        "model", nargs="?", help=f"model directory (default: ${MODEL_ENV}, then the bundled model)"
-    )
+    p.add_argument("model", nargs="?", help=f"{MODEL_HELP} (default: ${MODEL_ENV}, then the bundled model)")
     _add_prompt_flags(p)
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per run (default 128)")
     p.add_argument("--warmups", type=int, default=1, help="untimed runs per worker first (default 1)")
@@ -127,7 +133,7 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from onnxgen.bench.harness import BenchConfig, run_bench, to_json
+    from onnxgen.bench.harness import BenchConfig, prompt_cases, run_bench, to_json
     from onnxgen.cli.bench_table import format_report
     from onnxgen.runtime.session import default_threads
 
@@ -148,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report.__dict__, indent=2) if args.json else format_prefix_report(report))
         return 0
     cfg = BenchConfig(
-        model=str(resolve_model(args.model)),
+        model=args.model or "",  # resolved below, once the settings are known to be good
         prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT_TOKENS,
         new_tokens=args.new_tokens,
         warmups=args.warmups,
@@ -165,6 +171,7 @@ def _run(args: argparse.Namespace) -> int:
         processes=args.processes,
         fast_ops=args.fast_ops,
     )
-    report = run_bench(cfg)
+    prompt_cases(cfg)  # a prompt file that cannot be read: an error before the model is looked for
+    report = run_bench(replace(cfg, model=str(resolve_model(args.model))))
     print(to_json(report) if args.json else format_report(report))
     return 0

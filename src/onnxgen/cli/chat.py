@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from onnxgen.cli.generate import (
     MODEL_ENV,
+    MODEL_HELP,
     SAMPLING_DEFAULTS,
+    add_chat_template_flag,
     add_prefix_cache_flags,
     add_runtime_flags,
     add_sampling_flags,
+    check_chat_template,
     format_stats,
     load_llm,
     model_label,
-    resolve_model,
     sampling_params,
     terminal_log,
     write_stream,
@@ -95,10 +97,9 @@ def add_chat(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: 
         + "; ".join(f"{k}: {v}" for k, v in COMMANDS.items())
         + f". {FENCE} opens and closes a multi-line message. Ctrl-C stops the answer being written.",
     )
-    p.add_argument(
-        "model", nargs="?", help=f"model directory (default: ${MODEL_ENV}, then the bundled model)"
-    )
+    p.add_argument("model", nargs="?", help=f"{MODEL_HELP} (default: ${MODEL_ENV}, then the bundled model)")
     p.add_argument("-s", "--system", metavar="TEXT", help="system message")
+    add_chat_template_flag(p)
     p.add_argument(
         "--stats",
         action=argparse.BooleanOptionalAction,
@@ -257,7 +258,8 @@ def _run(args: argparse.Namespace) -> int:
     spec = speculative_from_args(args)
     sampling_params(args, SAMPLING_DEFAULTS)  # bad flags fail before the model loads
     llm = load_llm(args, speculative=spec is not None, log=terminal_log())
+    check_chat_template(llm)  # a model that cannot chat is told now, not at the first message
     params = sampling_params(args, {**SAMPLING_DEFAULTS, "max_new_tokens": _answer_room(llm)})
     session = ChatSession(llm, params, system=args.system, speculative=spec)
-    print(banner(llm, model_label(resolve_model(args.model))), file=sys.stderr)
+    print(banner(llm, model_label(args.model or llm.package.root)), file=sys.stderr)
     return repl(session, show_stats=args.stats)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from onnxgen.cli.speculative import add_speculative_flags, format_speculative_stats, speculative_from_args
 from onnxgen.config import MODEL, THREADS, EngineConfig, env_model, env_threads
-from onnxgen.errors import GenerationError, ModelPackageError
+from onnxgen.errors import GenerationError, ModelPackageError, TokenizerError
 from onnxgen.generation.params import SamplingParams, SamplingParamsError
 from onnxgen.runtime.plan_names import DECODE_PLANS
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # onnx and onnxruntime load after the arguments are parsed (m
     from onnxgen.llm import LLM
 
 MODEL_ENV = MODEL
+MODEL_HELP = "model directory, .onnx or .gguf file, name from `onnxgen pull`, or hub id ORG/REPO"
 THREADS_ENV = THREADS
 
 # flag dest -> SamplingParams field (same names); unset flags keep the SamplingParams defaults.
@@ -142,6 +143,34 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: str = "64") -
     g.add_argument("--min-new-tokens", type=int, help="mask end-of-sequence until this many tokens")
 
 
+def add_chat_template_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="render chats with this Jinja chat template file instead of the model's own "
+        "(tokenizer_config.json or chat_template.jinja)",
+    )
+
+
+def chat_template_text(args: argparse.Namespace) -> str | None:
+    """The contents of ``--chat-template FILE`` (None without the flag)."""
+    path = getattr(args, "chat_template", None)
+    return None if path is None else _read_flag_file("--chat-template", path, "a Jinja chat template")
+
+
+def check_chat_template(llm: LLM) -> None:
+    """A model that cannot render a chat, said once it is loaded rather than at the first message."""
+    if llm.tokenizer is None:
+        raise TokenizerError(
+            f"{llm.package.root} has no tokenizer.json, so it cannot chat; put the model's tokenizer.json "
+            "beside it"
+        )
+    try:
+        llm.tokenizer.check_chat_template()
+    except TokenizerError as e:
+        raise TokenizerError(f"{e}; or pass --chat-template FILE") from e
+
+
 def add_constraint_flags(p: argparse.ArgumentParser) -> None:
     """``--json-schema FILE | --regex RE | --grammar FILE`` (one at a time)."""
     g = p.add_argument_group("constrained output (one of)").add_mutually_exclusive_group()
@@ -223,11 +252,15 @@ def engine_config(args: argparse.Namespace, **settings: Any) -> EngineConfig:
     return EngineConfig.from_env(threads=resolve_threads(args.threads), **flags, **settings)
 
 
-def resolve_model(model: str | None) -> str | Path:
-    """MODEL, else ``$ONNXGEN_MODEL``, else the bundled default model."""
+def resolve_model(model: str | None) -> Path:
+    """The model directory (or file) of MODEL, else of ``$ONNXGEN_MODEL``, else the bundled default model
+    (:func:`onnxgen.model.sources.resolve_model`: a directory, a .onnx or .gguf file, a pulled name, a hub
+    id in the local cache)."""
     chosen = model or env_model()
     if chosen:
-        return chosen
+        from onnxgen.model.sources import resolve_model as resolve
+
+        return resolve(chosen)
     from onnxgen.llm import default_model_dir
 
     default = default_model_dir()
@@ -242,16 +275,17 @@ def resolve_model(model: str | None) -> str | Path:
 def load_llm(args: argparse.Namespace, speculative: bool = False, log: TextIO | None = None) -> LLM:
     """Load the model the flags name; with ``log`` (a terminal), say what is loading and how long it took
     there (``[onnxgen] loading NAME ... 0.42 s``)."""
+    template = chat_template_text(args)  # an unreadable file fails before the model loads
     model = resolve_model(args.model)
     config = engine_config(args, speculative=speculative)
     if log is not None:
-        log.write(f"[onnxgen] loading {model_label(model)} ... ")
+        log.write(f"[onnxgen] loading {model_label(args.model or model)} ... ")
         log.flush()
     start = time.perf_counter()
     try:
         from onnxgen.llm import load  # onnx and onnxruntime: most of a small model's start-up
 
-        llm = load(model, config)
+        llm = load(model, config, chat_template=template)
     except BaseException:
         if log is not None:
             log.write("\n")
@@ -331,9 +365,7 @@ def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # ty
         description="Generate a completion of PROMPT (use - to read it from stdin). With one positional "
         f"argument it is the prompt and the model is ${MODEL_ENV} or the bundled default model.",
     )
-    p.add_argument(
-        "model", nargs="?", help=f"model directory (default: ${MODEL_ENV}, then the bundled model)"
-    )
+    p.add_argument("model", nargs="?", help=f"{MODEL_HELP} (default: ${MODEL_ENV}, then the bundled model)")
     p.add_argument("prompt", help="prompt text, or - to read stdin")
     add_runtime_flags(p)
     add_prefix_cache_flags(p, 0)
@@ -348,6 +380,7 @@ def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # ty
     )
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     p.add_argument("-s", "--system", metavar="TEXT", help="system message (implies --chat)")
+    add_chat_template_flag(p)
     p.add_argument(
         "--json",
         action="store_true",
@@ -389,6 +422,8 @@ def _run(args: argparse.Namespace) -> int:
     spec = speculative_from_args(args)
     llm = load_llm(args, speculative=spec is not None, log=terminal_log(args.stats and not args.json))
     chat = args.chat or args.system is not None
+    if chat:
+        check_chat_template(llm)
     messages = chat_messages(prompt, args.system)
     if args.json and not args.stream:
         result = llm.chat(messages, params, spec) if chat else llm.generate(prompt, params, spec)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxgen.cli.generate import MODEL_ENV, resolve_model
+from onnxgen.cli.generate import MODEL_ENV, MODEL_HELP, resolve_model
 
 if TYPE_CHECKING:
     from onnxgen.model.package import ModelPackage
@@ -23,7 +23,7 @@ def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:  # typ
     p.add_argument(
         "model",
         nargs="?",
-        help=f"model directory or model.onnx path (default: ${MODEL_ENV}, then the bundled model)",
+        help=f"{MODEL_HELP} (default: ${MODEL_ENV}, then the bundled model)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     g = p.add_argument_group("memory (--memory loads the model and runs one greedy request)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -18,14 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from onnxgen.cli.generate import (
     MODEL_ENV,
+    MODEL_HELP,
+    add_chat_template_flag,
     add_prefix_cache_flags,
     add_runtime_flags,
+    chat_template_text,
     resolve_model,
     resolve_threads,
 )
 from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.config import API_KEY, env_api_key
-from onnxgen.errors import ModelPackageError, OnnxgenError
+from onnxgen.errors import OnnxgenError
 from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
 if TYPE_CHECKING:
@@ -47,7 +51,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", help=f"model directory (env {MODEL_ENV}; default: the bundled model)")
+    p.add_argument("model", nargs="?", help=f"{MODEL_HELP} (env {MODEL_ENV}; default: the bundled model)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--served-model-name", help="model id clients pass (default: the model directory's name)")
@@ -84,6 +88,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "(MatMulNBits) compute a lone row differently from a block on this CPU (probed at start), so "
         "a request gets the same tokens alone or beside others; else 1",
     )
+    add_chat_template_flag(p)
     p.add_argument(
         "--tool-call-parser",
         help="tool-call format of the model's replies: hermes or qwen3_coder (default: from the chat template)",
@@ -158,10 +163,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _engine_spec(
-    args: argparse.Namespace, model: Path, fixed_rows: int | None, security: SecurityConfig
+    args: argparse.Namespace, model: str, fixed_rows: int | None, security: SecurityConfig
 ) -> EngineSpec:
     return EngineSpec(
-        str(model),
+        model,
         threads=resolve_threads(args.threads),
         max_batch=args.max_batch,
         max_queue=args.max_queue,
@@ -173,6 +178,7 @@ def _engine_spec(
         security=security,
         log_prompts=args.log_prompts,
         tool_parser=args.tool_call_parser,
+        chat_template=chat_template_text(args),
         prefix_cache_mb=args.prefix_cache_mb,
         checkpoint_interval=args.checkpoint_interval,
         decode_plan=args.decode_plan,
@@ -181,6 +187,15 @@ def _engine_spec(
         speculative=args.speculative,
         draft_tokens=args.draft_tokens,
     )
+
+
+def served_name(given: str | None, model: Path) -> str | None:
+    """The model id clients pass when ``--served-model-name`` is not given: the name the user gave where it
+    is not the model's own folder (a pulled name or hub id, whose folder is a cache's; a GGUF file, by its
+    stem); None (the folder's name) otherwise."""
+    if given is None or Path(given).expanduser() == model:
+        return None
+    return Path(given).stem if Path(given).expanduser().is_file() else given
 
 
 def _check_scale_flags(args: argparse.Namespace) -> None:
@@ -237,15 +252,16 @@ def _run(args: argparse.Namespace) -> int:
     tool_parser_for(args.tool_call_parser)  # an unknown tool-call format is an error before the model
     api_key = args.api_key if args.api_key is not None else env_api_key()
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
-    spec = _engine_spec(args, Path(resolve_model(args.model)), fixed_rows, security)
+    spec = _engine_spec(args, args.model or "", fixed_rows, security)
     spec.scheduler_config()  # a bad size is an error before the port and the model
     spec.speculative_spec()  # so is a bad --speculative
-    model = Path(spec.model)
-    if not model.exists():
-        raise ModelPackageError(f"model path {model} does not exist; pass a model directory")
+    model = resolve_model(args.model)  # a pulled name, a hub id, a GGUF file (converted): its directory
+    spec = dataclasses.replace(
+        spec, model=str(model), served_model_name=args.served_model_name or served_name(args.model, model)
+    )
     _check_scale_flags(args)
     if args.ray:
-        return _run_on_ray(args, dataclasses.replace(spec, model=str(model.resolve())))
+        return _run_on_ray(args, dataclasses.replace(spec, model=os.path.abspath(model)))
     sock = bind(args.host, args.port)
     try:
         with LoadingResponder(sock):  # /health and every route answer 503 until the app serves

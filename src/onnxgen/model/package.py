@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
 
 from onnxgen.errors import ModelPackageError
+from onnxgen.model.checkpoint import NOT_MODEL_SUFFIXES, checkpoint_error, not_a_model
 from onnxgen.model.config_files import (
     CHAT_TEMPLATE_NAME,
     INFERENCE_METADATA_NAMES,
@@ -23,6 +25,7 @@ from onnxgen.model.io import DecoderIO
 from onnxgen.model.settings import ModelSettings, resolve_settings
 
 MODEL_FILE = "model.onnx"
+ONNX_FOLDER = "onnx"  # hub ONNX repositories: onnx/model.onnx, the tokenizer at the root
 MANIFEST_FILE = "manifest.json"
 NXRT_INFO_FILE = "nxrt_info.json"
 AUXILIARY_MODELS = ("mtp.onnx",)  # beside a decoder, never the decoder (onnxgen.model.mtp)
@@ -37,10 +40,16 @@ class ModelPackage:
     """
 
     def __init__(
-        self, model_path: Path, graph: onnx.ModelProto, configs: dict[str, tuple[Path, dict[str, Any]]]
+        self,
+        model_path: Path,
+        graph: onnx.ModelProto,
+        configs: dict[str, tuple[Path, dict[str, Any]]],
+        root: Path | None = None,
     ):
         self.model_path = model_path
-        self.root = model_path.parent
+        # the folder of the configs and the tokenizer: the model's own, or the repository root above an
+        # ``onnx/`` folder
+        self.root = root if root is not None else model_path.parent
         self._graph: onnx.ModelProto | None = graph  # weights not loaded: external tensors are references
         self.configs = configs
         self._notes: list[str] = []
@@ -54,16 +63,18 @@ class ModelPackage:
     def open(cls, path: str | Path) -> ModelPackage:
         """Open a model directory, or a ``.onnx`` file inside one.
 
+        A directory whose model is ``onnx/model.onnx`` with the tokenizer and configs beside the ``onnx/``
+        folder (the layout of ONNX model repositories on the Hugging Face hub) opens the same way.
         Raises :class:`ModelPackageError` for a missing/unreadable/truncated model or a missing
         external-data file, :class:`ConfigError` for a malformed config file.
         """
-        path = _variant_dir(Path(path).expanduser())
+        path, root = _layout(_variant_dir(Path(path).expanduser()))
         notes: list[str] = []
-        configs = _read_configs(path.parent if path.is_file() else path, notes)
+        configs = _read_configs(root, notes)
         model_path = _find_model(path, configs.get("genai_config"))
         graph = _load_graph(model_path)
         check_external_data(graph, model_path)
-        pkg = cls(model_path, graph, configs)
+        pkg = cls(model_path, graph, configs, root)
         pkg._notes.extend(notes)
         return pkg
 
@@ -172,19 +183,27 @@ class ModelPackage:
         return f"ModelPackage({str(self.model_path)!r})"
 
 
+def _layout(path: Path) -> tuple[Path, Path]:
+    """(where the model is looked for, the folder of its configs and tokenizer). A directory with no
+    ``.onnx`` file of its own but an ``onnx/model.onnx``, or a model file in an ``onnx/`` folder without a
+    tokenizer whose parent has one: the model in ``onnx/``, the rest in the folder above it."""
+    if (
+        path.is_dir()
+        and (path / ONNX_FOLDER / MODEL_FILE).is_file()
+        and not any(p.suffix == ".onnx" and p.name not in AUXILIARY_MODELS for p in path.iterdir())
+    ):
+        return path / ONNX_FOLDER, path
+    folder = path.parent if path.is_file() else path
+    beside = folder.name == ONNX_FOLDER and not (folder / TOKENIZER_NAME).is_file()
+    if beside and (folder.parent / TOKENIZER_NAME).is_file():
+        return path, folder.parent
+    return path, folder
+
+
 def _read_configs(root: Path, notes: list[str]) -> dict[str, tuple[Path, dict[str, Any]]]:
     if not root.is_dir():
-        hub = (
-            not root.exists() and not root.is_absolute() and len(root.parts) == 2 and "." not in root.parts[0]
-        )
         raise ModelPackageError(
             f"model path {root} does not exist or is not a directory; pass a model directory or its model.onnx"
-            + (
-                f" (a Hugging Face hub id such as {root} is not accepted: export the checkpoint to ONNX first, "
-                "e.g. with onnxruntime-genai's model builder; see the README's 'Getting a model')"
-                if hub
-                else ""
-            )
         )
     configs: dict[str, tuple[Path, dict[str, Any]]] = {}
     found = [root / n for n in INFERENCE_METADATA_NAMES if (root / n).is_file()]
@@ -248,6 +267,8 @@ def _find_model(path: Path, genai: tuple[Path, dict[str, Any]] | None) -> Path:
         raise _not_a_file(path)
     if len(others) == 1:
         return path / others[0]
+    if not others and (checkpoint := checkpoint_error(path)) is not None:
+        raise checkpoint
     hint = f" (found {', '.join(others)}: pass the one to use)" if others else ""
     raise ModelPackageError(f"{path / MODEL_FILE} does not exist{hint}; export the model into {path}")
 
@@ -255,9 +276,11 @@ def _find_model(path: Path, genai: tuple[Path, dict[str, Any]] | None) -> Path:
 def _load_graph(model_path: Path) -> onnx.ModelProto:
     if model_path.stat().st_size == 0:
         raise ModelPackageError(f"{model_path} is empty; re-export or re-copy the model")
+    if model_path.suffix.lower() in NOT_MODEL_SUFFIXES:  # onnx.load would parse it as a protobuf text form
+        raise not_a_model(model_path)
     try:
         model = onnx.load(str(model_path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError) as e:
+    except (DecodeError, json_format.ParseError, text_format.ParseError, ValueError, RuntimeError) as e:
         raise ModelPackageError(
             f"{model_path} cannot be parsed as ONNX ({e}); the file is truncated or not an ONNX model: "
             "re-export or re-copy it"

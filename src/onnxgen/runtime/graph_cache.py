@@ -150,7 +150,7 @@ class SessionGraph:
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
-            "model": str(self.model_path.resolve()),
+            "model": str(model_identity(self.model_path)),
             "rewritten": self.graph_path is not None,
             "root": str(self.root) if self.root is not None else None,
             "logits_to_keep": self.logits_to_keep,
@@ -230,6 +230,13 @@ def _writable_root(cache_dir: str | Path | None) -> Path:
     return fallback
 
 
+def model_identity(model_path: Path) -> Path:
+    """``model_path`` with its folder resolved but not the file itself: a model file that is a link (as
+    in a Hugging Face hub cache, where it points into a folder of blobs) keeps its external data beside
+    the link, not beside the link's target."""
+    return model_path.parent.resolve() / model_path.name
+
+
 def _file_identity(path: Path, hashed: bool) -> bytes:
     st = path.stat()
     if hashed and st.st_size <= _HASHED_BYTES:
@@ -242,7 +249,7 @@ def cache_key(model_path: Path, graph: onnx.ModelProto, io: DecoderIO, settings:
     I/O and onnxgen's and onnxruntime's versions."""
     from onnxgen import __version__
 
-    model_path = model_path.resolve()
+    model_path = model_identity(model_path)
     h = hashlib.sha256(f"{FORMAT}|{__version__}|{ort.__version__}|{model_path}".encode())
     h.update(_file_identity(model_path, hashed=True))
     for location in sorted({location_of(t) for t in external_tensors(graph)}):
@@ -385,7 +392,7 @@ def prepare_session_graph(
 def _prune(root: Path, model_path: Path, keep: int) -> None:
     """Remove all but the ``keep`` most recently used prepared graphs of ``model_path``: entries of a
     model that changed since, or of settings no longer used, would otherwise stay forever."""
-    target = str(model_path.resolve())
+    target = str(model_identity(model_path))
     entries = []
     for folder in root.iterdir():
         try:

@@ -34,6 +34,7 @@ class EngineSpec:
         security: who may call the app (API key, Host names, CORS origins).
         log_prompts: put each request's prompt into its log line.
         tool_parser: tool-call format (None: chosen from the chat template), as ``--tool-call-parser``.
+        chat_template: the text of a chat template that replaces the model's own, as ``--chat-template``.
         prefix_cache_mb, checkpoint_interval: the prefix cache's budget (0: off) and the tokens between
             two state checkpoints of a long prefill, as ``--prefix-cache-mb`` / ``--checkpoint-interval``.
         decode_plan, fast_ops: as ``--decode-plan`` / ``--fast-ops`` (:class:`~onnxgen.config.EngineConfig`).
@@ -55,6 +56,7 @@ class EngineSpec:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     log_prompts: bool = False
     tool_parser: str | None = None
+    chat_template: str | None = None
     prefix_cache_mb: float = 0.0
     checkpoint_interval: int | None = None
     decode_plan: str = "auto"
@@ -105,8 +107,13 @@ def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> t
     speculative = spec.speculative_spec()  # so is a bad --speculative
     say(f"loading {spec.model}")
     start = time.perf_counter()
-    llm = load(Path(spec.model), config)
+    llm = load(Path(spec.model), config, chat_template=spec.chat_template)
     check_outputs(llm)
+    if llm.tokenizer is not None and llm.tokenizer.chat_template is None:
+        say(
+            "warning: the model has no chat template, so /v1/chat/completions will answer 400; "
+            "pass --chat-template FILE to serve chats"
+        )
     default = speculative.build() if speculative is not None else None
     llm.check_speculative(default)  # the MTP head, the draft model (loaded now): an error before serving
     limits = BatchLimits.resolve(config, llm.package, llm.session)  # the context; this CPU's probe
