@@ -111,7 +111,7 @@ def test_generate_chat_and_serve_pass_the_decode_plan_and_fast_ops_flags_to_load
     real = onnxgen.llm.load
 
     def spy(model: Any, config: EngineConfig, **kwargs: Any) -> Any:
-        seen.append(config.replace(**kwargs))
+        seen.append(config.replace(**{k: v for k, v in kwargs.items() if k in EngineConfig.fields()}))
         return real(model, config, **kwargs)
 
     monkeypatch.setattr(onnxgen.llm, "load", spy)

@@ -87,9 +87,9 @@ def test_speculative_greedy_equals_plain_greedy_on_int8_activations_over_200_tok
         res = llm.generate(PROMPT, params, speculative=speculative)
         assert res.token_ids == plain.token_ids
         exact = check_verify(llm.session).exact  # the verify graph the request ran on, probed
-        if family == "genai-dense" and lone_row_matches_block(llm.session):
+        if lone_row_matches_block(llm.session):
             # attention run position by position makes the verify exact wherever MatMulNBits computes a
-            # lone row as it computes a block's: dense int4 exports speculate there
+            # lone row as it computes a block's: int4 exports speculate there, dense and hybrid
             assert exact and llm.session.serial_width == speculative.num_draft_tokens + 1
         if exact:  # this CPU computes a verify as its steps: speculation ran
             assert res.stats["proposed_draft_tokens"] > 0

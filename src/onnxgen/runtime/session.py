@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from onnxgen.config import default_threads
@@ -125,6 +126,7 @@ class DecoderSession:
         self.length_mask = self.prepared.length_mask
         self._verify_plan: VerifyPlan | None = None
         self._verify_strategy = verify_strategy(verify, io)[0]  # a plan not yet made (None: replay)
+        self._plan_strategy = self._verify_strategy  # what the verify plan is (or will be) made with
         self._verify_lock = threading.Lock()
         # verifies of exactly ``serial_width`` tokens run each attention position as its own call
         # (:meth:`serialize_verifies`); present output -> the per-position outputs bound beside it
@@ -249,15 +251,18 @@ class DecoderSession:
         """Move the session onto a graph whose forwards of exactly ``width`` tokens compute each position's
         attention as its own single-token call (:mod:`onnxgen.graph.serial_attention`): a verify then
         computes each row as the decode step for it would, where the other kernels compute rows alike.
-        Only for a KV cache written in place and no recurrent state. Returns the pass's report (None: not
-        applicable, nothing changed); the plain session is released before the new one is made."""
-        if self.io.state_pairs or not self.io.past_present_share_buffer or self.io.token_input is None:
+        Only for a KV cache written in place; a hybrid keeps its verify plan (rewritten the same way).
+        Returns the pass's report (None: not applicable, nothing changed); the session in use is released
+        before the new one is made."""
+        if not self.io.past_present_share_buffer or self.io.token_input is None:
             return None
         with self._verify_lock:
             if self.serial_width is not None:
                 return None
             self.prepared = self.prepared.still_on_disk()
-            result = serialize_attention(self.prepared.load_graph(), self.io.token_input, width)
+            before = self._verify_plan
+            graph, plan = self._plan_graph() if before is not None else (self.prepared.load_graph(), None)
+            result = serialize_attention(graph, self.io.token_input, width)
             if not result.modified:
                 return None
             self._release_session()
@@ -267,13 +272,33 @@ class DecoderSession:
                 log.warning(
                     "the serial-attention verify graph could not be loaded; running the graph as it was"
                 )
-                self.session = self._load(self.prepared.source()[0])
-                self.epoch += 1
+                self._switch_back(before is not None)
                 return None
-            self.session, self.serial_width = session, width
+            if plan is not None:
+                plan.attach(session, self._providers)
+            self.session, self._verify_plan, self.serial_width = session, plan, width
             self._serial_aliases = result.report.aliases
             self.epoch += 1
             return result.report
+
+    def _plan_graph(self) -> tuple[onnx.ModelProto, VerifyPlan | None]:
+        """The prepared graph rewritten for the verify plan in use, and a new plan object for it."""
+        assert self._plan_strategy is not None
+        graph, plan, _ = plan_graph(self.prepared.load_graph(), self.io, self._providers, self._plan_strategy)
+        return graph, plan
+
+    def _switch_back(self, had_plan: bool) -> None:
+        """Load the graph that ran before a failed switch again (with its verify plan, if it had one)."""
+        plan = None
+        if had_plan:
+            graph, plan = self._plan_graph()
+            self.session = self._load(graph.SerializeToString())
+        else:
+            self.session = self._load(self.prepared.source()[0])
+        if plan is not None:
+            plan.attach(self.session, self._providers)
+        self._verify_plan = plan
+        self.epoch += 1
 
     def _release_session(self) -> None:
         """Drop every reference this session's states and binders hold to the onnxruntime session, then the
