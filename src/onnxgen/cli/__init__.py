@@ -15,6 +15,7 @@ answer at once, and Ctrl-C while a model loads ends the command quietly.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -77,16 +78,45 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    """The parser of command ``name`` (the top-level one where there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]  # type: ignore[no-any-return]
+    return parser
+
+
+def suggestion(flag: str, parser: argparse.ArgumentParser) -> str:
+    """`` (did you mean --max-new-tokens?)`` for a mistyped flag, else ``""``: the closest of the
+    command's own option strings (argparse's ``suggest_on_error`` only exists from Python 3.14)."""
+    name = flag.split("=", 1)[0]
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """parse_args, except that one positional left over after an option (``MODEL -n 5 PROMPT``) is
-    handed to the command's ``take_extra_positional`` hook."""
+    handed to the command's ``take_extra_positional`` hook, and that leftovers are reported with the
+    command's own usage and, for a mistyped flag, the closest flag it has."""
     args, extras = parser.parse_known_args(argv)
     take = getattr(args, "take_extra_positional", None)
     if len(extras) == 1 and not extras[0].startswith("-") and take is not None and take(args, extras[0]):
         return args
     if extras:
-        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        command = _command_parser(parser, getattr(args, "command", None))
+        flags = [e for e in extras if e.startswith("-") and len(e) > 1 and not _is_number(e)]
+        hint = suggestion(flags[0], command) if flags else ""
+        command.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
     return args
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

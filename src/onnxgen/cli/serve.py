@@ -54,7 +54,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (default 16)")
     p.add_argument("--max-queue", type=int, default=64, help="prompts that may wait before 503s (default 64)")
     p.add_argument(
+        "-c",
+        "--ctx-size",
         "--max-model-len",
+        dest="max_model_len",
         type=int,
         help=f"tokens per sequence, prompt + generated (default: the model's context, at most {DEFAULT_MAX_MODEL_LEN})",
     )
