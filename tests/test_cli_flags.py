@@ -54,7 +54,18 @@ def test_system_is_the_system_message(
 ) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}]
     expected = dense_llm.chat(messages, SamplingParams(max_new_tokens=6))
-    argv = ["generate", str(dense_dir), PROMPT, "-n", "6", "--temp", "0", "--system", "be brief", "--no-stats"]
+    argv = [
+        "generate",
+        str(dense_dir),
+        PROMPT,
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--system",
+        "be brief",
+        "--no-stats",
+    ]
     assert main(argv) == 0
     assert capsys.readouterr().out == expected.text + "\n"
 

@@ -105,7 +105,8 @@ def test_generate_writes_and_flushes_each_event_before_asking_for_the_next(
 
     monkeypatch.setattr(LLM, "stream", spy)
     assert (
-        main(["generate", str(dense_dir), PROMPT, "-n", "10", "--temp", "0", "--ignore-eos", "--no-stats"]) == 0
+        main(["generate", str(dense_dir), PROMPT, "-n", "10", "--temp", "0", "--ignore-eos", "--no-stats"])
+        == 0
     )
     # (the stream is drained after its last event: a chat stream caches the next turn's opening then)
     assert len(texts) == 10 and len(printed_before_next) == 10
@@ -142,7 +143,20 @@ def test_generate_chat_and_system_wrap_the_prompt_in_the_chat_template(
     assert main(["generate", str(dense_dir), PROMPT, "-n", "8", "--temp", "0", "--chat", "--no-stats"]) == 0
     assert capsys.readouterr().out == chat + "\n"
     assert (
-        main(["generate", str(dense_dir), PROMPT, "-n", "8", "--temp", "0", "--system", "be brief", "--no-stats"])
+        main(
+            [
+                "generate",
+                str(dense_dir),
+                PROMPT,
+                "-n",
+                "8",
+                "--temp",
+                "0",
+                "--system",
+                "be brief",
+                "--no-stats",
+            ]
+        )
         == 0
     )
     assert capsys.readouterr().out == with_system + "\n"
@@ -173,7 +187,9 @@ def test_generate_accepts_options_between_model_and_prompt_and_a_prompt_from_std
 
 
 def test_every_sampling_flag_reaches_sampling_params() -> None:
-    flags = "-n 33 --temp 0.7 --top-k 5 --top-p 0.9 --min-p 0.05 --repetition-penalty 1.2 --presence-penalty 0.5"
+    flags = (
+        "-n 33 --temp 0.7 --top-k 5 --top-p 0.9 --min-p 0.05 --repetition-penalty 1.2 --presence-penalty 0.5"
+    )
     flags += " --frequency-penalty -0.5 --seed 7 --stop a --stop bc --ignore-eos --min-new-tokens 3"
     args = build_parser().parse_args(["generate", "m", "p", *flags.split()])
     assert sampling_params(args) == SamplingParams(

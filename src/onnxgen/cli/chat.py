@@ -117,11 +117,15 @@ class ChatSession:
         try:
             value = kind(text)
         except ValueError:
-            raise ValueError(f"/set {name} takes {'an integer' if kind is int else 'a number'} (got {text!r})") from None
+            raise ValueError(
+                f"/set {name} takes {'an integer' if kind is int else 'a number'} (got {text!r})"
+            ) from None
         changes: dict[str, Any] = {field: value}
         if field == "temperature" and value == 0:  # greedy, as --temp 0: the default filters go too
             base = SamplingParams()
-            changes |= {k: getattr(base, k) for k, v in SAMPLING_DEFAULTS.items() if getattr(self.params, k) == v}
+            changes |= {
+                k: getattr(base, k) for k, v in SAMPLING_DEFAULTS.items() if getattr(self.params, k) == v
+            }
         self.params = dataclasses.replace(self.params, **changes)
         return f"{field} = {value}"
 

@@ -133,7 +133,12 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: str = "64") -
         help=f"most tokens to generate (default {max_new_tokens})",
     )
     g.add_argument(
-        "--temp", "--temperature", dest="temperature", type=float, metavar="T", help="softmax temperature; 0 = greedy"
+        "--temp",
+        "--temperature",
+        dest="temperature",
+        type=float,
+        metavar="T",
+        help="softmax temperature; 0 = greedy",
     )
     g.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 disables)")
     g.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")

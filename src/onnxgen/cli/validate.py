@@ -32,7 +32,9 @@ def add_validate(sub: argparse._SubParsersAction, help_text: str) -> None:  # ty
         "greedy continuations part. Exit 1 past a threshold.",
     )
     p.add_argument(
-        "export", nargs="?", help=f"the export directory to check (default: ${MODEL_ENV}, then the bundled model)"
+        "export",
+        nargs="?",
+        help=f"the export directory to check (default: ${MODEL_ENV}, then the bundled model)",
     )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument(
