@@ -119,7 +119,9 @@ def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> t
         tool_parser=spec.tool_parser,
         speculative=default,
     )
-    say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
+    server = app.state.server
+    say(f"loaded {server.model_name} in {time.perf_counter() - start:.1f} s")
+    say(f"tool calls are read as {server.tool_parser} ({server.tool_parser_source})")
     return app, limits
 
 
