@@ -37,8 +37,8 @@ import numpy as np
 from onnxgen.errors import GenerationError
 from onnxgen.generation.params import SamplingParams, SamplingParamsError
 from onnxgen.generation.processors import Seqs, SequenceView
-from onnxgen.generation.schema_objects import close_objects
 from onnxgen.generation.reasoning_gate import Literal, after_reasoning, quoted
+from onnxgen.generation.schema_objects import close_objects
 from onnxgen.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # llguidance is imported where a request sets a constraint, not by every load
