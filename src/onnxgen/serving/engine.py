@@ -33,7 +33,8 @@ class EngineSpec:
         served_model_name: model id clients pass (None: the model directory's name).
         security: who may call the app (API key, Host names, CORS origins).
         log_prompts: put each request's prompt into its log line.
-        tool_parser: tool-call format (None: chosen from the chat template), as ``--tool-call-parser``.
+        tool_parser: tool-call format (None: the one the chat template shows, else hermes), as
+            ``--tool-call-parser``.
         prefix_cache_mb, checkpoint_interval: the prefix cache's budget (0: off) and the tokens between
             two state checkpoints of a long prefill, as ``--prefix-cache-mb`` / ``--checkpoint-interval``.
         decode_plan, fast_ops: as ``--decode-plan`` / ``--fast-ops`` (:class:`~onnxgen.config.EngineConfig`).
