@@ -55,6 +55,17 @@ def test_dash_t_is_threads_and_dash_s_the_seed_as_in_llama_cpp() -> None:
     assert not hasattr(args, "system") or args.system is None  # -s is no system message
 
 
+def test_generate_with_dash_t_and_dash_s_samples_with_that_seed_on_that_many_threads(
+    dense_dir: Path, dense_llm: LLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `onnxgen generate MODEL "the quick brown fox" -t 1 -s 42 -n 6`: llama.cpp's meaning of both
+    expected = dense_llm.generate(PROMPT, SamplingParams(**SAMPLING_DEFAULTS, seed=42, max_new_tokens=6))
+    other_seed = dense_llm.generate(PROMPT, SamplingParams(**SAMPLING_DEFAULTS, seed=7, max_new_tokens=6))
+    assert expected.text != other_seed.text  # the seed matters here, so the comparison can fail
+    assert main(["generate", str(dense_dir), PROMPT, "-t", "1", "-s", "42", "-n", "6", "--no-stats"]) == 0
+    assert capsys.readouterr().out == expected.text + "\n"
+
+
 @pytest.mark.parametrize(
     ("llama", "ours"),
     [

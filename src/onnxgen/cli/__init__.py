@@ -1,7 +1,9 @@
 """The ``onnxgen`` command line: thin wrappers over the library.
 
 User errors (:class:`onnxgen.errors.OnnxgenError`, ``ValueError`` from parameter validation) print one
-line on stderr and exit 2; they never show a traceback.
+line on stderr and exit 2; they never show a traceback. An unknown flag gets the command's own usage and
+the closest flag it has (``did you mean --max-new-tokens?``). Short flags mean what they mean in
+llama.cpp (``-t`` threads, ``-s`` seed, ``-n`` new tokens, ``-c`` the server's context).
 
 Each subcommand lives in its own module of this package (``generate``, ``chat``, ``serve``, ``bench``,
 ``inspect``, ``validate``, ``export_mtp``; ``speculative`` holds the speculative flags several share and

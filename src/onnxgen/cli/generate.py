@@ -345,7 +345,8 @@ def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # ty
         "generate",
         help=help_text,
         description="Generate a completion of PROMPT (use - to read it from stdin). With one positional "
-        f"argument it is the prompt and the model is ${MODEL_ENV} or the bundled default model.",
+        f"argument it is the prompt and the model is ${MODEL_ENV} or the bundled default model, unless it "
+        "is an existing directory or model file: then the prompt is missing.",
     )
     p.add_argument(
         "model", nargs="?", help=f"model directory (default: ${MODEL_ENV}, then the bundled model)"
