@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 COMMANDS = {
     "/reset": "forget the conversation (keeps the system message; also /clear)",
-    "/set": "NAME VALUE: change a setting for the next turns (temperature, top_k, top_p, min_p, seed, "
+    "/set": "NAME VALUE changes a setting for the next turns (temperature, top_k, top_p, min_p, seed, "
     "num_predict, repeat_penalty, presence_penalty, frequency_penalty, system)",
     "/exit": "leave (also /bye, /quit, or end of input: Ctrl-D)",
     "/help": "show these commands",

@@ -59,6 +59,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-model-len",
         dest="max_model_len",
         type=int,
+        metavar="TOKENS",
         help=f"tokens per sequence, prompt + generated (default: the model's context, at most {DEFAULT_MAX_MODEL_LEN})",
     )
     p.add_argument(
