@@ -132,6 +132,22 @@ def test_an_unknown_flag_prints_the_commands_usage_and_the_closest_flag(
     assert "onnxgen [-h] [--version] COMMAND" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["generate", "-m", "m", "-p", "hi"], "the model is the first argument"),
+        (["generate", "m", "hi", "-c", "4096"], "the context size is the server's (onnxgen serve -c N)"),
+        (["chat", "m", "-ngl", "99"], "no GPU layers"),
+    ],
+)
+def test_llama_cpp_flags_a_command_lacks_say_what_to_do_instead(
+    argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert hint in capsys.readouterr().err
+
+
 def test_a_flag_like_nothing_gets_no_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["generate", "m", "p", "--zzzzqqq"])

@@ -88,11 +88,27 @@ def _command_parser(parser: argparse.ArgumentParser, name: str | None) -> argpar
     return parser
 
 
+# llama.cpp flags with no counterpart of the same spelling on a command -> what to do instead
+ELSEWHERE = {
+    "-m": "the model is the first argument: onnxgen COMMAND MODEL ...",
+    "--model": "the model is the first argument: onnxgen COMMAND MODEL ...",
+    "-p": "the prompt is the argument after MODEL: onnxgen generate MODEL PROMPT",
+    "--prompt": "the prompt is the argument after MODEL: onnxgen generate MODEL PROMPT",
+    "-c": "the context size is the server's (onnxgen serve -c N); generate and chat use the model's",
+    "--ctx-size": "the context size is the server's (onnxgen serve -c N); generate and chat use the model's",
+    "-ngl": "onnxgen runs on onnxruntime's CPU kernels: there are no GPU layers to set",
+    "--n-gpu-layers": "onnxgen runs on onnxruntime's CPU kernels: there are no GPU layers to set",
+}
+
+
 def suggestion(flag: str, parser: argparse.ArgumentParser) -> str:
     """`` (did you mean --max-new-tokens?)`` for a mistyped flag, else ``""``: the closest of the
-    command's own option strings (argparse's ``suggest_on_error`` only exists from Python 3.14)."""
+    command's own option strings (argparse's ``suggest_on_error`` only exists from Python 3.14), or what
+    to do instead of a llama.cpp flag this command does not have."""
     name = flag.split("=", 1)[0]
-    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    if name in ELSEWHERE:
+        return f" ({ELSEWHERE[name]})"
+    options = [o for o in _options(parser) if o.startswith("--")]
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
@@ -101,16 +117,25 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     """parse_args, except that one positional left over after an option (``MODEL -n 5 PROMPT``) is
     handed to the command's ``take_extra_positional`` hook, and that leftovers are reported with the
     command's own usage and, for a mistyped flag, the closest flag it has."""
+    named = _command_in(argv or ())
+    command = _command_parser(parser, named if named in COMMANDS else None)
+    names = [a.split("=", 1)[0] for a in argv or ()]
+    foreign = [n for n in names if n in ELSEWHERE and n not in _options(command)]
+    if command is not parser and foreign:  # before argparse reads `-ngl` as `-n gl`
+        command.error(f"unrecognized arguments: {foreign[0]}{suggestion(foreign[0], command)}")
     args, extras = parser.parse_known_args(argv)
     take = getattr(args, "take_extra_positional", None)
     if len(extras) == 1 and not extras[0].startswith("-") and take is not None and take(args, extras[0]):
         return args
     if extras:
-        command = _command_parser(parser, getattr(args, "command", None))
         flags = [e for e in extras if e.startswith("-") and len(e) > 1 and not _is_number(e)]
         hint = suggestion(flags[0], command) if flags else ""
         command.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
     return args
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for action in parser._actions for o in action.option_strings]
 
 
 def _is_number(text: str) -> bool:
