@@ -334,8 +334,10 @@ class RequestPreparer:
         )
 
     def _check_logit_bias(self, fields: SamplingFields) -> None:
+        if not fields.logit_bias:
+            return
         try:
-            self.llm.generator.check_logit_bias(sampling_params(fields, 1, 1, 0))
+            self.llm.generator.check_logit_bias(SamplingParams(logit_bias=fields.logit_bias))
         except OnnxgenError as e:
             raise ApiError(400, str(e), param="logit_bias") from e
 
