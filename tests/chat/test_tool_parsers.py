@@ -273,3 +273,24 @@ def test_the_parser_is_chosen_by_name_or_from_the_template() -> None:
     assert tool_parser_for("qwen3_xml", template=HERMES_TEMPLATE) is XML  # a name wins over the template
     with pytest.raises(ChatInputError, match=r"unknown tool-call parser 'llama3'.*hermes"):
         tool_parser_for("llama3")
+
+
+@pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        *((HERMES, text) for text, _ in HERMES_CASES.values()),
+        *((HERMES, text) for text in MALFORMED_HERMES.values()),
+        (HERMES, "Hi.\n" + hermes_call("noop", "{}") + "\n" + CUT),
+        *((XML, text) for text, _ in XML_CASES.values()),
+        *((XML, text) for text in MALFORMED_XML.values()),
+    ],
+)
+def test_a_holding_stream_reads_every_reply_as_the_whole_text_at_every_split(
+    parser: ToolParser, text: str
+) -> None:
+    expected = summary(*parser.parse(text, TOOLS))
+    for chunks in [*([text[:cut], text[cut:]] for cut in range(len(text) + 1)), list(text)]:
+        held = parser.stream(TOOLS, hold_calls=True)
+        deltas = [d for chunk in chunks for d in held.feed(chunk)] + held.finish()
+        assert summary(held.content, held.calls) == expected, chunks
+        check_deltas(held.content, held.calls, deltas)

@@ -16,11 +16,12 @@ Rules (the same whichever way the text is chunked, except where marked):
   Under a tool-call grammar (:mod:`onnxgen.chat.grammar`) calls are always well-formed.
 - Whitespace right before a call, and at the end of a reply that made calls, is dropped (it is layout).
 
-- A call the reply ends inside (cut by the token limit: no end tag after its start) is dropped: it is neither a call nor content.
-  Whole-text parsing never commits it; a stream that holds calls (``hold_calls``: each call's deltas are
-  sent whole once its end tag arrives, as the server streams them) drops what it held, so both report
-  the same calls; a stream that sends arguments as they come keeps a call it committed, its arguments
-  cut short (what was sent cannot be taken back).
+- A call the reply ends inside (cut by the token limit: no end tag after its start) is dropped: it is
+  neither a call nor content. Whole-text parsing never commits it; a stream that sends arguments as they
+  come keeps a call it committed, its arguments cut short (what was sent cannot be taken back).
+- A stream that holds calls (``hold_calls``: each call's deltas are sent whole once its end tag arrives,
+  as the server streams them) sends nothing of a call before it is complete, so it reads every reply as
+  whole-text parsing does, however the text is chunked: a cut call dropped, a malformed one content.
 
 Whole-text parsing (:meth:`onnxgen.chat.parsers.ToolParser.parse`) is one feed with ``final=True``.
 """
@@ -186,6 +187,8 @@ class ToolCallStream:
             return ""
         body_text = "".join(self._body_text)
         rest = body_text[body.consumed :]
+        if body.status == FAILED and self.hold_calls:  # nothing of it was sent: read as the whole text is
+            self._committed, self._held = None, []
         if body.status == FAILED and self._committed is None:  # malformed: the tag and its text are content
             self._emit_content(self._pending + self.start_tag)
             self._pending = ""
@@ -209,7 +212,8 @@ class ToolCallStream:
         return ""
 
     def _commit(self, name: str) -> None:
-        self._pending = ""  # whitespace before a call is dropped
+        if not self.hold_calls:  # whitespace before a call is dropped (held: once the call is complete)
+            self._pending = ""
         self._committed = _Call(new_call_id(), name)
         self._emit_call(ToolCallDelta(len(self.calls), id=self._committed.id, name=name))
 
@@ -217,6 +221,6 @@ class ToolCallStream:
         call = self._committed
         assert call is not None
         self.calls.append(ToolCall(call.id, call.name, call.arguments))
-        self._committed = None
+        self._committed, self._pending = None, ""
         self._out.extend(self._held)
         self._held = []
