@@ -21,7 +21,7 @@ from onnxgen.bench.harness import BenchConfig, decode_rate, run_bench, synthetic
 from onnxgen.bench.onnxgen_engine import OnnxgenEngine
 from onnxgen.bench.prompts import CODE_SNIPPET, novel_prompt, repetitive_prompt
 from onnxgen.bench.stats import ratio
-from onnxgen.bench.worker import process_threads
+from onnxgen.bench.worker import peak_rss_mb, process_threads, rss_mb
 from onnxgen.cli import main
 from onnxgen.cli.bench_table import format_report
 from onnxgen.generation.params import SamplingParams
@@ -303,6 +303,26 @@ def test_bench_refuses_prompt_plus_new_tokens_past_the_context(
     assert main(["bench", str(dense_dir), "--prompt-tokens", "30", "--new-tokens", "16"]) == 2
     err = capsys.readouterr().err
     assert "prompt synthetic of 30 tokens plus --new-tokens 16" in err and "context of 40 tokens" in err
+
+
+def test_bench_checks_every_prompt_against_the_context_before_timing_any(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `onnxgen bench m --prompt-tokens 5,30 --new-tokens 16` on a 40-token model: 5 + 16 fits, 30 + 16 does not
+    monkeypatch.setattr(bench, "Worker", _FakeWorker)
+    _FakeWorker.order = []
+    assert main(["bench", "m", "--prompt-tokens", "5,30", "--new-tokens", "16"]) == 2
+    assert "prompt synthetic of 30 tokens plus --new-tokens 16" in capsys.readouterr().err
+    assert _FakeWorker.order == []  # nothing was timed and thrown away
+    assert main(["bench", "m", "--prompt-tokens", "5,20", "--new-tokens", "16", "--runs", "1"]) == 0
+    assert _FakeWorker.order  # the control: prompts that fit are timed
+
+
+def test_peak_rss_is_never_below_the_resident_size_now() -> None:
+    held = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB touched: resident now
+    now, peak = rss_mb(), peak_rss_mb()
+    assert now is not None and peak is not None and peak >= now > 64
+    del held
 
 
 def test_bench_relays_a_worker_load_failure_as_one_line(

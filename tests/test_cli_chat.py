@@ -51,7 +51,7 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[Messages]:
 
 def _chat(monkeypatch: pytest.MonkeyPatch, model_dir: Path, lines: str, *flags: str) -> int:
     monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
-    return main(["chat", str(model_dir), "-n", "6", "-t", "0", "--threads", "1", *flags])
+    return main(["chat", str(model_dir), "-n", "6", "--temp", "0", "--threads", "1", *flags])
 
 
 def _user(text: str) -> dict[str, str]:
@@ -167,14 +167,14 @@ def test_chat_answers_run_to_the_context_by_default_and_a_cut_off_answer_is_mark
 
     monkeypatch.setattr(LLM, "stream_chat", spy)
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
-    assert main(["chat", str(model_dir), "-t", "0", "--ignore-eos", "--threads", "1"]) == 0
+    assert main(["chat", str(model_dir), "--temp", "0", "--ignore-eos", "--threads", "1"]) == 0
     context = llm.package.context_length
     assert context is not None and seen[0].max_new_tokens == context
     err = capsys.readouterr().err
     assert "the conversation fills the context" in err  # --ignore-eos: it ran until the context was full
     assert f"context {context} tokens" in err and "/help" in err and str(model_dir) in err  # the banner
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
-    assert main(["chat", str(model_dir), "-t", "0", "-n", "5", "--ignore-eos", "--threads", "1"]) == 0
+    assert main(["chat", str(model_dir), "--temp", "0", "-n", "5", "--ignore-eos", "--threads", "1"]) == 0
     assert "[answer cut off at -n 5 tokens]" in capsys.readouterr().err
 
 

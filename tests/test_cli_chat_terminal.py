@@ -70,7 +70,7 @@ class Terminal:
 def test_ctrl_c_stops_the_answer_and_the_conversation_goes_on_without_it(tmp_path: Path) -> None:
     history = tmp_path / "history"
     env = {"PYTHONPATH": SRC, "ONNXGEN_CHAT_HISTORY": str(history), "TERM": "dumb", "HOME": str(tmp_path)}
-    argv = ["-m", "onnxgen", "chat", "-t", "0", "--ignore-eos", "-n", str(NEW_TOKENS), "--threads", "1"]
+    argv = ["-m", "onnxgen", "chat", "--temp", "0", "--ignore-eos", "-n", str(NEW_TOKENS), "--threads", "1"]
     term = Terminal(argv, env)
     term.read_until(r"/help.*?\n>>> ", 0)
     start = term.send("def first():\n")

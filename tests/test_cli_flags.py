@@ -1,5 +1,5 @@
 """``onnxgen generate`` flags for people coming from llama.cpp / ollama: sampling defaults, ``--temp``,
-``-s``, inline ``--grammar``, ``--stream --json``, the clip notice, the one-token stats line, flag words
+``--system``, inline ``--grammar``, ``--stream --json``, the clip notice, the one-token stats line, flag words
 in errors and the loading line on a terminal."""
 
 from __future__ import annotations
@@ -44,19 +44,29 @@ def test_sampling_defaults_are_llama_cpp_s_and_t_0_is_plain_greedy() -> None:
         temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.1
     )
     assert _params("--temp", "0") == SamplingParams()  # greedy: no filters, no penalty
-    assert _params("-t", "0", "--repetition-penalty", "1.3") == SamplingParams(repetition_penalty=1.3)
+    assert _params("--temp", "0", "--repetition-penalty", "1.3") == SamplingParams(repetition_penalty=1.3)
     assert _params("--temp", "0.5", "--top-k", "0").temperature == 0.5
     assert _params("--temp", "0.5", "--top-k", "0").top_k == 0  # a flag wins over a default
 
 
-def test_dash_s_is_the_system_message(
+def test_system_is_the_system_message(
     dense_dir: Path, dense_llm: LLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}]
     expected = dense_llm.chat(messages, SamplingParams(max_new_tokens=6))
-    assert (
-        main(["generate", str(dense_dir), PROMPT, "-n", "6", "-t", "0", "-s", "be brief", "--no-stats"]) == 0
-    )
+    argv = [
+        "generate",
+        str(dense_dir),
+        PROMPT,
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--system",
+        "be brief",
+        "--no-stats",
+    ]
+    assert main(argv) == 0
     assert capsys.readouterr().out == expected.text + "\n"
 
 
@@ -69,7 +79,7 @@ def test_an_inline_grammar_constrains_the_output(dense_dir: Path, capsys: pytest
 def test_stream_json_writes_one_line_per_piece_and_the_finish_last(
     dense_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["generate", str(dense_dir), PROMPT, "-n", "7", "-t", "0", "--ignore-eos", "--json"]
+    argv = ["generate", str(dense_dir), PROMPT, "-n", "7", "--temp", "0", "--ignore-eos", "--json"]
     assert main(argv) == 0
     whole = json.loads(capsys.readouterr().out)
     assert main([*argv, "--stream"]) == 0
@@ -86,7 +96,7 @@ def test_a_clipped_max_new_tokens_is_noticed_and_one_token_has_no_decode_rate(
 ) -> None:
     context = dense_llm.package.context_length
     assert context is not None
-    argv = ["generate", str(dense_dir), PROMPT, "-t", "0", "--ignore-eos", "--no-stream"]
+    argv = ["generate", str(dense_dir), PROMPT, "--temp", "0", "--ignore-eos", "--no-stream"]
     assert main([*argv, "-n", str(context + 50)]) == 0
     err = capsys.readouterr().err
     assert f"-n {context + 50} was clipped to" in err and f"{context}-token context" in err

@@ -57,7 +57,7 @@ def test_generate_prints_the_greedy_text_the_library_generates(
 ) -> None:
     model = build_model(tmp_path / family, family)
     expected = load(model, threads=1).generate(PROMPT, SamplingParams(max_new_tokens=12))
-    assert main(["generate", str(model), PROMPT, "-n", "12", "-t", "0", "--threads", "1", stream]) == 0
+    assert main(["generate", str(model), PROMPT, "-n", "12", "--temp", "0", "--threads", "1", stream]) == 0
     out = capsys.readouterr().out
     assert out == expected.text + "\n"
 
@@ -66,7 +66,7 @@ def test_generate_json_prints_one_object_with_text_ids_finish_reason_and_stats(
     dense_dir: Path, dense_llm: LLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
     expected = dense_llm.generate(PROMPT, SamplingParams(max_new_tokens=9))
-    assert main(["generate", str(dense_dir), PROMPT, "-n", "9", "-t", "0", "--json"]) == 0
+    assert main(["generate", str(dense_dir), PROMPT, "-n", "9", "--temp", "0", "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert set(result) == {"text", "token_ids", "finish_reason", "stats"}
@@ -105,7 +105,8 @@ def test_generate_writes_and_flushes_each_event_before_asking_for_the_next(
 
     monkeypatch.setattr(LLM, "stream", spy)
     assert (
-        main(["generate", str(dense_dir), PROMPT, "-n", "10", "-t", "0", "--ignore-eos", "--no-stats"]) == 0
+        main(["generate", str(dense_dir), PROMPT, "-n", "10", "--temp", "0", "--ignore-eos", "--no-stats"])
+        == 0
     )
     # (the stream is drained after its last event: a chat stream caches the next turn's opening then)
     assert len(texts) == 10 and len(printed_before_next) == 10
@@ -119,7 +120,7 @@ def test_generate_writes_and_flushes_each_event_before_asking_for_the_next(
 def test_generate_prints_a_stats_line_with_counts_timing_and_finish_reason_on_stderr(
     dense_dir: Path, dense_llm: LLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["generate", str(dense_dir), PROMPT, "-n", "7", "-t", "0", "--ignore-eos"]) == 0
+    assert main(["generate", str(dense_dir), PROMPT, "-n", "7", "--temp", "0", "--ignore-eos"]) == 0
     err = capsys.readouterr().err.strip()
     match = STATS.search(err)
     assert match is not None, err
@@ -139,10 +140,23 @@ def test_generate_chat_and_system_wrap_the_prompt_in_the_chat_template(
     ).text
     plain = dense_llm.generate(PROMPT, params).text
     assert chat != plain  # the template changes the prompt, so the check below can fail
-    assert main(["generate", str(dense_dir), PROMPT, "-n", "8", "-t", "0", "--chat", "--no-stats"]) == 0
+    assert main(["generate", str(dense_dir), PROMPT, "-n", "8", "--temp", "0", "--chat", "--no-stats"]) == 0
     assert capsys.readouterr().out == chat + "\n"
     assert (
-        main(["generate", str(dense_dir), PROMPT, "-n", "8", "-t", "0", "--system", "be brief", "--no-stats"])
+        main(
+            [
+                "generate",
+                str(dense_dir),
+                PROMPT,
+                "-n",
+                "8",
+                "--temp",
+                "0",
+                "--system",
+                "be brief",
+                "--no-stats",
+            ]
+        )
         == 0
     )
     assert capsys.readouterr().out == with_system + "\n"
@@ -153,11 +167,11 @@ def test_generate_with_one_positional_takes_the_model_from_env_then_the_bundled_
 ) -> None:
     expected = dense_llm.generate(PROMPT, SamplingParams(max_new_tokens=6)).text
     monkeypatch.setenv("ONNXGEN_MODEL", str(dense_dir))
-    assert main(["generate", PROMPT, "-n", "6", "-t", "0", "--no-stats"]) == 0
+    assert main(["generate", PROMPT, "-n", "6", "--temp", "0", "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
     monkeypatch.delenv("ONNXGEN_MODEL")
     monkeypatch.setattr("onnxgen.llm.default_model_dir", lambda: dense_dir)
-    assert main(["generate", PROMPT, "-n", "6", "-t", "0", "--no-stats"]) == 0
+    assert main(["generate", PROMPT, "-n", "6", "--temp", "0", "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
 
 
@@ -165,15 +179,17 @@ def test_generate_accepts_options_between_model_and_prompt_and_a_prompt_from_std
     dense_dir: Path, dense_llm: LLM, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     expected = dense_llm.generate(PROMPT, SamplingParams(max_new_tokens=5)).text
-    assert main(["generate", str(dense_dir), "-n", "5", "-t", "0", PROMPT, "--no-stats"]) == 0
+    assert main(["generate", str(dense_dir), "-n", "5", "--temp", "0", PROMPT, "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
     monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT))
-    assert main(["generate", str(dense_dir), "-", "-n", "5", "-t", "0", "--no-stats"]) == 0
+    assert main(["generate", str(dense_dir), "-", "-n", "5", "--temp", "0", "--no-stats"]) == 0
     assert capsys.readouterr().out == expected + "\n"
 
 
 def test_every_sampling_flag_reaches_sampling_params() -> None:
-    flags = "-n 33 -t 0.7 --top-k 5 --top-p 0.9 --min-p 0.05 --repetition-penalty 1.2 --presence-penalty 0.5"
+    flags = (
+        "-n 33 --temp 0.7 --top-k 5 --top-p 0.9 --min-p 0.05 --repetition-penalty 1.2 --presence-penalty 0.5"
+    )
     flags += " --frequency-penalty -0.5 --seed 7 --stop a --stop bc --ignore-eos --min-new-tokens 3"
     args = build_parser().parse_args(["generate", "m", "p", *flags.split()])
     assert sampling_params(args) == SamplingParams(
@@ -196,7 +212,7 @@ def test_every_sampling_flag_reaches_sampling_params() -> None:
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [
-        (["-t", "-1"], ["--temperature", "-1"]),
+        (["--temp", "-1"], ["--temperature", "-1"]),
         (["--top-p", "0"], ["--top-p", "(0, 1]"]),
         (["--threads", "0"], ["--threads", ">= 1"]),
         (["-n", "2", "--min-new-tokens", "5"], ["--min-new-tokens"]),
@@ -229,7 +245,7 @@ DRAFTS = re.compile(r"\| drafts (\d+)/(\d+) accepted \| (\d+) target forwards \(
 
 
 def _json_run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
-    assert main(["generate", *argv, "--json", "--threads", "1", "-t", "0"]) == 0
+    assert main(["generate", *argv, "--json", "--threads", "1", "--temp", "0"]) == 0
     return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
 
 
@@ -252,7 +268,7 @@ def test_generate_with_prompt_lookup_gives_the_plain_greedy_tokens_and_states_it
         REPEATING,
         "-n",
         "24",
-        "-t",
+        "--temp",
         "0",
         "--threads",
         "1",
@@ -326,7 +342,7 @@ def test_a_model_with_nan_weights_is_an_error_naming_the_export_not_greedy_text(
         GenerationError, match=f"the export {re.escape(str(model / 'model.onnx'))} computed non-finite"
     ):
         load(model, threads=1).generate(PROMPT, SamplingParams(max_new_tokens=4))
-    assert main(["generate", str(model), PROMPT, "-n", "4", "-t", "0", "--threads", "1"]) == 2
+    assert main(["generate", str(model), PROMPT, "-n", "4", "--temp", "0", "--threads", "1"]) == 2
     captured = capsys.readouterr()
     _one_line_error(captured.err, "non-finite logits", str(model / "model.onnx"))
     assert captured.out.strip() == ""

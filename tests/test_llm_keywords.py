@@ -43,14 +43,14 @@ def test_chat_and_stream_chat_take_sampling_fields_beside_chat_options(llm: LLM)
 @pytest.mark.parametrize("method", ["generate", "stream"])
 def test_an_unknown_keyword_or_both_forms_is_a_type_error_naming_them(llm: LLM, method: str) -> None:
     call = getattr(llm, method)
-    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) max_tokens; .*max_new_tokens"):
-        call("hi", max_tokens=5)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) max_length; .*max_new_tokens"):
+        call("hi", max_length=5)
     with pytest.raises(TypeError, match=r"both params and the keyword argument\(s\) temperature"):
         call("hi", SamplingParams(), temperature=0.5)
 
 
 def test_chat_names_its_options_when_a_keyword_is_unknown(llm: LLM) -> None:
-    with pytest.raises(TypeError, match=r"max_tokens; .*max_new_tokens.*chat options: .*tool_choice"):
-        llm.chat(USER, max_tokens=5)
+    with pytest.raises(TypeError, match=r"max_length; .*max_new_tokens.*chat options: .*tool_choice"):
+        llm.chat(USER, max_length=5)
     with pytest.raises(TypeError, match="both params"):
         llm.stream_chat(USER, SamplingParams(), seed=1)

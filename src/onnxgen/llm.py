@@ -56,11 +56,30 @@ class LLM:
     :meth:`generate` / :meth:`stream` complete a prompt (text or token ids); :meth:`chat` /
     :meth:`stream_chat` answer a conversation through the model's chat template, with tools and reasoning.
     Each takes a :class:`~onnxgen.SamplingParams` or its fields as keywords.
+
+    ``LLM("path/to/model")`` (or ``LLM(model="path")``, as vLLM spells it) loads as :func:`load` does,
+    engine settings by name included.
     """
 
     def __init__(
-        self, package: ModelPackage, config: EngineConfig | None = None, *, chat_template: str | None = None
+        self,
+        package: ModelPackage | str | Path | None = None,
+        config: EngineConfig | None = None,
+        *,
+        chat_template: str | None = None,
+        **settings: Any,
     ) -> None:
+        if "model" in settings:
+            if package is not None:
+                raise TypeError("LLM() got the model twice (positionally and as model=); pass it once")
+            package = settings.pop("model")
+        if not isinstance(package, ModelPackage):  # a path or name (None: the bundled model), as load() takes
+            config = (config if config is not None else EngineConfig.from_env()).replace(**settings)
+            package = ModelPackage.open(
+                resolve_model(package) if package is not None else default_model_dir()
+            )
+        elif settings:
+            config = (config if config is not None else EngineConfig()).replace(**settings)
         self.package = package
         self.io = package.io
         self.config = config = config if config is not None else EngineConfig()
@@ -127,12 +146,15 @@ class LLM:
             )
         return self.tokenizer
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids of ``prompt``: text is tokenized with the model's tokenizer, ids are passed through."""
+    def encode(self, prompt: Prompt, where: str = "generate") -> list[int]:
+        """Token ids of ``prompt``: text is tokenized with the model's tokenizer, ids are passed through.
+        Anything else (messages, a list of prompts where one is taken) raises, naming the call that takes
+        it (``where`` is the call that got it)."""
         if isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("the prompt is empty; give non-empty text or token ids")
             return self._require_tokenizer().encode(prompt)
+        _check_ids(prompt, where)
         return [int(i) for i in prompt]
 
     def chat_prompt(self, messages: Messages, **template_kwargs: Any) -> list[int]:
@@ -254,6 +276,11 @@ class LLM:
         output keeps its distribution. Raises :class:`~onnxgen.OnnxgenError` subclasses on bad input.
         """
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int | np.integer):
+            if _is_messages(prompt):
+                raise GenerationError(
+                    "generate() takes prompts (text or token ids), not messages; answer a conversation "
+                    "with llm.chat(messages) (llm.stream_chat to stream it)"
+                )
             if isinstance(params, SamplingParams | None):
                 params = resolve_params(params, sampling, "generate")
             elif sampling:
@@ -314,8 +341,9 @@ class LLM:
         """:meth:`generate`, as events: each carries the new token ids and the text they complete; the last
         has the ``finish_reason`` and the ``stats``."""
         params = resolve_params(params, sampling, "stream")
+        ids = self.encode(prompt, "stream")
         draft = self.draft_generator(speculative)
-        return self.generator.stream(self.encode(prompt), params, speculative, draft)
+        return self.generator.stream(ids, params, speculative, draft)
 
     def plan_chat(self, messages: Messages, params: SamplingParams | None = None, **options: Any) -> ChatPlan:
         """The prompt, sampling parameters and reply parser of a chat request (options: see :meth:`chat`)."""
@@ -330,15 +358,35 @@ class LLM:
             **options,
         )
 
+    @overload
     def chat(
         self,
         messages: Messages,
         params: SamplingParams | None = None,
         speculative: Speculative | None = None,
         **options: Any,
-    ) -> ChatResult:
+    ) -> ChatResult: ...
+
+    @overload
+    def chat(
+        self,
+        messages: list[Messages],
+        params: SamplingParams | None = None,
+        speculative: Speculative | None = None,
+        **options: Any,
+    ) -> list[ChatResult]: ...
+
+    def chat(
+        self,
+        messages: Messages | list[Messages],
+        params: SamplingParams | None = None,
+        speculative: Speculative | None = None,
+        **options: Any,
+    ) -> ChatResult | list[ChatResult]:
         """Reply to ``messages`` (OpenAI-style dicts: ``role``, ``content``, ``tool_calls``, ...): the text,
-        and parsed from it the answer, the reasoning and tool calls.
+        and parsed from it the answer, the reasoning and tool calls. Given a list of conversations (as
+        vLLM's ``LLM.chat`` takes), their replies in the same order, decoded together as a continuous
+        batch (each the tokens it gets alone; no turn is cached for the next).
 
         ``params`` and ``speculative`` as for :meth:`generate`; SamplingParams fields may be given as
         keywords instead of ``params``. Chat options: ``tools`` (OpenAI function tools), ``tool_choice``
@@ -354,23 +402,20 @@ class LLM:
         """
         params, options = _split_chat_keywords(params, options, "chat")
         cache_turn = bool(options.pop("cache_turn", True))
+        if _is_conversations(messages):
+            conversations = cast(list[Messages], messages)
+            plans = [self.plan_chat(c, params, **options) for c in conversations]
+            ids = [self._chat_ids(plan) for plan in plans]
+            results = self.generate_batch(ids, [plan.params for plan in plans], speculative)
+            return [_chat_result(plan, r) for plan, r in zip(plans, results, strict=True)]
+        one = cast(Messages, messages)
         template_kwargs = options.get("chat_template_kwargs")
-        plan = self.plan_chat(messages, params, **options)
+        plan = self.plan_chat(one, params, **options)
         draft = self.draft_generator(speculative)
         result = self.generator.generate(self._chat_ids(plan), plan.params, speculative, draft)
         if cache_turn:
-            self._cache_turn(messages, plan, template_kwargs, result.text, result.stats)
-        output = plan.parse(result.text)
-        return ChatResult(
-            result.token_ids,
-            result.text,
-            plan.finish_reason(result.finish_reason, output),
-            result.stats,
-            result.logprobs,
-            content=output.content,
-            reasoning=output.reasoning,
-            tool_calls=output.tool_calls,
-        )
+            self._cache_turn(one, plan, template_kwargs, result.text, result.stats)
+        return _chat_result(plan, result)
 
     def stream_chat(
         self,
@@ -382,6 +427,11 @@ class LLM:
         """:meth:`chat` streamed: each event carries the parsed ``deltas`` its text completes; the last
         one also the whole parsed ``output``. Takes what :meth:`chat` takes."""
         params, options = _split_chat_keywords(params, options, "stream_chat")
+        if _is_conversations(messages):
+            raise GenerationError(
+                "stream_chat() takes one conversation; reply to a list of them with llm.chat(conversations) "
+                "(a continuous batch), or stream each in turn"
+            )
         cache_turn = bool(options.pop("cache_turn", True))
         template_kwargs = options.get("chat_template_kwargs")
         plan = self.plan_chat(messages, params, **options)
@@ -455,6 +505,54 @@ CHAT_OPTIONS = frozenset(
 )
 
 
+def _chat_result(plan: ChatPlan, result: GenerationResult) -> ChatResult:
+    output = plan.parse(result.text)
+    return ChatResult(
+        result.token_ids,
+        result.text,
+        plan.finish_reason(result.finish_reason, output),
+        result.stats,
+        result.logprobs,
+        content=output.content,
+        reasoning=output.reasoning,
+        tool_calls=output.tool_calls,
+    )
+
+
+def _is_messages(items: Sequence[Any]) -> bool:
+    """A list of chat messages (``{"role": ..., "content": ...}`` dicts)."""
+    return bool(items) and all(isinstance(m, Mapping) for m in items)
+
+
+def _is_conversations(items: Any) -> bool:
+    """A list of conversations (each a list of messages), as vLLM's ``LLM.chat`` takes."""
+    return (
+        isinstance(items, Sequence)
+        and bool(items)
+        and all(isinstance(c, Sequence) and not isinstance(c, str) and _is_messages(c) for c in items)
+    )
+
+
+def _check_ids(prompt: Any, where: str) -> None:
+    """Raise, naming the right call, where ``prompt`` is no sequence of token ids."""
+    if isinstance(prompt, Mapping) or (isinstance(prompt, Sequence) and _is_messages(prompt)):
+        raise GenerationError(
+            f"{where}() takes a prompt (text or token ids), not chat messages; answer a conversation with "
+            "llm.chat(messages) or llm.stream_chat(messages)"
+        )
+    if isinstance(prompt, Sequence) and prompt and all(isinstance(p, str) for p in prompt):
+        raise GenerationError(
+            f"{where}() takes one prompt, not a list of {len(prompt)}; llm.generate([...]) decodes a list "
+            f"as one continuous batch (or call {where}() once per prompt)"
+        )
+    if not isinstance(prompt, Sequence | np.ndarray) or not all(
+        isinstance(i, int | np.integer) and not isinstance(i, bool) for i in prompt
+    ):
+        raise GenerationError(
+            f"{where}() takes a prompt as text or a sequence of token ids (ints); got {type(prompt).__name__}"
+        )
+
+
 def _split_chat_keywords(
     params: SamplingParams | None, keywords: Mapping[str, Any], where: str
 ) -> tuple[SamplingParams, dict[str, Any]]:
@@ -464,7 +562,7 @@ def _split_chat_keywords(
     try:
         return resolve_params(params, sampling, where), options
     except TypeError as e:
-        if set(sampling) - SAMPLING_FIELDS:  # name the chat options too
+        if set(sampling) - SAMPLING_FIELDS - {"max_tokens"}:  # name the chat options too
             raise TypeError(f"{e}; chat options: {', '.join(sorted(CHAT_OPTIONS))}") from None
         raise
 
@@ -566,6 +664,4 @@ def load(
     ``fuse``, ``prefix_cache_mb``, ...), None meaning "not given". A bad name or value raises
     :class:`~onnxgen.errors.SettingError` naming it.
     """
-    config = (config if config is not None else EngineConfig.from_env()).replace(**overrides)
-    package = ModelPackage.open(resolve_model(model) if model is not None else default_model_dir())
-    return LLM(package, config, chat_template=chat_template)
+    return LLM(model, config, chat_template=chat_template, **overrides)

@@ -40,7 +40,11 @@ def test_a_parsed_reply_is_a_chat_completion_message() -> None:
     assert message.tool_calls is not None and message.tool_calls[0].function.arguments == '{"a": [1, "}"]}'
     extra = message.model_extra or {}
     assert extra["reasoning_content"] == extra["reasoning"] == "plan"
-    assert chat_message(parse_output("", None))["content"] is None
+    assert chat_message(parse_output("", None))["content"] == ""  # OpenAI: a string unless there are calls
+    calls_only = parse_output(
+        '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', None, False, PARSERS["hermes"]
+    )
+    assert chat_message(calls_only)["content"] is None and chat_message(calls_only)["tool_calls"]
 
 
 def test_streamed_deltas_rebuild_the_message_in_chunks() -> None:

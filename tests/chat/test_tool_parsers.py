@@ -122,7 +122,6 @@ MALFORMED_HERMES = {
     "no name": '<tool_call>\n{"arguments": {"city": "x"}}\n</tool_call>',
     "broken arguments": hermes_call("get_weather", '{"city": }'),
     "garbage before the end tag": hermes_call("noop", "{}").replace("}\n</tool_call>", "} oops </tool_call>"),
-    "cut short": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
     "trailing comma": '<tool_call>\n{"name": "noop", "arguments": {},}\n</tool_call>',
 }
 
@@ -155,8 +154,33 @@ def test_hermes_streaming_agrees_with_whole_text_at_every_split_point(case: str)
 def test_malformed_hermes_calls_come_back_as_content(case: str) -> None:
     text = MALFORMED_HERMES[case]
     assert HERMES.parse(text, TOOLS) == (text, [])
-    if case != "cut short":  # a stream commits a call left open (see the test after the next)
-        assert summary(*stream(HERMES, [text])[:2]) == (text, [])  # one chunk sees the fault first
+    assert summary(*stream(HERMES, [text])[:2]) == (text, [])  # one chunk sees the fault first
+
+
+CUT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+
+
+def test_a_call_cut_by_the_token_limit_is_dropped_whole_and_by_a_holding_stream_at_every_split() -> None:
+    done = hermes_call("noop", "{}")
+    for text, calls in ((CUT, []), ("Hi.\n" + done + "\n" + CUT, [("noop", "{}")])):
+        expected = (text[: text.find("<tool_call>")].rstrip(), calls)
+        assert summary(*HERMES.parse(text, TOOLS)) == expected  # no fragment as content
+        for cut in range(len(text) + 1):
+            parser = HERMES.stream(TOOLS, hold_calls=True)
+            deltas = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish()
+            assert summary(parser.content, parser.calls) == expected, cut
+            check_deltas(parser.content, parser.calls, deltas)  # no delta of the dropped call was sent
+    # negative control: the stream that sends arguments as they come keeps the call it committed
+    assert [c.name for c in stream(HERMES, [CUT])[1]] == ["get_weather"]
+
+
+def test_a_holding_stream_sends_each_call_whole_once_complete() -> None:
+    text = hermes_call("get_weather", '{"city": "Paris"}')
+    parser = HERMES.stream(TOOLS, hold_calls=True)
+    assert parser.feed(text[: -len("</tool_call>")]) == []  # the call is not complete yet
+    deltas = parser.feed(text[-len("</tool_call>") :]) + parser.finish()
+    parts = [part for delta in deltas for part in delta.tool_calls]
+    assert parts[0].name == "get_weather" and "".join(p.arguments for p in parts) == '{"city": "Paris"}'
 
 
 def test_a_malformed_block_does_not_hide_a_valid_call_after_it() -> None:
@@ -249,3 +273,24 @@ def test_the_parser_is_chosen_by_name_or_from_the_template() -> None:
     assert tool_parser_for("qwen3_xml", template=HERMES_TEMPLATE) is XML  # a name wins over the template
     with pytest.raises(ChatInputError, match=r"unknown tool-call parser 'llama3'.*hermes"):
         tool_parser_for("llama3")
+
+
+@pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        *((HERMES, text) for text, _ in HERMES_CASES.values()),
+        *((HERMES, text) for text in MALFORMED_HERMES.values()),
+        (HERMES, "Hi.\n" + hermes_call("noop", "{}") + "\n" + CUT),
+        *((XML, text) for text, _ in XML_CASES.values()),
+        *((XML, text) for text in MALFORMED_XML.values()),
+    ],
+)
+def test_a_holding_stream_reads_every_reply_as_the_whole_text_at_every_split(
+    parser: ToolParser, text: str
+) -> None:
+    expected = summary(*parser.parse(text, TOOLS))
+    for chunks in [*([text[:cut], text[cut:]] for cut in range(len(text) + 1)), list(text)]:
+        held = parser.stream(TOOLS, hold_calls=True)
+        deltas = [d for chunk in chunks for d in held.feed(chunk)] + held.finish()
+        assert summary(held.content, held.calls) == expected, chunks
+        check_deltas(held.content, held.calls, deltas)

@@ -32,7 +32,7 @@ def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(model: str, *flags: str) -> list[str]:
-    return ["generate", model, PROMPT, "--threads", "1", "-t", "1", "--seed", "4", "-n", "60", *flags]
+    return ["generate", model, PROMPT, "--threads", "1", "--temp", "1", "--seed", "4", "-n", "60", *flags]
 
 
 def test_json_schema_from_a_file_gives_json_valid_under_it(

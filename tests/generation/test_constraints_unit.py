@@ -162,20 +162,22 @@ OPTIONAL_PROPERTIES = {"type": "object", "properties": {f"p{i}": {"type": "strin
 def test_a_schema_that_compiles_but_fails_its_first_steps_is_refused_at_compile_time(
     compiler: ConstraintCompiler, schema: dict[str, object], needle: str
 ) -> None:
-    params = SamplingParams(json_schema=schema)
+    # the permissive reading: 500 optional properties, each key allowed again as an extra one
+    params = SamplingParams(json_schema=schema, json_extra_properties=True)
     check_constraint(params)  # llguidance's own validation passes these: only running them shows it
     with pytest.raises(ConstraintError, match="json_schema cannot constrain the output") as info:
         compiler.compile(params)
     assert needle in str(info.value) and "<state>" not in str(info.value) and "\n" not in str(info.value)
     required = {**OPTIONAL_PROPERTIES, "required": list(OPTIONAL_PROPERTIES["properties"])}  # type: ignore[call-overload]
-    assert compiler.compile(SamplingParams(json_schema=required)) is not None  # as many required: fine
+    assert compiler.compile(SamplingParams(json_schema=required, json_extra_properties=True)) is not None
 
 
 def test_a_parser_limit_hit_in_the_middle_of_the_output_is_reported_as_such(
     compiler: ConstraintCompiler, tok: Tokenizer
 ) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": OPTIONAL_PROPERTIES}}
-    constraint = compiler.compile(SamplingParams(json_schema={**schema, "required": ["a", "b"]}))
+    permissive = SamplingParams(json_schema={**schema, "required": ["a", "b"]}, json_extra_properties=True)
+    constraint = compiler.compile(permissive)
     assert constraint is not None  # the limit is past the first free choice: the probe cannot see it
     ids = np.array(tok.encode('{"a": "x", "b": {', add_special_tokens=False), dtype=np.int64)
     with pytest.raises(ConstraintError, match="too many alternatives") as info:

@@ -118,7 +118,10 @@ def test_startup_says_loading_then_loaded_with_its_time_then_listening_and_logs_
     model = server_models["genai-dense"]
     assert lines[0] == f"onnxgen serve: loading {model}"
     assert re.fullmatch(r"onnxgen serve: loaded genai-dense in \d+\.\d s", lines[1]), lines[1]
-    assert lines[2].startswith(f"onnxgen serve: listening on http://127.0.0.1:{server.port} (batch 16")
+    assert lines[2] == (
+        "onnxgen serve: tool calls are read as hermes (the default: the chat template shows no tool-call format)"
+    )
+    assert lines[3].startswith(f"onnxgen serve: listening on http://127.0.0.1:{server.port} (batch 16")
     request = next(line for line in lines if "POST /v1/completions" in line)
     assert re.fullmatch(
         r"onnxgen serve: POST /v1/completions 200 tokens=\d+\+3 [\d.]+ ms prompt='the zebra-unicorn'", request

@@ -170,6 +170,7 @@ def test_a_schema_that_hits_a_parser_limit_in_the_middle_of_the_output_is_a_clie
     body = {
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 40,
+        "json_extra_properties": True,  # the permissive reading: every optional key allowed again
         "response_format": {
             "type": "json_schema",
             "json_schema": {"name": "x", "schema": {**schema, "required": ["a", "b"]}},

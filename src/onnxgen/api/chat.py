@@ -62,8 +62,10 @@ def completion_logprobs(
 
 
 def chat_message(output: ChatOutput) -> dict[str, Any]:
-    """A choice's ``message``."""
-    message: dict[str, Any] = {"role": "assistant", "content": output.content or None}
+    """A choice's ``message``: ``content`` is a string (``""`` for an empty reply), null only beside tool
+    calls, as OpenAI answers."""
+    content = None if output.tool_calls and not output.content else output.content
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     if output.reasoning is not None:
         message["reasoning_content"] = message["reasoning"] = output.reasoning
     if output.tool_calls:

@@ -173,6 +173,12 @@ def _close(workers: list[Worker]) -> None:
         worker.close()
 
 
+def _prompts(cfg: BenchConfig, cases: list[PromptCase], ref: Worker) -> list[list[int]]:
+    """Every case's prompt ids, each checked against the model's context before any run is measured (a
+    prompt that does not fit fails the bench at once, not after the prompts before it were timed)."""
+    return [_prompt(cfg, case, ref) for case in cases]
+
+
 def _prompt(cfg: BenchConfig, case: PromptCase, ref: Worker) -> list[int]:
     try:
         if case.text is not None:
@@ -231,8 +237,11 @@ def _progress(cfg: BenchConfig, case: str, i: int, runs: dict[tuple[str, str], l
     return f"prompt {case}: run {i + 1 - cfg.warmups}/{cfg.runs}: {rates}"
 
 
-def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
-    spec = cfg.spec
+def _bench_case(
+    cfg: BenchConfig, cases: list[PromptCase], index: int, known: list[list[int]], log: Log
+) -> dict[str, Any]:
+    """Bench ``cases[index]``; ``known`` holds every case's prompt ids once the first workers made them."""
+    case, spec = cases[index], cfg.spec
     prompt: list[int] = []
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     per_process: list[dict[str, float]] = []  # each worker set's onnxgen / genai decode-rate ratios
@@ -240,8 +249,10 @@ def _bench_case(cfg: BenchConfig, case: PromptCase, log: Log) -> dict[str, Any]:
     for p in range(cfg.processes):
         workers = _start_workers(cfg)
         try:
+            if not known:
+                known.extend(_prompts(cfg, cases, workers[0]))
             if not runs:
-                prompt = _prompt(cfg, case, workers[0])
+                prompt = known[index]
                 runs = {(w.label, v): [] for w in workers for v in _variants(cfg, w)}
             name = f"{case.label}/{len(prompt)}" + (
                 f" (processes {p + 1}/{cfg.processes})" if cfg.processes > 1 else ""
@@ -312,7 +323,8 @@ def run_bench(cfg: BenchConfig, log: Log = _stderr_log) -> dict[str, Any]:
         require_genai()
     cases = prompt_cases(cfg)  # a bad prompt file fails here, before any worker starts
     machine = machine_info()
-    results = [_bench_case(cfg, case, log) for case in cases]
+    known: list[list[int]] = []
+    results = [_bench_case(cfg, cases, i, known, log) for i in range(len(cases))]
     machine["loadavg_end"] = list(os.getloadavg())
     spec = cfg.spec
     return {

@@ -43,13 +43,16 @@ EngineFactory = Callable[[str, str, int, dict[str, Any]], Engine]
 
 
 def peak_rss_mb() -> float | None:
-    """This process's peak resident set size in MiB (``ru_maxrss``), None where unavailable."""
+    """This process's peak resident set size in MiB, None where unavailable: the largest of ``ru_maxrss``,
+    ``VmHWM`` and the resident size now (Linux updates the first lazily, so alone it can read below the
+    current ``VmRSS``)."""
     try:
         import resource
     except ImportError:  # pragma: no cover - not Unix
         return None
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0  # bytes on macOS
+    peak = kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0  # bytes on macOS
+    return max(v for v in (peak, _proc_mb("/proc/self/status", "VmHWM"), rss_mb()) if v is not None)
 
 
 def _proc_mb(path: str, key: str) -> float | None:

@@ -16,8 +16,14 @@ Rules (the same whichever way the text is chunked, except where marked):
   Under a tool-call grammar (:mod:`onnxgen.chat.grammar`) calls are always well-formed.
 - Whitespace right before a call, and at the end of a reply that made calls, is dropped (it is layout).
 
-Whole-text parsing (:meth:`ToolCallStream.parse`) is one feed with ``final=True``: a call left open at the
-end is content there, while a stream that committed it keeps it (its arguments cut short).
+- A call the reply ends inside (cut by the token limit: no end tag after its start) is dropped: it is
+  neither a call nor content. Whole-text parsing never commits it; a stream that sends arguments as they
+  come keeps a call it committed, its arguments cut short (what was sent cannot be taken back).
+- A stream that holds calls (``hold_calls``: each call's deltas are sent whole once its end tag arrives,
+  as the server streams them) sends nothing of a call before it is complete, so it reads every reply as
+  whole-text parsing does, however the text is chunked: a cut call dropped, a malformed one content.
+
+Whole-text parsing (:meth:`onnxgen.chat.parsers.ToolParser.parse`) is one feed with ``final=True``.
 """
 
 from __future__ import annotations
@@ -75,8 +81,20 @@ class _Call:
 class ToolCallStream:
     """Content and tool calls of one reply, parsed as its text arrives (see the module docstring)."""
 
-    def __init__(self, start_tag: str, body: type[CallBody], tools: Sequence[Tool] | None = None) -> None:
+    def __init__(
+        self,
+        start_tag: str,
+        body: type[CallBody],
+        tools: Sequence[Tool] | None = None,
+        hold_calls: bool = False,
+        end_tag: str | None = None,
+    ) -> None:
+        """``end_tag`` tells a call the reply ended inside (no end tag after its start) from a malformed
+        one (None: every call still open at the end was cut)."""
         self.start_tag = start_tag
+        self.end_tag = end_tag
+        self.hold_calls = hold_calls
+        self._held: list[ChatDelta] = []  # the open call's deltas, with hold_calls
         self._body_type = body
         self._tools = None if tools is None else {t.name: t for t in tools}
         self._pending = ""  # text outside calls not yet streamed (a partial tag, trailing whitespace)
@@ -91,15 +109,6 @@ class ToolCallStream:
     @property
     def content(self) -> str:
         return "".join(self._content)
-
-    @classmethod
-    def parse(
-        cls, text: str, start_tag: str, body: type[CallBody], tools: Sequence[Tool] | None = None
-    ) -> tuple[str, list[ToolCall]]:
-        """Whole-text parse: ``(content, calls)``."""
-        stream = cls(start_tag, body, tools)
-        stream.feed(text, final=True)
-        return stream.content, stream.calls
 
     # -- streaming --------------------------------------------------------------------------------
     def feed(self, text: str, final: bool = False) -> list[ChatDelta]:
@@ -121,7 +130,7 @@ class ToolCallStream:
             self._out.append(ChatDelta(content=text))
 
     def _emit_call(self, delta: ToolCallDelta) -> None:
-        self._out.append(ChatDelta(tool_calls=(delta,)))
+        (self._held if self.hold_calls else self._out).append(ChatDelta(tool_calls=(delta,)))
 
     def _run(self, text: str, final: bool) -> None:
         while True:
@@ -165,6 +174,8 @@ class ToolCallStream:
         body.feed(text)
         if final and body.status == OPEN:
             body.finish()
+            if body.status == FAILED and self._cut():  # the reply ended inside the call
+                return self._drop_cut_call()
         if body.status != FAILED and body.name is not None and self._committed is None:
             self._commit(body.name)
         if self._committed is not None:
@@ -176,6 +187,8 @@ class ToolCallStream:
             return ""
         body_text = "".join(self._body_text)
         rest = body_text[body.consumed :]
+        if body.status == FAILED and self.hold_calls:  # nothing of it was sent: read as the whole text is
+            self._committed, self._held = None, []
         if body.status == FAILED and self._committed is None:  # malformed: the tag and its text are content
             self._emit_content(self._pending + self.start_tag)
             self._pending = ""
@@ -186,8 +199,21 @@ class ToolCallStream:
         self._body_text = []
         return rest
 
+    def _cut(self) -> bool:
+        return self.end_tag is None or self.end_tag not in "".join(self._body_text)
+
+    def _drop_cut_call(self) -> str:
+        """Drop the call the reply ended inside (see the module docstring); a call whose arguments were
+        already sent is kept as sent."""
+        if self._committed is not None and not self.hold_calls:
+            self._close_call()
+        self._committed, self._held, self._pending = None, [], ""
+        self._body, self._body_text = None, []
+        return ""
+
     def _commit(self, name: str) -> None:
-        self._pending = ""  # whitespace before a call is dropped
+        if not self.hold_calls:  # whitespace before a call is dropped (held: once the call is complete)
+            self._pending = ""
         self._committed = _Call(new_call_id(), name)
         self._emit_call(ToolCallDelta(len(self.calls), id=self._committed.id, name=name))
 
@@ -195,4 +221,6 @@ class ToolCallStream:
         call = self._committed
         assert call is not None
         self.calls.append(ToolCall(call.id, call.name, call.arguments))
-        self._committed = None
+        self._committed, self._pending = None, ""
+        self._out.extend(self._held)
+        self._held = []

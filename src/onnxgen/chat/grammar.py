@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from onnxgen.chat.parsers import ToolParser
 from onnxgen.chat.tools import Tool, ToolChoice
 from onnxgen.chat.xml_calls import FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END, is_text_parameter
+from onnxgen.generation.schema_objects import close_objects
 
 Literal = Callable[[str], str]
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
@@ -120,15 +122,21 @@ def tool_call_grammar(
     parallel: bool = True,
     literal: Literal = quoted,
     answer_schema: Mapping[str, Any] | None = None,
+    extra_properties: bool = False,
 ) -> str | None:
     """The Lark grammar of a reply under ``choice`` (None for ``"none"``: no constraint).
 
     ``answer_schema`` (``"auto"`` only) constrains the free-text alternative to JSON under that schema
-    (a ``response_format`` beside the tools).
+    (a ``response_format`` beside the tools). Parameter and answer schemas are read as OpenAI reads them
+    (objects hold only the properties they list) unless ``extra_properties``
+    (:mod:`onnxgen.generation.schema_objects`).
     """
     if choice.mode == "none" or not tools:
         return None
     allowed = [t for t in tools if t.name == choice.name] if choice.mode == "named" else list(tools)
+    if not extra_properties:
+        allowed = [replace(t, parameters=close_objects(t.parameters)) for t in allowed]
+        answer_schema = close_objects(answer_schema) if answer_schema is not None else None
     start, end = literal(parser.start_tag), literal(parser.end_tag)
     rules = []
     if parser.name == "hermes":

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from onnxgen.chat.calls import ToolCallStream
 from onnxgen.chat.deltas import ChatDelta
 from onnxgen.chat.parsers import ToolParser
 from onnxgen.chat.reasoning import ReasoningFormat, ReasoningStream
@@ -35,14 +34,15 @@ class ChatStream:
         opened: bool = False,
         tool_parser: ToolParser | None = None,
         tools: Sequence[Tool] | None = None,
+        hold_calls: bool = False,
     ) -> None:
         self._reasoning: ReasoningStream | None = reasoning.stream(opened) if reasoning else None
-        self._calls: ToolCallStream | None = tool_parser.stream(tools) if tool_parser else None
+        self._calls = tool_parser.stream(tools, hold_calls) if tool_parser else None
         self._content: list[str] = []
 
     def feed(self, text: str, final: bool = False) -> list[ChatDelta]:
         """The deltas ``text`` completes, in output order; ``final``: ``text`` ends the reply (a call
-        still open is then content, where a stream would have committed it)."""
+        still open is then dropped, unless a stream already sent it: :mod:`onnxgen.chat.calls`)."""
         if self._reasoning is None:
             deltas = [ChatDelta(content=text)] if text else []
         else:

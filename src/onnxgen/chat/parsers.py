@@ -30,13 +30,16 @@ class ToolParser:
     end_tag: str
     body: type[CallBody]
 
-    def stream(self, tools: Sequence[Tool] | None = None) -> ToolCallStream:
-        """A parser for one streamed reply (``tools``: the calls allowed; None accepts any name)."""
-        return ToolCallStream(self.start_tag, self.body, tools)
+    def stream(self, tools: Sequence[Tool] | None = None, hold_calls: bool = False) -> ToolCallStream:
+        """A parser for one streamed reply (``tools``: the calls allowed; None accepts any name;
+        ``hold_calls``: send each call whole once it is complete, see :mod:`onnxgen.chat.calls`)."""
+        return ToolCallStream(self.start_tag, self.body, tools, hold_calls, self.end_tag)
 
     def parse(self, text: str, tools: Sequence[Tool] | None = None) -> tuple[str, list[ToolCall]]:
         """``(content, calls)`` of a whole reply; malformed calls stay in the content."""
-        return ToolCallStream.parse(text, self.start_tag, self.body, tools)
+        stream = self.stream(tools)
+        stream.feed(text, final=True)
+        return stream.content, stream.calls
 
 
 PARSERS = {
@@ -44,6 +47,7 @@ PARSERS = {
     "qwen3_coder": ToolParser("qwen3_coder", xml_calls.START_TAG, xml_calls.END_TAG, xml_calls.XmlBody),
 }
 ALIASES = {"qwen3_xml": "qwen3_coder"}
+DEFAULT_PARSER = "hermes"  # the server's parser where neither a flag nor the template names one
 
 
 def tool_parser_for(name: str | None = None, template: str | None = None) -> ToolParser | None:
@@ -61,3 +65,15 @@ def tool_parser_for(name: str | None = None, template: str | None = None) -> Too
     if hermes.START_TAG in template:
         return PARSERS["hermes"]
     return None
+
+
+def server_tool_parser(name: str | None, template: str | None) -> tuple[ToolParser, str]:
+    """The server's tool-call parser and where it comes from: ``name`` (``--tool-call-parser``), else the
+    one the chat ``template`` implies, else :data:`DEFAULT_PARSER` (most chat models that call tools
+    without saying so in their template write hermes' ``<tool_call>`` JSON, as vLLM's default does)."""
+    if name is not None:
+        return tool_parser_for(name), "--tool-call-parser"  # type: ignore[return-value]
+    implied = tool_parser_for(None, template)
+    if implied is not None:
+        return implied, "the chat template"
+    return PARSERS[DEFAULT_PARSER], "the default: the chat template shows no tool-call format"

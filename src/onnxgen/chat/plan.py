@@ -38,9 +38,10 @@ class ChatPlan:
     reasoning: ReasoningFormat | None
     reasoning_opened: bool
 
-    def stream(self) -> ChatStream:
-        """A parser for the streamed reply."""
-        return ChatStream(self.reasoning, self.reasoning_opened, self.tool_parser, self.tools)
+    def stream(self, hold_calls: bool = False) -> ChatStream:
+        """A parser for the streamed reply (``hold_calls``: each tool call sent whole once complete, so a
+        call cut by the token limit is dropped as :meth:`parse` drops it)."""
+        return ChatStream(self.reasoning, self.reasoning_opened, self.tool_parser, self.tools, hold_calls)
 
     def parse(self, text: str) -> ChatOutput:
         """The whole reply parsed."""
@@ -66,7 +67,15 @@ def _with_tool_grammar(
             f"{params.constraint}; drop one of them (a json_schema combines with tool_choice 'auto' only)"
         )
     schema = json.loads(str(params.json_schema)) if params.json_schema else None
-    grammar = tool_call_grammar(parser, tools, choice, parallel, literal, answer_schema=schema)
+    grammar = tool_call_grammar(
+        parser,
+        tools,
+        choice,
+        parallel,
+        literal,
+        answer_schema=schema,
+        extra_properties=params.json_extra_properties,
+    )
     return replace(params, json_schema=None, tool_grammar=grammar) if grammar else params
 
 
@@ -99,7 +108,8 @@ def plan_chat(
         if parser is None:
             raise ChatInputError(
                 "the chat template shows no tool-call format onnxgen knows (no <tool_call> tag); name the "
-                "format with tool_parser='hermes' or 'qwen3_coder', or use a template that supports tools"
+                "format with tool_parser='hermes' or 'qwen3_coder' (onnxgen serve: --tool-call-parser "
+                "hermes), or use a template that supports tools"
             )
     kwargs = dict(template_kwargs or {})
     prompt = tokenizer.apply_chat_template(

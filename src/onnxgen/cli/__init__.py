@@ -1,7 +1,9 @@
 """The ``onnxgen`` command line: thin wrappers over the library.
 
 User errors (:class:`onnxgen.errors.OnnxgenError`, ``ValueError`` from parameter validation) print one
-line on stderr and exit 2; they never show a traceback.
+line on stderr and exit 2; they never show a traceback. An unknown flag gets the command's own usage and
+the closest flag it has (``did you mean --max-new-tokens?``). Short flags mean what they mean in
+llama.cpp (``-t`` threads, ``-s`` seed, ``-n`` new tokens, ``-c`` the server's context).
 
 Each subcommand lives in its own module of this package (``generate``, ``chat``, ``serve``, ``bench``,
 ``inspect``, ``validate``, ``pull``, ``export_mtp``; ``speculative`` holds the speculative flags several share and
@@ -15,6 +17,7 @@ answer at once, and Ctrl-C while a model loads ends the command quietly.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -84,16 +87,70 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    """The parser of command ``name`` (the top-level one where there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]  # type: ignore[no-any-return]
+    return parser
+
+
+# llama.cpp flags with no counterpart of the same spelling on a command -> what to do instead
+ELSEWHERE = {
+    "-m": "the model is the first argument: onnxgen COMMAND MODEL ...",
+    "--model": "the model is the first argument: onnxgen COMMAND MODEL ...",
+    "-p": "the prompt is the argument after MODEL: onnxgen generate MODEL PROMPT",
+    "--prompt": "the prompt is the argument after MODEL: onnxgen generate MODEL PROMPT",
+    "-c": "the context size is the server's (onnxgen serve -c N); generate and chat use the model's",
+    "--ctx-size": "the context size is the server's (onnxgen serve -c N); generate and chat use the model's",
+    "-ngl": "onnxgen runs on onnxruntime's CPU kernels: there are no GPU layers to set",
+    "--n-gpu-layers": "onnxgen runs on onnxruntime's CPU kernels: there are no GPU layers to set",
+}
+
+
+def suggestion(flag: str, parser: argparse.ArgumentParser) -> str:
+    """`` (did you mean --max-new-tokens?)`` for a mistyped flag, else ``""``: the closest of the
+    command's own option strings (argparse's ``suggest_on_error`` only exists from Python 3.14), or what
+    to do instead of a llama.cpp flag this command does not have."""
+    name = flag.split("=", 1)[0]
+    if name in ELSEWHERE:
+        return f" ({ELSEWHERE[name]})"
+    options = [o for o in _options(parser) if o.startswith("--")]
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """parse_args, except that one positional left over after an option (``MODEL -n 5 PROMPT``) is
-    handed to the command's ``take_extra_positional`` hook."""
+    handed to the command's ``take_extra_positional`` hook, and that leftovers are reported with the
+    command's own usage and, for a mistyped flag, the closest flag it has."""
+    named = _command_in(argv or ())
+    command = _command_parser(parser, named if named in COMMANDS else None)
+    names = [a.split("=", 1)[0] for a in argv or ()]
+    foreign = [n for n in names if n in ELSEWHERE and n not in _options(command)]
+    if command is not parser and foreign:  # before argparse reads `-ngl` as `-n gl`
+        command.error(f"unrecognized arguments: {foreign[0]}{suggestion(foreign[0], command)}")
     args, extras = parser.parse_known_args(argv)
     take = getattr(args, "take_extra_positional", None)
     if len(extras) == 1 and not extras[0].startswith("-") and take is not None and take(args, extras[0]):
         return args
     if extras:
-        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        flags = [e for e in extras if e.startswith("-") and len(e) > 1 and not _is_number(e)]
+        hint = suggestion(flags[0], command) if flags else ""
+        command.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
     return args
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for action in parser._actions for o in action.option_strings]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

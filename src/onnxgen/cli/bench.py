@@ -92,6 +92,7 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
         "placement moves its speed by a few percent, which one worker per engine cannot average out",
     )
     p.add_argument(
+        "-t",
         "--threads",
         type=int,
         help=f"intra-op threads for every engine (env {THREADS_ENV}; default: all cores)",

@@ -1,7 +1,9 @@
 """``onnxgen chat [MODEL]``: a REPL that keeps the conversation and streams each answer.
 
-Lines typed are user turns; ``/reset`` clears the history (the system message stays), ``/exit``
-(or end of input) leaves, any other ``/word`` is named as unknown. A line that starts with ``\"\"\"``
+Lines typed are user turns; ``/reset`` (ollama's ``/clear``) clears the history (the system message
+stays), ``/set NAME VALUE`` (ollama's ``/set parameter NAME VALUE`` too) changes a sampling setting or the
+system message for the turns that follow, ``/exit`` (``/bye``, or end of input) leaves; any other line
+whose first word is ``/word`` is named as an unknown command and never sent to the model. A line that starts with ``\"\"\"``
 opens a multi-line message closed by a line that ends with ``\"\"\"``; a line that ends with ``\\``
 continues on the next. Ctrl-C while an answer is written stops that answer and drops the turn; the
 conversation goes on. An answer runs to end-of-sequence (bounded by the context) unless ``-n`` says
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -45,11 +49,32 @@ if TYPE_CHECKING:
     from onnxgen.llm import LLM
 
 COMMANDS = {
-    "/reset": "forget the conversation (keeps the system message)",
-    "/exit": "leave (also /quit, or end of input: Ctrl-D)",
+    "/reset": "forget the conversation (keeps the system message; also /clear)",
+    "/set": "NAME VALUE changes a setting for the next turns (temperature, top_k, top_p, min_p, seed, "
+    "num_predict, repeat_penalty, presence_penalty, frequency_penalty, system)",
+    "/exit": "leave (also /bye, /quit, or end of input: Ctrl-D)",
     "/help": "show these commands",
 }
-EXIT_COMMANDS = ("/exit", "/quit")
+EXIT_COMMANDS = ("/exit", "/quit", "/bye")
+RESET_COMMANDS = ("/reset", "/clear")
+# /set names (ollama's and llama.cpp's spellings beside the library's) -> SamplingParams field, value type
+SET_NAMES: dict[str, tuple[str, type]] = {
+    "temperature": ("temperature", float),
+    "temp": ("temperature", float),
+    "top_k": ("top_k", int),
+    "top_p": ("top_p", float),
+    "min_p": ("min_p", float),
+    "seed": ("seed", int),
+    "num_predict": ("max_new_tokens", int),
+    "n_predict": ("max_new_tokens", int),
+    "max_new_tokens": ("max_new_tokens", int),
+    "max_tokens": ("max_new_tokens", int),
+    "repeat_penalty": ("repetition_penalty", float),
+    "repetition_penalty": ("repetition_penalty", float),
+    "presence_penalty": ("presence_penalty", float),
+    "frequency_penalty": ("frequency_penalty", float),
+}
+_COMMAND = re.compile(r"/[A-Za-z?]+(?=\s|$)")  # `/set ...` is a command; `/usr/bin is ...` is text
 PROMPT_MARK = ">>> "
 # a chat resumes each turn from the previous one's cached state (its history is never prefilled again)
 CHAT_PREFIX_CACHE_MB = 512
@@ -80,6 +105,32 @@ class ChatSession:
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
 
+    def set(self, name: str, text: str) -> str:
+        """``/set NAME VALUE``: change a sampling setting (or the system message, ``system``) for the turns
+        that follow; returns what changed. Raises ValueError naming the setting and the accepted names."""
+        if name == "system":
+            self.system = text or None
+            rest = [m for m in self.messages if m["role"] != "system"]
+            self.messages = [{"role": "system", "content": text}, *rest] if text else rest
+            return f"system message set to {text!r}" if text else "system message removed"
+        if name not in SET_NAMES:
+            raise ValueError(f"/set knows {', '.join([*SET_NAMES, 'system'])}; got {name!r}")
+        field, kind = SET_NAMES[name]
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(
+                f"/set {name} takes {'an integer' if kind is int else 'a number'} (got {text!r})"
+            ) from None
+        changes: dict[str, Any] = {field: value}
+        if field == "temperature" and value == 0:  # greedy, as --temp 0: the default filters go too
+            base = SamplingParams()
+            changes |= {
+                k: getattr(base, k) for k, v in SAMPLING_DEFAULTS.items() if getattr(self.params, k) == v
+            }
+        self.params = dataclasses.replace(self.params, **changes)
+        return f"{field} = {value}"
+
     def ask(self, text: str, out: TextIO) -> GenerationResult:
         """Stream the answer to ``text`` into ``out``; keep the turn only when it completes (an error or
         a KeyboardInterrupt while it streams leaves the conversation as it was)."""
@@ -98,7 +149,7 @@ def add_chat(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: 
         + f". {FENCE} opens and closes a multi-line message. Ctrl-C stops the answer being written.",
     )
     p.add_argument("model", nargs="?", help=f"{MODEL_HELP} (default: ${MODEL_ENV}, then the bundled model)")
-    p.add_argument("-s", "--system", metavar="TEXT", help="system message")
+    p.add_argument("--system", metavar="TEXT", help="system message")
     add_chat_template_flag(p)
     p.add_argument(
         "--stats",
@@ -226,16 +277,9 @@ def _loop(session: ChatSession, source: _Input, show_stats: bool) -> int:
         text = message.strip()
         if not text:
             continue
-        if text.startswith("/") and " " not in text:
-            if text in EXIT_COMMANDS:
+        if _COMMAND.match(text):
+            if _command(session, text):
                 return 0
-            if text == "/reset":
-                session.reset()
-                print("(conversation cleared)", file=sys.stderr)
-            elif text == "/help":
-                print("\n".join(f"{k:8} {v}" for k, v in COMMANDS.items()), file=sys.stderr)
-            else:
-                print(f"unknown command {text}; /help lists the commands", file=sys.stderr)
             continue
         try:
             result = session.ask(text, sys.stdout)
@@ -252,6 +296,27 @@ def _loop(session: ChatSession, source: _Input, show_stats: bool) -> int:
             print(mark, file=sys.stderr)
         if show_stats:
             print(format_stats(result), file=sys.stderr)
+
+
+def _command(session: ChatSession, text: str) -> bool:
+    """Run the ``/command`` line ``text`` (never sent to the model); True where it leaves the REPL."""
+    word, _, rest = text.partition(" ")
+    if word in EXIT_COMMANDS:
+        return True
+    if word in RESET_COMMANDS:
+        session.reset()
+        print("(conversation cleared)", file=sys.stderr)
+    elif word == "/help":
+        print("\n".join(f"{k:8} {v}" for k, v in COMMANDS.items()), file=sys.stderr)
+    elif word == "/set":
+        name, _, value = rest.strip().removeprefix("parameter ").strip().partition(" ")
+        try:
+            print(f"({session.set(name.strip(), value.strip())})", file=sys.stderr)
+        except ValueError as e:
+            print(f"onnxgen chat: {e}", file=sys.stderr)
+    else:
+        print(f"unknown command {word}; /help lists the commands", file=sys.stderr)
+    return False
 
 
 def _run(args: argparse.Namespace) -> int:

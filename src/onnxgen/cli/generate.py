@@ -48,7 +48,7 @@ _SAMPLING_FIELDS = (
 
 # What generate and chat sample with unless told otherwise: llama.cpp's temperature, top-k, top-p and min-p
 # and ollama's repetition penalty (users of both expect them; the penalty keeps small models out of loops).
-# -t 0 (greedy) drops them all, so `-t 0` gives the library's greedy tokens.
+# --temp 0 (greedy) drops them all, so `--temp 0` gives the library's greedy tokens.
 SAMPLING_DEFAULTS: dict[str, float | int] = {
     "temperature": 0.8,
     "top_k": 40,
@@ -57,7 +57,7 @@ SAMPLING_DEFAULTS: dict[str, float | int] = {
     "repetition_penalty": 1.1,
 }
 SAMPLING_DEFAULT_FLAGS = (
-    ("-t", 0.8),
+    ("--temp", 0.8),
     ("--top-k", 40),
     ("--top-p", 0.95),
     ("--min-p", 0.05),
@@ -70,7 +70,11 @@ _CLI_HINTS = {"seed": "omit --seed for a random seed"}
 # -- shared flags ---------------------------------------------------------------------------------
 def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--threads", type=int, default=None, help=f"intra-op threads (env {THREADS_ENV}; default: all cores)"
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help=f"intra-op threads (env {THREADS_ENV}; default: all cores)",
     )
     p.add_argument(
         "--decode-plan",
@@ -119,25 +123,37 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: str = "64") -
     g = p.add_argument_group(
         "sampling (defaults as in llama.cpp and ollama: "
         + ", ".join(f"{flag} {value}" for flag, value in SAMPLING_DEFAULT_FLAGS)
-        + "; -t 0 decodes greedily, without those filters and penalty)"
+        + "; --temp 0 decodes greedily, without those filters and penalty)"
     )
     g.add_argument(
         "-n",
         "--max-new-tokens",
+        "--n-predict",
         type=int,
         metavar="N",
         help=f"most tokens to generate (default {max_new_tokens})",
     )
     g.add_argument(
-        "-t", "--temperature", "--temp", type=float, metavar="T", help="softmax temperature; 0 = greedy"
+        "--temp",
+        "--temperature",
+        dest="temperature",
+        type=float,
+        metavar="T",
+        help="softmax temperature; 0 = greedy",
     )
     g.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 disables)")
     g.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     g.add_argument("--min-p", type=float, help="drop tokens below min-p times the top probability")
-    g.add_argument("--repetition-penalty", type=float, help="HF-style repetition penalty (1 disables)")
+    g.add_argument(
+        "--repeat-penalty",
+        "--repetition-penalty",
+        dest="repetition_penalty",
+        type=float,
+        help="HF-style repetition penalty (1 disables)",
+    )
     g.add_argument("--presence-penalty", type=float, help="OpenAI-style presence penalty in [-2, 2]")
     g.add_argument("--frequency-penalty", type=float, help="OpenAI-style frequency penalty in [-2, 2]")
-    g.add_argument("--seed", type=int, help="seed of the sampler, an integer >= 0 (default: random)")
+    g.add_argument("-s", "--seed", type=int, help="seed of the sampler, an integer >= 0 (default: random)")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", default=None, help="keep going past end-of-sequence")
     g.add_argument("--min-new-tokens", type=int, help="mask end-of-sequence until this many tokens")
@@ -221,7 +237,7 @@ def constraint_kwargs(args: argparse.Namespace) -> dict[str, str]:
 
 def sampling_params(args: argparse.Namespace, defaults: dict[str, Any] | None = None) -> SamplingParams:
     """The SamplingParams the flags ask for. ``defaults`` (e.g. :data:`SAMPLING_DEFAULTS`) fill the fields no
-    flag set, except that ``-t 0`` keeps the library's greedy defaults. A bad value is reported in flag
+    flag set, except that ``--temp 0`` keeps the library's greedy defaults. A bad value is reported in flag
     words (``--seed must be ...``)."""
     given = {name: getattr(args, name) for name in _SAMPLING_FIELDS if getattr(args, name, None) is not None}
     if given.get("temperature") == 0:  # greedy: no sampling filters or penalty unless flags ask for them
@@ -363,7 +379,8 @@ def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # ty
         "generate",
         help=help_text,
         description="Generate a completion of PROMPT (use - to read it from stdin). With one positional "
-        f"argument it is the prompt and the model is ${MODEL_ENV} or the bundled default model.",
+        f"argument it is the prompt and the model is ${MODEL_ENV} or the bundled default model, unless it "
+        "is an existing directory or model file: then the prompt is missing.",
     )
     p.add_argument("model", nargs="?", help=f"{MODEL_HELP} (default: ${MODEL_ENV}, then the bundled model)")
     p.add_argument("prompt", help="prompt text, or - to read stdin")
@@ -379,7 +396,7 @@ def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # ty
         help="print text as it is produced (default; with --json: one JSON line per piece of text)",
     )
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
-    p.add_argument("-s", "--system", metavar="TEXT", help="system message (implies --chat)")
+    p.add_argument("--system", metavar="TEXT", help="system message (implies --chat)")
     add_chat_template_flag(p)
     p.add_argument(
         "--json",
@@ -404,6 +421,25 @@ def _take_extra_positional(args: argparse.Namespace, extra: str) -> bool:
     return True
 
 
+MODEL_SUFFIXES = (".onnx", ".gguf")
+
+
+def looks_like_model(text: str) -> bool:
+    """True for an existing directory or model file (``.onnx``, ``.gguf``): a first positional that is one
+    names the model, never the prompt."""
+    path = Path(text).expanduser()
+    return path.is_dir() or (path.suffix.lower() in MODEL_SUFFIXES and path.is_file())
+
+
+def check_prompt_given(args: argparse.Namespace) -> None:
+    """``generate MODEL -n 8`` (the prompt forgotten): argparse reads MODEL as the prompt."""
+    if args.model is None and args.prompt != "-" and looks_like_model(args.prompt):
+        raise ValueError(
+            f"no prompt given: {args.prompt!r} is a model, not a prompt; pass the prompt after it "
+            f'(onnxgen generate {args.prompt} "PROMPT"), or - to read it from stdin'
+        )
+
+
 def _read_prompt(prompt: str) -> str:
     text = sys.stdin.read() if prompt == "-" else prompt
     if not text.strip():
@@ -417,6 +453,7 @@ def chat_messages(prompt: str, system: str | None) -> list[dict[str, Any]]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    check_prompt_given(args)
     prompt = _read_prompt(args.prompt)
     params = sampling_params(args, SAMPLING_DEFAULTS)
     spec = speculative_from_args(args)

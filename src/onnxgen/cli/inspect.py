@@ -29,6 +29,7 @@ def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:  # typ
     g = p.add_argument_group("memory (--memory loads the model and runs one greedy request)")
     g.add_argument("--memory", action="store_true", help="show where a loaded model's memory is")
     g.add_argument(
+        "-t",
         "--threads",
         type=int,
         help="intra-op threads of a load (--memory, the inline plan's check; default: all cores)",

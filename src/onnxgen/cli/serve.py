@@ -58,8 +58,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (default 16)")
     p.add_argument("--max-queue", type=int, default=64, help="prompts that may wait before 503s (default 64)")
     p.add_argument(
+        "-c",
+        "--ctx-size",
         "--max-model-len",
+        dest="max_model_len",
         type=int,
+        metavar="TOKENS",
         help=f"tokens per sequence, prompt + generated (default: the model's context, at most {DEFAULT_MAX_MODEL_LEN})",
     )
     p.add_argument(
@@ -96,7 +100,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     security = p.add_argument_group("security")
     security.add_argument(
         "--api-key",
-        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_ENV})",
+        help=f"require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every endpoint but /health "
+        f"(default: ${API_KEY_ENV})",
+    )
+    security.add_argument(
+        "--metrics-open",
+        action="store_true",
+        help="answer /metrics without the API key (for a Prometheus scraper; vLLM never asks a key there)",
     )
     security.add_argument(
         "--allowed-hosts",
@@ -251,7 +261,9 @@ def _run(args: argparse.Namespace) -> int:
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
     tool_parser_for(args.tool_call_parser)  # an unknown tool-call format is an error before the model
     api_key = args.api_key if args.api_key is not None else env_api_key()
-    security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
+    security = SecurityConfig(
+        args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs, args.metrics_open
+    )
     spec = _engine_spec(args, args.model or "", fixed_rows, security)
     spec.scheduler_config()  # a bad size is an error before the port and the model
     spec.speculative_spec()  # so is a bad --speculative

@@ -1,4 +1,4 @@
-"""``onnxgen validate EXPORT (--reference HF_DIR_OR_EXPORT | --self)``: is the export right?
+"""``onnxgen validate [EXPORT] (--reference HF_DIR_OR_EXPORT | --self)``: is the export right?
 
 Teacher-forced logits of the export against a reference at every position of a few prompts
 (:mod:`onnxgen.validate`). Exit status 0 when every threshold holds, 1 when one is passed (the lines
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from onnxgen.cli.generate import add_runtime_flags, resolve_threads
+from onnxgen.cli.generate import MODEL_ENV, add_runtime_flags, resolve_model, resolve_threads
 from onnxgen.validate import (
     DEFAULT_NEW_TOKENS,
     PROMPTS,
@@ -31,7 +31,11 @@ def add_validate(sub: argparse._SubParsersAction, help_text: str) -> None:  # ty
         "with the reference's at every position: top-1 agreement, max |Δlogit|, mean KL, and where the "
         "greedy continuations part. Exit 1 past a threshold.",
     )
-    p.add_argument("export", help="the export directory to check")
+    p.add_argument(
+        "export",
+        nargs="?",
+        help=f"the export directory to check (default: ${MODEL_ENV}, then the bundled model)",
+    )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--reference",
@@ -86,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
     }
     thresholds = {name: value for name, value in given.items() if value is not None}
     report = validate(
-        args.export,
+        resolve_model(args.export),
         args.reference,
         self_check=args.self_check,
         prompts=read_prompts(args.prompts) if args.prompts else PROMPTS,

@@ -12,7 +12,8 @@ eos may follow) ends the request with finish reason ``"stop"``, even with ``igno
 ``max_new_tokens`` first gives ``"length"`` and a truncated output.
 
 JSON is generated compactly with ``", "`` and ``": "`` separators and no other whitespace (a schema's
-``"x-guidance"`` options override this).
+``"x-guidance"`` options override this). An object schema that lists its properties allows only those
+unless it says otherwise (OpenAI's reading; ``SamplingParams.json_extra_properties`` gives JSON Schema's).
 
 A request whose output starts with a reasoning section (``SamplingParams.reasoning_section``) gets the
 constraint as a subgrammar after that section: the thinking is free text (it may not spell the end tag,
@@ -22,6 +23,7 @@ Tags that the tokenizer holds as special tokens are named as tokens in the gramm
 
 from __future__ import annotations
 
+import json
 import struct
 import threading
 import time
@@ -36,6 +38,7 @@ from onnxgen.errors import GenerationError
 from onnxgen.generation.params import SamplingParams, SamplingParamsError
 from onnxgen.generation.processors import Seqs, SequenceView
 from onnxgen.generation.reasoning_gate import Literal, after_reasoning, quoted
+from onnxgen.generation.schema_objects import close_objects
 from onnxgen.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # llguidance is imported where a request sets a constraint, not by every load
@@ -66,7 +69,7 @@ def grammar_source(params: SamplingParams, literal: Literal = quoted) -> tuple[s
 
     try:
         if kind == "json_schema":
-            grammar = llg.LLMatcher.grammar_from_json_schema(str(params.json_schema), defaults=JSON_OPTIONS)
+            grammar = llg.LLMatcher.grammar_from_json_schema(_schema_text(params), defaults=JSON_OPTIONS)
         elif kind == "regex":
             grammar = llg.LLMatcher.grammar_from_regex(str(params.regex))
         elif kind == "grammar":
@@ -80,6 +83,13 @@ def grammar_source(params: SamplingParams, literal: Literal = quoted) -> tuple[s
     if params.reasoning_section is not None:
         grammar = after_reasoning(grammar, params.reasoning_section, literal)
     return kind, grammar
+
+
+def _schema_text(params: SamplingParams) -> str:
+    """The request's schema as the constraint reads it: objects closed to their listed properties unless
+    ``json_extra_properties`` (:mod:`onnxgen.generation.schema_objects`)."""
+    text = str(params.json_schema)
+    return text if params.json_extra_properties else json.dumps(close_objects(json.loads(text)))
 
 
 def _compile_error(kind: str, message: str) -> ConstraintError:

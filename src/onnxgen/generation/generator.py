@@ -113,6 +113,16 @@ class Generator:
                 "(prompt plus at least one new token); shorten the prompt"
             )
 
+    def check_logit_bias(self, params: SamplingParams) -> None:
+        """Raise where ``params.logit_bias`` names ids outside the model's vocabulary."""
+        vocab = self.session.vocab_size
+        bad = [i for i, _ in params.logit_bias or () if vocab > 0 and i >= vocab]
+        if bad:
+            raise GenerationError(
+                f"logit_bias has token ids {bad[:5]} outside the model's vocabulary [0, {vocab}); "
+                "give ids of this model's tokenizer"
+            )
+
     def budget(self, prompt_len: int, params: SamplingParams, limit: int | None = None) -> SamplingParams:
         """Clip max_new_tokens to what the context (and ``limit`` tokens a sequence, where given) has room for."""
         limits = [n for n in (self.context_length, limit) if n is not None]
@@ -264,6 +274,7 @@ class Generator:
         """Check a request (its prompt, stop strings and constraint) before it runs: ``params`` clipped to
         the room left (:meth:`budget`) and its compiled constraint. Raises, naming what is wrong."""
         self.check_prompt(prompt_ids)
+        self.check_logit_bias(params)
         if limit is not None and len(prompt_ids) >= limit:
             raise GenerationError(
                 f"the prompt has {len(prompt_ids)} tokens but a batched sequence holds {limit} (prompt plus "

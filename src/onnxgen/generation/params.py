@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Any
 
 from onnxgen.errors import GenerationError
@@ -63,9 +63,36 @@ def _normalize_stop(stop: object) -> tuple[str, ...]:
     return tuple(items)
 
 
+DEFAULT_MAX_NEW_TOKENS = 64
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 CONSTRAINT_FIELDS = ("json_schema", "regex", "grammar", "tool_grammar")
 LOGPROBS_MODES = ("raw", "processed")
 MAX_TOP_LOGPROBS = 20
+
+
+def _normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...] | None:
+    """``{token_id: bias}`` (ids as ints or, as OpenAI's JSON sends them, digit strings) or ``(id, bias)``
+    pairs, returned as sorted pairs; None or empty: no bias."""
+    if bias is None:
+        return None
+    hint = f"pass {{token_id: bias}} with ids >= 0 and biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    if not isinstance(items, Iterable) or isinstance(items, (str, bytes)):
+        raise _invalid("logit_bias", "a mapping of token ids to biases", bias, hint)
+    out: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, Sequence) or len(item) != 2:
+            raise _invalid("logit_bias", "a mapping of token ids to biases", bias, hint)
+        key, value = item
+        token = int(key) if isinstance(key, str) and key.isdigit() else key
+        if not _is_int(token) or token < 0:  # type: ignore[operator]
+            raise _invalid("logit_bias", "keyed by token ids >= 0", key, hint)
+        if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:  # type: ignore[operator]
+            raise _invalid(
+                f"logit_bias[{token}]", f"in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", value, hint
+            )
+        out[int(token)] = float(value)  # type: ignore[arg-type]
+    return tuple(sorted(out.items())) or None
 
 
 @dataclass(frozen=True)
@@ -88,8 +115,15 @@ class ReasoningSection:
 
 
 def _normalize_schema(schema: object) -> str:
-    """A JSON schema given as a mapping or as JSON text, returned as JSON text."""
-    hint = "pass a JSON object such as {'type': 'object', 'properties': {...}} (a dict or its JSON text)"
+    """A JSON schema given as a mapping, as JSON text or as a Pydantic model (its class or an instance:
+    its ``model_json_schema()``), returned as JSON text."""
+    hint = (
+        "pass a JSON object such as {'type': 'object', 'properties': {...}} (a dict or its JSON text), "
+        "or a Pydantic model class"
+    )
+    to_schema = getattr(schema, "model_json_schema", None)
+    if callable(to_schema):
+        schema = to_schema()
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -125,8 +159,8 @@ class SamplingParams:
             package names none, or a chat model's end-of-turn token); unlike eos they stop even with
             ``ignore_eos``.
         min_new_tokens: end-of-sequence tokens are masked until this many tokens were generated.
-        json_schema: constrain the output to JSON valid under this schema (a dict or JSON text; stored as
-            JSON text). At most one of ``json_schema``, ``regex``, ``grammar`` may be given.
+        json_schema: constrain the output to JSON valid under this schema (a dict, JSON text or a Pydantic
+            model class; stored as JSON text). At most one of ``json_schema``, ``regex``, ``grammar`` may be given.
         regex: constrain the output to match this regular expression in full (Rust ``regex`` syntax).
         grammar: constrain the output to this Lark grammar (llguidance's Lark dialect, rule ``start``).
             A constrained request ends with finish reason ``"stop"`` as soon as the constraint is complete;
@@ -137,6 +171,15 @@ class SamplingParams:
             constraint leaves free (:class:`ReasoningSection`); without a constraint it has no effect.
         logprobs: report the log-probability of each generated token (``GenerationResult.logprobs``,
             ``StreamEvent.logprobs``).
+        logit_bias: ``{token_id: bias}`` added to the model's logits before every other processor
+            (OpenAI semantics: a bias in [-100, 100]; -100 in effect bans a token, 100 in effect forces it);
+            token ids may be ints or digit strings. Stored as sorted ``(id, bias)`` pairs.
+        json_extra_properties: read ``json_schema`` (and tool parameter schemas) as JSON Schema does: an
+            object that says nothing of ``additionalProperties`` may hold keys it does not list. Default
+            False: OpenAI's structured-output reading, only the listed properties
+            (:mod:`onnxgen.generation.schema_objects`).
+        max_tokens: vLLM's and OpenAI's name of ``max_new_tokens``, accepted when constructing (stored as
+            ``max_new_tokens``; giving both with different values is an error).
         top_logprobs: also report the ``top_logprobs`` most likely tokens at each step (0 to 20; needs
             ``logprobs``).
         logprobs_mode: ``"raw"`` (default, as vLLM): the model's distribution, the log-softmax of its
@@ -148,7 +191,7 @@ class SamplingParams:
             strings, which are matched on text, need it).
     """
 
-    max_new_tokens: int = 64
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -170,16 +213,30 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     logprobs_mode: str = "raw"
+    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] | None = None
+    json_extra_properties: bool = False
+    max_tokens: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, max_tokens: int | None) -> None:
+        if max_tokens is not None:
+            if self.max_new_tokens not in (DEFAULT_MAX_NEW_TOKENS, max_tokens):
+                raise _invalid(
+                    "max_tokens",
+                    f"equal to max_new_tokens ({self.max_new_tokens}) when both are given",
+                    max_tokens,
+                    "they are one setting: give max_new_tokens or max_tokens (vLLM's name)",
+                )
+            object.__setattr__(self, "max_new_tokens", max_tokens)
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
+        object.__setattr__(self, "logit_bias", _normalize_logit_bias(self.logit_bias))
         self._check_lengths()
         self._check_sampling()
         self._check_penalties()
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "use a non-negative integer, or None for a random seed")
-        if not isinstance(self.ignore_eos, bool):
-            raise _invalid("ignore_eos", "a bool", self.ignore_eos, "use True or False")
+        for name in ("ignore_eos", "json_extra_properties"):
+            if not isinstance(getattr(self, name), bool):
+                raise _invalid(name, "a bool", getattr(self, name), "use True or False")
         ids = self.stop_token_ids
         if isinstance(ids, (str, bytes)) or not all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
@@ -291,7 +348,7 @@ def resolve_params(params: SamplingParams | None, keywords: Mapping[str, Any], w
     """
     if not keywords:
         return params if params is not None else SamplingParams()
-    unknown = sorted(set(keywords) - SAMPLING_FIELDS)
+    unknown = sorted(set(keywords) - SAMPLING_FIELDS - {"max_tokens"})
     if unknown:
         raise TypeError(
             f"{where}() got unexpected keyword argument(s) {', '.join(unknown)}; sampling keywords are the "

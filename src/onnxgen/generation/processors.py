@@ -11,7 +11,7 @@ Protocol: ``processor(seq, logits) -> logits``.
   as is. Masked tokens get ``-inf``. Processors keep no state between calls, so the same chain serves every
   step and every speculative position (each with its own prefix).
 
-:func:`build_chain` builds the chain in a fixed order: repetition, presence, frequency penalties ->
+:func:`build_chain` builds the chain in a fixed order: logit bias -> repetition, presence, frequency penalties ->
 min-new-tokens eos mask -> constraint mask -> temperature -> top-k -> top-p -> min-p. Greedy chains stop
 after the constraint mask: the warpers after it cannot change the argmax. The constraint mask (a
 :class:`~onnxgen.generation.constraints.Constraint`, one per request) is the one stateful processor: it
@@ -66,6 +66,20 @@ def _rows(seq: Seqs, out: np.ndarray) -> Iterable[tuple[SequenceView, np.ndarray
     if len(views) != len(rows):
         raise ValueError(f"got {len(views)} sequence views for {len(rows)} rows of logits")
     return zip(views, rows, strict=True)
+
+
+class LogitBias:
+    """OpenAI's ``logit_bias``: add a fixed bias to the logits of some token ids (the same for every row)."""
+
+    def __init__(self, bias: Iterable[tuple[int, float]]) -> None:
+        pairs = list(bias)
+        self.ids = np.array([i for i, _ in pairs], dtype=np.int64)
+        self.bias = np.array([b for _, b in pairs], dtype=np.float32)
+
+    def __call__(self, seq: Seqs, logits: np.ndarray) -> np.ndarray:
+        out = logits.copy()
+        out[..., self.ids] += self.bias.astype(out.dtype, copy=False)
+        return out
 
 
 class RepetitionPenalty:
@@ -223,6 +237,8 @@ def build_chain(
     """The processors ``params`` asks for (plus the request's ``constraint`` mask), in the fixed order of
     this module's docstring."""
     chain: list[LogitsProcessor] = []
+    if params.logit_bias:
+        chain.append(LogitBias(params.logit_bias))  # type: ignore[arg-type]
     if params.repetition_penalty != 1.0:
         chain.append(RepetitionPenalty(params.repetition_penalty))
     if params.presence_penalty != 0.0:

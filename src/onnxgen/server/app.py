@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP app: /health, /v1/models, /v1/completions, /v1/chat/completions,
-/v1/responses, /tokenize, /detokenize, /metrics.
+"""The OpenAI-compatible HTTP app: /health, /v1/models (and /v1/models/{id}), /v1/completions,
+/v1/chat/completions, /v1/responses, /tokenize and /detokenize (also under /v1), /metrics.
 
 Every error is an OpenAI-style ``{"error": {...}}`` body: 400 for invalid requests (including a prompt
 longer than the context), 401 without the API key, 403 for a cross-origin page, 404 for an unknown model
@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from onnxgen.api.store import ResponseStore
-from onnxgen.chat.parsers import tool_parser_for
+from onnxgen.chat.parsers import server_tool_parser
 from onnxgen.errors import OnnxgenError
 from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import LLM
@@ -76,6 +76,21 @@ class Server:
         self.pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="onnxgen-prepare")
         self._bodies: asyncio.Semaphore | None = None  # made on the event loop
         self.ready = False  # the scheduler runs: /health answers 200
+        self.tool_parser = tool_parser
+        self.tool_parser_source = "--tool-call-parser"
+
+    def model_card(self) -> dict[str, Any]:
+        """The served model as ``/v1/models`` lists it (vLLM's ``max_model_len`` and which tool-call parser
+        replies are read with, and why, beside OpenAI's fields)."""
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "onnxgen",
+            "max_model_len": self.config.max_model_len,
+            "tool_call_parser": self.tool_parser,
+            "tool_call_parser_source": self.tool_parser_source,
+        }
 
     async def prepare(self, request: Request, work: Callable[[bytes], T]) -> T:
         """Read the body of ``request`` and run ``work`` on it on the worker pool (at most
@@ -118,8 +133,10 @@ def create_app(
     """
     config = config or SchedulerConfig()
     security = security or SecurityConfig()
-    tool_parser_for(tool_parser)  # an unknown name is an error now, not per request
-    server = Server(llm, config, model_name or llm.package.root.name, tool_parser, speculative)
+    template = llm.tokenizer.chat_template if llm.tokenizer is not None else None
+    parser, parser_source = server_tool_parser(tool_parser, template)  # an unknown name fails now
+    server = Server(llm, config, model_name or llm.package.root.name, parser.name, speculative)
+    server.tool_parser_source = parser_source
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -147,7 +164,7 @@ def create_app(
             CORSMiddleware,
             allow_origins=list(security.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "x-api-key"],
             max_age=600,
         )
     app.add_middleware(RequestLog, metrics=server.metrics, log_prompts=log_prompts)
@@ -177,14 +194,19 @@ def _routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {
-            "id": server.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "onnxgen",
-            "max_model_len": server.config.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [server.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != server.model_name:
+            raise ApiError(
+                404,
+                f"model {model_id!r} is not served here; this server serves {server.model_name!r}",
+                "not_found_error",
+                param="model",
+                code="model_not_found",
+            )
+        return server.model_card()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -203,10 +225,12 @@ def _routes(app: FastAPI, server: Server) -> None:
         return stored_response(server, response_id)
 
     @app.post("/tokenize")
+    @app.post("/v1/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         return await server.prepare(request, lambda body: tokenize_body(server.preparer, body))
 
     @app.post("/detokenize")
+    @app.post("/v1/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         return await server.prepare(request, lambda body: detokenize_body(server.preparer, body))
 

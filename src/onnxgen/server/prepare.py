@@ -80,6 +80,8 @@ def sampling_params(
         logprobs=fields.top_logprobs_count is not None,
         top_logprobs=fields.top_logprobs_count or 0,
         logprobs_mode=fields.logprobs_mode,
+        logit_bias=fields.logit_bias,
+        json_extra_properties=fields.json_extra_properties,
     )
 
 
@@ -272,6 +274,7 @@ class RequestPreparer:
         ``params_for(room, index)``: a choice's parameters (default: from ``fields``)."""
         llm, max_len = self.llm, self.config.max_model_len
         self._check_stop_ids(fields.stop_token_ids or ())
+        self._check_logit_bias(fields)
         speculative = self.speculative_for(fields)
         stops = StopStrings(fields.stop) if fields.stop else None
         out = []
@@ -329,6 +332,14 @@ class RequestPreparer:
         return replace(
             self.speculative, num_draft_tokens=k or self.speculative.num_draft_tokens, adaptive=adaptive
         )
+
+    def _check_logit_bias(self, fields: SamplingFields) -> None:
+        if not fields.logit_bias:
+            return
+        try:
+            self.llm.generator.check_logit_bias(SamplingParams(logit_bias=fields.logit_bias))
+        except OnnxgenError as e:
+            raise ApiError(400, str(e), param="logit_bias") from e
 
     def _check_stop_ids(self, ids: Sequence[int]) -> None:
         vocab = self.llm.session.vocab_size

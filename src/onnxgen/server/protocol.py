@@ -1,10 +1,10 @@
 """The OpenAI wire format: validated request models (pydantic), errors and usage.
 
 Requests are validated strictly (no string-to-number coercion); unknown fields are ignored, and fields
-onnxgen does not implement (``echo``, ``best_of`` > 1, ``suffix``, ``logit_bias``) are refused by name
+onnxgen does not implement (``echo``, ``best_of`` > 1, ``suffix``) are refused by name
 rather than silently dropped. Extensions beyond the OpenAI API (as vLLM names them): ``top_k``,
 ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
-``return_token_ids``, ``logprobs_mode``, and on chat ``chat_template_kwargs``.
+``return_token_ids``, ``logprobs_mode``, ``json_extra_properties``, and on chat ``chat_template_kwargs``.
 """
 
 from __future__ import annotations
@@ -82,8 +82,10 @@ class SamplingFields(BaseModel):
     logprobs_mode: Literal["raw", "processed"] = "raw"  # which distribution logprobs come from
     response_format: ResponseFormat | None = None  # json_object / json_schema constrain the output
     speculative: SpeculativeField | None = None  # None: the server's --speculative (if any)
-    # refused when used (see refuse_unsupported)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> bias in [-100, 100]
+    # JSON Schema's reading of response_format and tool schemas: unlisted keys allowed where an object
+    # says nothing of additionalProperties (default: OpenAI's, only the listed ones)
+    json_extra_properties: bool = False
 
     @field_validator("stop")
     @classmethod
@@ -109,8 +111,6 @@ class SamplingFields(BaseModel):
 
     def refuse_unsupported(self) -> tuple[str, str] | None:
         """(parameter, message) for the first field set to something onnxgen does not implement."""
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported by this server; omit the parameter"
         return None
 
     @property

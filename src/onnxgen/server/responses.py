@@ -115,7 +115,7 @@ class ResponseRun:
         if plan is None:  # a chat request always has a plan
             raise TypeError("a Responses request is prepared as a chat request")
         self.plan: ChatPlan = plan
-        self.parser = plan.stream()
+        self.parser = plan.stream(hold_calls=True)
         self.token_bytes = token_bytes
         self.builder = ResponseBuilder(ResponseObject.for_request(ready.request, model))
         self.tokens = 0

@@ -8,8 +8,9 @@ A server on loopback is reachable from every web page its user opens. Three chec
 - ``Origin``: a browser names the page behind every cross-origin request; one from another origin than
   the server's own is refused (403) unless ``--cors-origins`` lists it, and then CORS (preflight
   included) is answered by Starlette's ``CORSMiddleware`` in front of this guard.
-- the API key (``--api-key``): every path but ``/health`` needs ``Authorization: Bearer KEY``, compared
-  in constant time; 401 otherwise.
+- the API key (``--api-key``): every path but ``/health`` (and ``/metrics`` with ``--metrics-open``, for
+  a Prometheus scraper without the key) needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY``,
+  compared in constant time; 401 otherwise.
 
 POST bodies must also be declared ``application/json`` (:func:`onnxgen.server.body.read_body`), so no
 page can send one without a CORS preflight.
@@ -40,6 +41,8 @@ class SecurityConfig:
         allowed_hosts: Host names answered besides the bound address and loopback names (``*``: any).
         cors_origins: origins of web pages allowed to call the API from a browser (``*``: any).
         docs: serve ``/docs`` and ``/openapi.json``.
+        metrics_open: answer ``/metrics`` without the API key (vLLM never asks a key there; onnxgen does
+            unless told).
     """
 
     host: str = "127.0.0.1"
@@ -47,6 +50,7 @@ class SecurityConfig:
     allowed_hosts: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
     docs: bool = False
+    metrics_open: bool = False
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -82,6 +86,7 @@ class Guard:
         self.names = config.host_names()
         self.origins = frozenset(o.rstrip("/").lower() for o in config.cors_origins)
         self.key = config.api_key.encode() if config.api_key is not None else None
+        self.open_paths = OPEN_PATHS | ({"/metrics"} if config.metrics_open else set())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -108,13 +113,16 @@ class Guard:
                 f"{origin} to let web pages from there call it",
                 code="origin_not_allowed",
             )
-        if self.key is not None and scope["path"] not in OPEN_PATHS:
+        if self.key is not None and scope["path"] not in self.open_paths:
             scheme, _, token = headers.get("authorization", "").partition(" ")
-            given = token.strip().encode("latin-1", "replace")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.key):
+            bearer = token.strip().encode("latin-1", "replace") if scheme.lower() == "bearer" else None
+            other = headers.get("x-api-key")
+            given = [k for k in (bearer, other.strip().encode("latin-1", "replace") if other else None) if k]
+            if not any(hmac.compare_digest(k, self.key) for k in given):
                 return ApiError(
                     401,
-                    "this server needs an API key: send the header Authorization: Bearer <key>",
+                    "this server needs an API key: send the header Authorization: Bearer <key> "
+                    "(or x-api-key: <key>)",
                     code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"},
                 )

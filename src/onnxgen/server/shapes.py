@@ -57,7 +57,9 @@ class ResponseShape:
         self.id = new_id("chatcmpl" if self.chat else "cmpl")
         self.created = int(time.time())
         self._object = "chat.completion.chunk" if self.chat else "text_completion"
-        self._parsers: list[ChatStream] = [plan.stream() for _ in range(choices)] if plan else []
+        self._parsers: list[ChatStream] = (
+            [plan.stream(hold_calls=True) for _ in range(choices)] if plan else []
+        )
         self._pending: list[list[TokenLogprob]] = [[] for _ in range(choices)]
         self._offsets = [0] * choices  # completions: the text offset of each choice's next token
 

@@ -33,7 +33,8 @@ class EngineSpec:
         served_model_name: model id clients pass (None: the model directory's name).
         security: who may call the app (API key, Host names, CORS origins).
         log_prompts: put each request's prompt into its log line.
-        tool_parser: tool-call format (None: chosen from the chat template), as ``--tool-call-parser``.
+        tool_parser: tool-call format (None: the one the chat template shows, else hermes), as
+            ``--tool-call-parser``.
         chat_template: the text of a chat template that replaces the model's own, as ``--chat-template``.
         prefix_cache_mb, checkpoint_interval: the prefix cache's budget (0: off) and the tokens between
             two state checkpoints of a long prefill, as ``--prefix-cache-mb`` / ``--checkpoint-interval``.
@@ -126,7 +127,9 @@ def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> t
         tool_parser=spec.tool_parser,
         speculative=default,
     )
-    say(f"loaded {app.state.server.model_name} in {time.perf_counter() - start:.1f} s")
+    server = app.state.server
+    say(f"loaded {server.model_name} in {time.perf_counter() - start:.1f} s")
+    say(f"tool calls are read as {server.tool_parser} ({server.tool_parser_source})")
     return app, limits
 
 

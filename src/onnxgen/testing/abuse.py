@@ -58,9 +58,9 @@ def catalogue(model: str, max_batch: int, max_queue: int) -> list[Abuse]:
             "nests",
         ),
         Abuse(
-            "500 optional properties",
+            "500 optional properties, extra ones allowed",
             chats,
-            _json({**chat, "response_format": _schema(many_optional)}),
+            _json({**chat, "response_format": _schema(many_optional), "json_extra_properties": True}),
             400,
             "too many alternatives",
         ),
