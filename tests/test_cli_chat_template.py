@@ -66,7 +66,7 @@ def test_load_with_a_chat_template_renders_chats_with_it(model: Path, expected: 
 def test_generate_chat_template_changes_the_rendered_prompt(
     model: Path, template_file: Path, expected: list[int], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["generate", str(model), "Hi there", "--chat", "-n", "1", "-t", "0", "--json", "--no-stream"]
+    argv = ["generate", str(model), "Hi there", "--chat", "-n", "1", "--temp", "0", "--json", "--no-stream"]
     assert main(argv) == 0
     own = json.loads(capsys.readouterr().out)["stats"]["prompt_tokens"]
     assert main([*argv, "--chat-template", str(template_file)]) == 0
@@ -82,7 +82,7 @@ def test_chat_uses_the_chat_template_given(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hi there\n"))
-    argv = ["chat", str(untemplated), "-n", "1", "-t", "0", "--stats", "--chat-template", str(template_file)]
+    argv = ["chat", str(untemplated), "-n", "1", "--temp", "0", "--stats", "--chat-template", str(template_file)]
     assert main(argv) == 0
     assert PROMPT_TOKENS.findall(capsys.readouterr().err) == [str(len(expected))]
 

