@@ -306,15 +306,17 @@ def test_bench_refuses_prompt_plus_new_tokens_past_the_context(
 
 
 def test_bench_checks_every_prompt_against_the_context_before_timing_any(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    dense_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # `onnxgen bench m --prompt-tokens 5,30 --new-tokens 16` on a 40-token model: 5 + 16 fits, 30 + 16 does not
+    # `onnxgen bench MODEL --prompt-tokens 5,30 --new-tokens 16` on a 40-token model: 5 + 16 fits, 30 + 16
+    # does not
     monkeypatch.setattr(bench, "Worker", _FakeWorker)
     _FakeWorker.order = []
-    assert main(["bench", "m", "--prompt-tokens", "5,30", "--new-tokens", "16"]) == 2
+    m = str(dense_dir)
+    assert main(["bench", m, "--prompt-tokens", "5,30", "--new-tokens", "16"]) == 2
     assert "prompt synthetic of 30 tokens plus --new-tokens 16" in capsys.readouterr().err
     assert _FakeWorker.order == []  # nothing was timed and thrown away
-    assert main(["bench", "m", "--prompt-tokens", "5,20", "--new-tokens", "16", "--runs", "1"]) == 0
+    assert main(["bench", m, "--prompt-tokens", "5,20", "--new-tokens", "16", "--runs", "1"]) == 0
     assert _FakeWorker.order  # the control: prompts that fit are timed
 
 

@@ -82,7 +82,17 @@ def test_chat_uses_the_chat_template_given(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hi there\n"))
-    argv = ["chat", str(untemplated), "-n", "1", "--temp", "0", "--stats", "--chat-template", str(template_file)]
+    argv = [
+        "chat",
+        str(untemplated),
+        "-n",
+        "1",
+        "--temp",
+        "0",
+        "--stats",
+        "--chat-template",
+        str(template_file),
+    ]
     assert main(argv) == 0
     assert PROMPT_TOKENS.findall(capsys.readouterr().err) == [str(len(expected))]
 

@@ -79,8 +79,10 @@ class EngineConfig:
             "Continuous batching at real size").
         max_batch: sequences decoded together in a batch.
         max_queue: prompts that may wait for a batch row before new requests are refused (server).
-        max_model_len: tokens per batched sequence (prompt + generated); None: the model's context, at most
-            ``DEFAULT_MAX_MODEL_LEN``.
+        max_model_len: tokens per batched sequence (prompt + generated); None: the model's context, cut to
+            what a quarter of the available memory holds for ``max_batch`` rows of KV cache and states
+            (never below ``DEFAULT_MAX_MODEL_LEN`` or the context, whichever is less;
+            :func:`onnxgen.engine.limits.default_max_model_len`).
         prefill_chunk: prompt tokens per batched prefill forward (also the budget between two decode steps);
             at least 2.
         min_rows: rows every batched decode step runs, idle ones padding it, so that kernels computing one

@@ -202,7 +202,8 @@ def test_a_hub_id_resolves_from_the_offline_hub_cache_under_hf_home(
     assert resolve_model("tiny-org/tiny-onnx") == snapshot
     assert load("tiny-org/tiny-onnx", threads=1).generate(PROMPT, max_new_tokens=6).token_ids == greedy
     assert (
-        main(["generate", "tiny-org/tiny-onnx", PROMPT, "-n", "6", "--temp", "0", "--json", "--no-stream"]) == 0
+        main(["generate", "tiny-org/tiny-onnx", PROMPT, "-n", "6", "--temp", "0", "--json", "--no-stream"])
+        == 0
     )
     assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
 

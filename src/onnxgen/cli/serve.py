@@ -30,7 +30,7 @@ from onnxgen.cli.generate import (
 from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.config import API_KEY, env_api_key
 from onnxgen.errors import OnnxgenError
-from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
+from onnxgen.serving.engine import EngineSpec, load_app
 
 if TYPE_CHECKING:
     from onnxgen.server.security import SecurityConfig
@@ -64,7 +64,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         dest="max_model_len",
         type=int,
         metavar="TOKENS",
-        help=f"tokens per sequence, prompt + generated (default: the model's context, at most {DEFAULT_MAX_MODEL_LEN})",
+        help="tokens per sequence, prompt + generated (default: the model's context, cut to what a quarter of "
+        "the available memory holds for --max-batch rows of KV cache; the start-up lines say so when cut)",
     )
     p.add_argument(
         "--prefill-chunk", type=int, default=512, help="prompt tokens prefilled between decode steps"

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from onnxgen.config import DEFAULT_MAX_MODEL_LEN, EngineConfig
 from onnxgen.errors import SettingError
 from onnxgen.model import ModelPackage
+from onnxgen.model.io import DecoderIO
+from onnxgen.runtime import memory
 from onnxgen.runtime.batch import invariant_min_rows
+from onnxgen.runtime.buffers import dtype_of
 from onnxgen.runtime.session import DecoderSession
 
 
@@ -43,10 +48,11 @@ class BatchLimits:
 
     @classmethod
     def resolve(cls, config: EngineConfig, package: ModelPackage, session: DecoderSession) -> BatchLimits:
-        """``config``'s limits, where it leaves them open: the model's context (at most
-        ``DEFAULT_MAX_MODEL_LEN``) and the ``min_rows`` this CPU's kernels need (probed on ``session``)."""
+        """``config``'s limits, where it leaves them open: the model's context, cut to what
+        :func:`kv_budget_bytes` holds for ``max_batch`` rows (:func:`default_max_model_len`), and the
+        ``min_rows`` this CPU's kernels need (probed on ``session``)."""
         context = package.context_length
-        max_len = config.max_model_len or min(context or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
+        max_len = config.max_model_len or default_max_model_len(package.io, context, config.max_batch)[0]
         if context is not None and max_len > context:
             raise SettingError(
                 f"max_model_len {max_len} exceeds the model's context of {context} tokens; lower it"
@@ -58,3 +64,52 @@ class BatchLimits:
         return cls(
             config.max_batch, config.max_queue, max_len, config.prefill_chunk, min_rows, config.batch_prefill
         )
+
+
+# The share of the memory available at load that the batch's KV caches and states may take by default.
+KV_BUDGET_SHARE = 0.25
+
+
+def kv_budget_bytes() -> int | None:
+    """What the batch's KV caches and recurrent states may take when ``max_model_len`` is not given:
+    ``KV_BUDGET_SHARE`` of the memory available now (None where it cannot be read)."""
+    available = memory.available_bytes()
+    return None if available is None else int(available * KV_BUDGET_SHARE)
+
+
+def row_bytes(io: DecoderIO) -> tuple[int, int]:
+    """Bytes one batch row takes: per token of KV cache, and for its fixed-size recurrent states."""
+    per_token = 0
+    for pair in io.kv_pairs:
+        if pair.layout == "static":
+            continue
+        shape = pair.buffer_shape(1, 1)
+        per_token += len(pair.inputs) * int(np.prod(shape)) * np.dtype(dtype_of(pair.dtype)).itemsize
+    states = 0
+    for state in io.state_pairs:
+        dims = [int(d) for d in state.shape if not isinstance(d, str)]
+        states += int(np.prod(dims)) * np.dtype(dtype_of(state.dtype)).itemsize
+    return per_token, states
+
+
+def default_max_model_len(io: DecoderIO, context: int | None, max_batch: int) -> tuple[int, str]:
+    """Tokens per sequence when the user gives none, and why: the model's context (``DEFAULT_MAX_MODEL_LEN``
+    when it states none), cut to what the KV budget holds for ``max_batch`` rows but never below
+    ``min(context, DEFAULT_MAX_MODEL_LEN)``."""
+    if context is None:
+        return DEFAULT_MAX_MODEL_LEN, "the model states no context length"
+    floor = min(context, DEFAULT_MAX_MODEL_LEN)
+    per_token, states = row_bytes(io)
+    budget = kv_budget_bytes()
+    if budget is None or per_token == 0:
+        return context, "the model's context"
+    fits = (budget // max_batch - states) // per_token
+    if fits >= context:
+        return context, "the model's context"
+    length = max(floor, int(fits))
+    need = max_batch * (states + context * per_token)
+    return length, (
+        f"cut from the model's context of {context}: {max_batch} rows of {context} tokens would take "
+        f"{need / 2**30:.1f} GiB of KV cache, more than {KV_BUDGET_SHARE:.0%} of the memory available "
+        f"({budget / KV_BUDGET_SHARE / 2**30:.1f} GiB); --max-model-len or a smaller --max-batch changes it"
+    )

@@ -216,3 +216,15 @@ def breakdown(weight_folders: Iterable[Path]) -> Breakdown:
         else:
             out.other_files += m.rss
     return out
+
+
+def available_bytes() -> int | None:
+    """The memory the kernel says is available to new allocations without swapping (``MemAvailable``),
+    or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

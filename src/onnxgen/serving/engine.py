@@ -99,7 +99,7 @@ class EngineSpec:
 
 def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> tuple[FastAPI, BatchLimits]:
     """Load the model (saying so, with the time it took), check its outputs, and build the app."""
-    from onnxgen.engine.limits import BatchLimits
+    from onnxgen.engine.limits import BatchLimits, default_max_model_len
     from onnxgen.llm import load  # the runtime: imported when a model loads, not with the CLI
     from onnxgen.server.app import create_app
 
@@ -118,6 +118,10 @@ def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> t
     default = speculative.build() if speculative is not None else None
     llm.check_speculative(default)  # the MTP head, the draft model (loaded now): an error before serving
     limits = BatchLimits.resolve(config, llm.package, llm.session)  # the context; this CPU's probe
+    if config.max_model_len is None:  # say where the default length comes from when it is not the context
+        length, why = default_max_model_len(llm.io, llm.package.context_length, config.max_batch)
+        if length == limits.max_model_len and why.startswith("cut"):
+            say(f"{length} tokens per sequence ({why})")
     app = create_app(
         llm,
         limits,
