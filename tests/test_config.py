@@ -103,6 +103,7 @@ def test_a_bad_thread_count_in_the_environment_is_refused_by_name(
         ({"threads": True}, "threads must be an integer >= 1 or None (got True)"),
         ({"decode_plan": "fast"}, "decode_plan must be one of auto, scan, inline (got 'fast')"),
         ({"fuse": "yes"}, "fuse must be True, False or None"),
+        ({"exact_speculation": "always"}, "exact_speculation must be True, False or None"),
         ({"speculative": 1}, "speculative must be True or False (got 1)"),
         ({"providers": "CPUExecutionProvider"}, "providers must be a sequence of execution provider names"),
         ({"max_batch": 0}, "max_batch must be an integer >= 1 (got 0)"),
