@@ -93,7 +93,9 @@ class EngineConfig:
             default: it has not been faster on CPU and holds up to ``max_batch`` rows of prefill state).
         prefix_cache_mb: MiB of prompts' and replies' KV rows and recurrent-state checkpoints kept, so a
             request that shares a prefix with an earlier one (a system prompt, a chat's history) prefills
-            only the rest (:mod:`onnxgen.cache.prefix`); 0: off.
+            only the rest (:mod:`onnxgen.cache.prefix`); 0 (the library's default): off; None: a tenth of
+            the memory available at load, at most ``AUTO_PREFIX_CACHE_MAX_MB``
+            (:func:`onnxgen.cache.prefix.auto_prefix_cache_mb`; ``onnxgen chat``'s default).
         checkpoint_interval: tokens of a long prefill between two cached checkpoints of a hybrid's
             recurrent states; None: 256.
         exact_speculation: speculate only where a verify forward computes the bits single decode steps
@@ -119,7 +121,7 @@ class EngineConfig:
     prefill_chunk: int = 512
     min_rows: int | None = None
     batch_prefill: bool = False
-    prefix_cache_mb: float = 0
+    prefix_cache_mb: float | None = 0
     checkpoint_interval: int | None = None
     exact_speculation: bool | None = None
 
@@ -138,8 +140,8 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 _refuse(name, getattr(self, name), "True or False")
         mb = self.prefix_cache_mb
-        if isinstance(mb, bool) or not isinstance(mb, int | float) or not mb >= 0:
-            _refuse("prefix_cache_mb", mb, ">= 0 (a size in MiB; 0 turns prefix caching off)")
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int | float) or not mb >= 0):
+            _refuse("prefix_cache_mb", mb, ">= 0 (a size in MiB; 0 turns prefix caching off) or None (auto)")
         for name, least, optional in (
             ("threads", 1, True),
             ("max_batch", 1, False),

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxgen.model.io import DecoderIO
+from onnxgen.runtime import memory
 from onnxgen.runtime.buffers import dtype_of
 from onnxgen.runtime.state import DecodeState
 
@@ -208,8 +209,13 @@ class PrefixCache:
         self._stats = PrefixCacheStats(budget=budget_bytes)
 
     @classmethod
-    def from_mb(cls, io: DecoderIO, mb: float, checkpoint_interval: int | None = None) -> PrefixCache | None:
-        """A cache of ``mb`` megabytes (MiB), or None for 0 (caching off); a negative size is an error."""
+    def from_mb(
+        cls, io: DecoderIO, mb: float | None, checkpoint_interval: int | None = None
+    ) -> PrefixCache | None:
+        """A cache of ``mb`` megabytes (MiB; None: :func:`auto_prefix_cache_mb`), or None for 0 (caching
+        off); a negative size is an error."""
+        if mb is None:
+            mb = auto_prefix_cache_mb()
         if mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0 (got {mb}); 0 turns prefix caching off")
         if mb == 0:
@@ -528,3 +534,17 @@ def prefill_with_checkpoints(
         cache.insert_state(prompt[:cut], state, logits if cut == len(prompt) else None)
     assert logits is not None
     return logits, len(cuts)
+
+
+# The automatic budget: a share of the memory available when the model loads, capped.
+AUTO_PREFIX_CACHE_SHARE = 0.10
+AUTO_PREFIX_CACHE_MAX_MB = 1024.0
+
+
+def auto_prefix_cache_mb() -> float:
+    """The prefix cache's budget when none is given: ``AUTO_PREFIX_CACHE_SHARE`` of the memory available
+    now, at most ``AUTO_PREFIX_CACHE_MAX_MB`` (that cap where the available memory cannot be read)."""
+    available = memory.available_bytes()
+    if available is None:
+        return AUTO_PREFIX_CACHE_MAX_MB
+    return float(min(AUTO_PREFIX_CACHE_MAX_MB, int(available * AUTO_PREFIX_CACHE_SHARE / MB)))

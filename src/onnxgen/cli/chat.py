@@ -77,7 +77,7 @@ SET_NAMES: dict[str, tuple[str, type]] = {
 _COMMAND = re.compile(r"/[A-Za-z?]+(?=\s|$)")  # `/set ...` is a command; `/usr/bin is ...` is text
 PROMPT_MARK = ">>> "
 # a chat resumes each turn from the previous one's cached state (its history is never prefilled again)
-CHAT_PREFIX_CACHE_MB = 512
+CHAT_PREFIX_CACHE_MB = None  # the engine's automatic budget
 CONTINUATION_MARK = "... "
 FENCE = '"""'
 HISTORY_ENV = "ONNXGEN_CHAT_HISTORY"

@@ -86,15 +86,17 @@ def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     add_fast_ops_flag(p)
 
 
-def add_prefix_cache_flags(p: argparse.ArgumentParser, default_mb: float) -> None:
-    """``--prefix-cache-mb`` and ``--checkpoint-interval`` (docs/prefix-cache.md)."""
+def add_prefix_cache_flags(p: argparse.ArgumentParser, default_mb: float | None) -> None:
+    """``--prefix-cache-mb`` and ``--checkpoint-interval`` (docs/prefix-cache.md); ``default_mb`` None: the
+    engine's automatic budget."""
+    default = "a tenth of the available memory, at most 1024" if default_mb is None else f"{default_mb:g}"
     p.add_argument(
         "--prefix-cache-mb",
         type=float,
         default=default_mb,
         metavar="MB",
         help="MiB of prompts' and replies' KV rows and state checkpoints kept, so a request that shares a "
-        f"prefix with an earlier one prefills only the rest; 0 turns it off (default {default_mb:g})",
+        f"prefix with an earlier one prefills only the rest; 0 turns it off (default: {default})",
     )
     p.add_argument(
         "--checkpoint-interval",
@@ -265,6 +267,10 @@ def engine_config(args: argparse.Namespace, **settings: Any) -> EngineConfig:
     ``settings`` (other :class:`EngineConfig` fields) on top."""
     names = ("decode_plan", "fast_ops", "prefix_cache_mb", "checkpoint_interval")
     flags = {name: getattr(args, name, None) for name in names}
+    if hasattr(args, "prefix_cache_mb") and args.prefix_cache_mb is None:  # the flag's automatic default
+        from onnxgen.cache.prefix import auto_prefix_cache_mb
+
+        flags["prefix_cache_mb"] = auto_prefix_cache_mb()
     return EngineConfig.from_env(threads=resolve_threads(args.threads), **flags, **settings)
 
 
