@@ -266,3 +266,35 @@ def test_the_inline_check_feeds_a_token_from_the_middle_of_the_vocabulary(inline
     """Token 0 is often padding with a zero embedding (NaN through an L2 norm without epsilon)."""
     vocab = inline_llm.session.vocab_size
     assert decode_routing._probe_token(inline_llm.session) == vocab // 2 > 0
+
+
+def test_auto_measures_its_inline_pick_and_keeps_the_faster_plan(scan_dir: Path, cache_dir: Path) -> None:
+    auto = onnxgen.load(scan_dir, threads=1)  # auto: a tiny model's Scans look worth inlining
+    plan = auto.decode_plan.plan
+    if plan.choice.plan != "inline":
+        pytest.skip(f"auto did not pick the inline plan here: {plan.choice.reason}")
+    params = SamplingParams(max_new_tokens=4 * decode_routing.TRIAL_STEPS, ignore_eos=True)
+    tokens = auto.generate(PROMPT, params).token_ids
+    assert plan.check is not None and "against the Scan plan's" in plan.check.detail  # the trial ran
+    assert plan.name in ("inline", "scan")
+    scan = onnxgen.load(scan_dir, threads=1, decode_plan="scan")
+    assert tokens == scan.generate(PROMPT, params).token_ids  # alternating plans changes no token
+
+
+@pytest.mark.parametrize(("inline_s", "scan_s", "kept"), [(2e-3, 1e-3, "scan"), (1e-3, 2e-3, "inline")])
+def test_the_trial_keeps_inline_only_where_its_steps_are_faster(
+    inline_s: float, scan_s: float, kept: str
+) -> None:
+    choice = decode_routing.PlanChoice("auto", "inline", "the Scans look worth inlining")
+    plan = decode_routing.DecodePlan(choice, Path("inline.onnx"))
+    plan.sibling = object()  # type: ignore[assignment]  (built and checked: the trial may run)
+    plan.check = decode_routing.InlineCheck(True, "its first step equals the Scan plan's bit for bit")
+    for _ in range(decode_routing.TRIAL_STEPS - 1):
+        plan.observe(0, inline_s)
+        plan.observe(1, scan_s)
+    assert plan.name == "inline"  # not decided before each plan ran its steps
+    plan.observe(0, inline_s)
+    plan.observe(1, scan_s)
+    assert plan.name == kept
+    requested = decode_routing.DecodePlan(decode_routing.PlanChoice("inline", "inline", "asked"), Path("x"))
+    assert requested._trial is None  # an explicit decode_plan='inline' is not second-guessed

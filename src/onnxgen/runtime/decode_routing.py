@@ -61,6 +61,7 @@ _SAVE_PREPACKED = {
 SCAN_STEP_COST_S = 10e-6
 DECODE_BYTES_PER_S = 10e9
 AUTO_MIN_SHARE = 0.03
+TRIAL_STEPS = 8  # decode steps each plan runs before auto keeps the faster one
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,11 @@ class DecodePlan:
         self._main: DecoderSession | None = None
         self.sibling: ort.InferenceSession | None = None
         self.check: InlineCheck | None = None  # the sibling's first-step check, once it ran
+        # auto's pick is measured before it is kept: the first steps alternate between the two plans (the
+        # same bits, checked) by parity, and the faster one runs from then on (:meth:`observe`)
+        self._trial: dict[int, list[float]] | None = (
+            {0: [], 1: []} if choice.requested == "auto" and choice.plan == "inline" else None
+        )
 
     @property
     def name(self) -> str:
@@ -273,8 +279,9 @@ class DecodePlan:
         self._main = session
         session.plan = self
 
-    def session_for(self, tokens: int) -> ort.InferenceSession:
-        """The onnxruntime session that runs a forward over ``tokens`` new tokens."""
+    def session_for(self, tokens: int, parity: int = 0) -> ort.InferenceSession:
+        """The onnxruntime session that runs a forward over ``tokens`` new tokens (``parity``: the step's
+        parity, which picks the plan while auto's pick is on trial)."""
         main = self._main
         if main is None:
             raise RuntimeError("DecodePlan.attach() the plan to its DecoderSession first")
@@ -282,7 +289,27 @@ class DecodePlan:
             return main.current()
         if self.sibling is None:
             self._ensure_sibling()
-        return self.sibling if self.sibling is not None else main.current()
+        if self.sibling is None or (self._trial is not None and parity == 1):
+            return main.current()
+        return self.sibling
+
+    def observe(self, parity: int, seconds: float) -> None:
+        """A decode step of ``parity`` took ``seconds``: while auto's pick is on trial, keep the faster plan
+        once each has run ``TRIAL_STEPS`` steps (the inline plan only where it is faster)."""
+        trial = self._trial
+        if trial is None or self.sibling is None:
+            return
+        trial[parity].append(seconds)
+        if min(len(trial[0]), len(trial[1])) < TRIAL_STEPS:
+            return
+        inline, scan = (float(np.median(trial[p])) for p in (0, 1))
+        self._trial = None
+        measured = f"its steps took {inline * 1e3:.2f} ms against the Scan plan's {scan * 1e3:.2f} ms here"
+        if inline >= scan:
+            self.check = InlineCheck(False, f"{measured} (auto keeps the faster plan)")
+            log.info("decode plan: the Scan plan, %s", measured)
+        else:
+            self.check = InlineCheck(True, f"{self.check.detail if self.check else ''}; {measured}")
 
     def _ensure_sibling(self) -> None:
         """Build the inline sibling and check it against the main session, once."""

@@ -393,7 +393,7 @@ class DecoderSession:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
         if self.vocab_size > 0 and ids.size and not self._ids_in_vocab(ids):
             self._bad_ids(ids, state.length)
-        session = self.current() if self.plan is None or fetch else self.plan.session_for(t)
+        session = self.current() if self.plan is None or fetch else self.plan.session_for(t, state.steps & 1)
         persistent = bool(fetch) and t <= SMALL_STEP
         parity = state.steps & 1
         serial = t == self.serial_width  # binders of their own, binding each position's present outputs too
@@ -538,43 +538,57 @@ class DecoderSession:
         started = time.perf_counter()
         if not 0 <= token < self._vocab_limit:
             self._bad_ids(np.array([token]), state.length)
-        lane = state.bindings.lanes[state.steps & 1]
+        parity = state.steps & 1
+        lane = state.bindings.lanes[parity]
         if (
             lane is not None
             and lane.touched == lane.binder.touched
             and (lane.fetch is fetch or lane.fetch == fetch)
-            and lane.session is (self.session if self.plan is None or fetch else self.plan.session_for(1))
+            and lane.session
+            is (self.session if self.plan is None or fetch else self.plan.session_for(1, parity))
             and state.take_cycle(lane.cycle)
         ):
-            past = state.length
-            lane.tokens[0, 0] = token
-            if lane.positions is not None:
-                lane.positions.fill(past)
-            held = lane.mask
-            if held is not None:
-                if held.filled != past:  # a rewind, or steps that ran without a lane
-                    held.fill(past)
-                held.row[past] = 1
-                held.filled = past + 1
-            elif self.io.attention_mask is not None:
-                mask = self._ones(1, past + 1)
-                lane.bind_input(self.io.attention_mask, mask)
-                lane.binder.record_input(self.io.attention_mask, mask)
-            try:
-                lane.run(lane.binding, self._shrink_options if self._shrink_pending else self._run_options)
-                self._shrink_pending = False
-            except Exception as e:
-                state.discard(lane.cycle)
-                raise _run_failed(1, past, e) from e
-            state.commit_cycle()
-            if fetched is not None and lane.fetched is not None:
-                fetched.update(lane.fetched)
-            self._count_lane_step(time.perf_counter() - started, past)
+            self._lane_step(state, lane, token, fetched)
+            seconds = time.perf_counter() - started
+            self._count_lane_step(seconds, state.length - 1)
+            if self.plan is not None and not fetch:
+                self.plan.observe(parity, seconds)
             return lane.logits
         ids = np.full((1, 1), token, dtype=np.int64)
         # the class's forward, not a wrapper a caller put on this instance's ``forward`` (which sees forwards,
         # not steps); the forward observer sees it as a decode step
-        return type(self).forward(self, state, ids, 1, fetch=fetch, fetched=fetched, copy=False)[0, -1]
+        logits = type(self).forward(self, state, ids, 1, fetch=fetch, fetched=fetched, copy=False)[0, -1]
+        if self.plan is not None and not fetch:
+            self.plan.observe(parity, time.perf_counter() - started)
+        return logits
+
+    def _lane_step(
+        self, state: DecodeState, lane: StepLane, token: int, fetched: dict[str, ort.OrtValue] | None
+    ) -> None:
+        """Run ``token`` on ``lane``: write the token, position and mask into its bound buffers and run."""
+        past = state.length
+        lane.tokens[0, 0] = token
+        if lane.positions is not None:
+            lane.positions.fill(past)
+        held = lane.mask
+        if held is not None:
+            if held.filled != past:  # a rewind, or steps that ran without a lane
+                held.fill(past)
+            held.row[past] = 1
+            held.filled = past + 1
+        elif self.io.attention_mask is not None:
+            mask = self._ones(1, past + 1)
+            lane.bind_input(self.io.attention_mask, mask)
+            lane.binder.record_input(self.io.attention_mask, mask)
+        try:
+            lane.run(lane.binding, self._shrink_options if self._shrink_pending else self._run_options)
+            self._shrink_pending = False
+        except Exception as e:
+            state.discard(lane.cycle)
+            raise _run_failed(1, past, e) from e
+        state.commit_cycle()
+        if fetched is not None and lane.fetched is not None:
+            fetched.update(lane.fetched)
 
     def _count_lane_step(self, seconds: float, past: int) -> None:
         """Count a lane step, fold its time into :attr:`lane_step_s` (a moving average) and show it to the
