@@ -410,7 +410,7 @@ class LLM:
         except TokenizerError as e:  # a template that refuses the continued conversation: nothing to cache
             log.debug("the next turn's prefix is not cached: %s", e)
             return
-        stats["next_turn_prefill_tokens"] = self.generator.extend_cache(ids)
+        stats["next_turn_prefill_tokens"] = self.generator.extend_cache(ids, plan.params.cache_scope)
         stats["next_turn_prefill_s"] = time.perf_counter() - start
 
 

@@ -143,7 +143,7 @@ def test_metrics_count_5xx_answers_and_requests_refused_before_any_route(
     with client(llm, SecurityConfig()) as c:
         server = c.app.state.server  # type: ignore[attr-defined]
 
-        def broken(body: bytes, chat: bool) -> None:
+        def broken(body: bytes, chat: bool, api_key: int | None = None) -> None:
             raise RuntimeError("a bug")
 
         monkeypatch.setattr(server, "preparer", broken)

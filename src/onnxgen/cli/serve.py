@@ -26,6 +26,7 @@ from onnxgen.cli.generate import (
 from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.config import API_KEY, env_api_key
 from onnxgen.errors import ModelPackageError, OnnxgenError
+from onnxgen.server.cache_scope import CACHE_SCOPES, DEFAULT_CACHE_SCOPE
 from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
 if TYPE_CHECKING:
@@ -91,7 +92,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     security = p.add_argument_group("security")
     security.add_argument(
         "--api-key",
-        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_ENV})",
+        action="append",
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health; give it once per user or "
+        f"team to let several keys in (default: ${API_KEY_ENV})",
     )
     security.add_argument(
         "--allowed-hosts",
@@ -128,6 +131,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-prompts", action="store_true", help="put each request's prompt into its log line")
     add_runtime_flags(p)
     add_prefix_cache_flags(p, 0)
+    p.add_argument(
+        "--prefix-cache-scope",
+        choices=CACHE_SCOPES,
+        default=DEFAULT_CACHE_SCOPE,
+        help="which requests share cached prefixes: 'key' those of one API key (with no key: all), 'salt' "
+        "only those sending the same cache_salt, 'shared' all; a request's cache_salt always separates "
+        f"(default {DEFAULT_CACHE_SCOPE}; docs/prefix-cache.md)",
+    )
     add_speculative_flags(p, "the default of every request (a request's `speculative` field overrides it)")
 
 
@@ -175,6 +186,7 @@ def _engine_spec(
         tool_parser=args.tool_call_parser,
         prefix_cache_mb=args.prefix_cache_mb,
         checkpoint_interval=args.checkpoint_interval,
+        prefix_cache_scope=args.prefix_cache_scope,
         decode_plan=args.decode_plan,
         fast_ops=args.fast_ops,
         spinning=args.spinning,
@@ -235,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
     tool_parser_for(args.tool_call_parser)  # an unknown tool-call format is an error before the model
-    api_key = args.api_key if args.api_key is not None else env_api_key()
+    api_key = tuple(args.api_key) if args.api_key is not None else env_api_key()
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
     spec = _engine_spec(args, Path(resolve_model(args.model)), fixed_rows, security)
     spec.scheduler_config()  # a bad size is an error before the port and the model

@@ -146,6 +146,9 @@ class SamplingParams:
         detokenize: stream text beside the token ids (``False``: events and results carry token ids
             and empty text, and no time goes to detokenizing, as vLLM's ``detokenize=False``; stop
             strings, which are matched on text, need it).
+        cache_salt: the prefix-cache partition of the request (vLLM's ``cache_salt``): cached prefixes
+            are shared only among requests with the same salt (``None``: among those without one), so a
+            request cannot tell from a cache hit what another salt's prompts held.
     """
 
     max_new_tokens: int = 64
@@ -170,6 +173,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     logprobs_mode: str = "raw"
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
@@ -197,6 +201,8 @@ class SamplingParams:
             )
         self._check_constraint()
         self._check_logprobs()
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise _invalid("cache_salt", "a non-empty string", self.cache_salt, "or None to share the cache")
 
     def _check_lengths(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 1, "ask for at least one new token")
@@ -276,6 +282,11 @@ class SamplingParams:
         """The name of the constraint field that is set (``"json_schema"``, ``"regex"``, ``"grammar"``,
         ``"tool_grammar"``), or None."""
         return next((name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None), None)
+
+    @property
+    def cache_scope(self) -> str:
+        """The prefix-cache partition this request reads and writes (``""``: the unsalted one)."""
+        return "" if self.cache_salt is None else "salt:" + self.cache_salt
 
     @property
     def is_greedy(self) -> bool:

@@ -57,7 +57,7 @@ class TokenLoop(Sequence):
     def resume(self, cache: PrefixCache) -> None:
         """Load the longest usable cached prefix of the prompt into the (empty) state; the prefill then
         runs the rest only, caching the prefixes :meth:`PrefixCache.cuts` names on the way."""
-        hit = cache.lookup(self.ids[: self.n], whole=True)
+        hit = cache.lookup(self.ids[: self.n], whole=True, scope=self.params.cache_scope)
         cache.restore(hit, self.state)
         self.cache, self.hit, self.cached_tokens = cache, hit, hit.tokens
 
@@ -75,7 +75,12 @@ class TokenLoop(Sequence):
         else:
             assert self.hit is not None
             logits, passes = prefill_with_checkpoints(
-                self.cache, self.state, self.ids[: self.n], self.hit, self._forward_to
+                self.cache,
+                self.state,
+                self.ids[: self.n],
+                self.hit,
+                self._forward_to,
+                self.params.cache_scope,
             )
             self.forward_passes += passes
         self.prefill_s = time.perf_counter() - start

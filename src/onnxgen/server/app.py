@@ -34,6 +34,7 @@ from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import LLM
 from onnxgen.server.access import RequestLog
 from onnxgen.server.body import read_body
+from onnxgen.server.cache_scope import DEFAULT_CACHE_SCOPE
 from onnxgen.server.metrics import ServerMetrics
 from onnxgen.server.prepare import Prepared, RequestPreparer
 from onnxgen.server.protocol import ApiError, error_body
@@ -61,6 +62,7 @@ class Server:
         model_name: str,
         tool_parser: str | None = None,
         speculative: Speculative | None = None,
+        cache_scope: str = DEFAULT_CACHE_SCOPE,
     ) -> None:
         if llm.tokenizer is None:
             raise OnnxgenError(
@@ -71,7 +73,9 @@ class Server:
         if llm.prefix_cache is not None:
             self.metrics.watch_prefix_cache(llm.prefix_cache)
         self.scheduler = Scheduler(llm, config, self.metrics)
-        self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name, tool_parser, speculative)
+        self.preparer = RequestPreparer(
+            llm, llm.tokenizer, config, model_name, tool_parser, speculative, cache_scope
+        )
         self.store = ResponseStore()
         self.pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="onnxgen-prepare")
         self._bodies: asyncio.Semaphore | None = None  # made on the event loop
@@ -108,18 +112,22 @@ def create_app(
     log_prompts: bool = False,
     tool_parser: str | None = None,
     speculative: Speculative | None = None,
+    prefix_cache_scope: str = DEFAULT_CACHE_SCOPE,
 ) -> FastAPI:
     """The FastAPI app serving ``llm``; its scheduler thread runs for the app's lifespan.
 
     ``security`` says who may call it (default: loopback only, no key, no cross-origin pages, no docs);
     ``log_prompts`` puts each request's prompt into its log line; ``tool_parser`` names the tool-call
     format (default: the one the chat template shows); ``speculative``: what requests draft with unless
-    they say otherwise (their ``speculative`` field; docs/server.md).
+    they say otherwise (their ``speculative`` field; docs/server.md); ``prefix_cache_scope``: which
+    requests share cached prefixes (:mod:`onnxgen.server.cache_scope`).
     """
     config = config or SchedulerConfig()
     security = security or SecurityConfig()
     tool_parser_for(tool_parser)  # an unknown name is an error now, not per request
-    server = Server(llm, config, model_name or llm.package.root.name, tool_parser, speculative)
+    server = Server(
+        llm, config, model_name or llm.package.root.name, tool_parser, speculative, prefix_cache_scope
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -4,7 +4,7 @@ Requests are validated strictly (no string-to-number coercion); unknown fields a
 onnxgen does not implement (``echo``, ``best_of`` > 1, ``suffix``, ``logit_bias``) are refused by name
 rather than silently dropped. Extensions beyond the OpenAI API (as vLLM names them): ``top_k``,
 ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
-``return_token_ids``, ``logprobs_mode``, and on chat ``chat_template_kwargs``.
+``return_token_ids``, ``logprobs_mode``, ``cache_salt``, and on chat ``chat_template_kwargs``.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ class SamplingFields(BaseModel):
     logprobs_mode: Literal["raw", "processed"] = "raw"  # which distribution logprobs come from
     response_format: ResponseFormat | None = None  # json_object / json_schema constrain the output
     speculative: SpeculativeField | None = None  # None: the server's --speculative (if any)
+    # the prefix-cache partition (vLLM's): prefixes are shared only among requests with the same salt
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     # refused when used (see refuse_unsupported)
     logit_bias: dict[str, float] | None = None
 
