@@ -181,3 +181,18 @@ def test_a_schema_that_hits_a_parser_limit_in_the_middle_of_the_output_is_a_clie
         streamed = c.post("/v1/chat/completions", json={**body, "stream": True}).text
         assert '"type":"invalid_request_error"' in streamed and "too many alternatives" in streamed
         assert _count(c, "chat", "500") == 0
+
+
+def test_an_api_key_with_surrounding_whitespace_is_refused_at_start() -> None:
+    for key in (" s3cret", "s3cret\n", "\ts3cret "):
+        with pytest.raises(ValueError, match="whitespace"):
+            SecurityConfig(api_key=key)
+    with pytest.raises(ValueError, match="whitespace"):
+        SecurityConfig(api_key=("fine", "s3cret "))
+
+
+def test_several_api_keys_each_let_requests_in(llm: LLM) -> None:
+    with client(llm, SecurityConfig(api_key=(KEY, "other-key"))) as c:
+        for key in (KEY, "other-key"):
+            assert c.post("/v1/completions", json=BODY, headers=bearer(key)).status_code == 200
+        assert c.post("/v1/completions", json=BODY, headers=bearer("third")).status_code == 401
