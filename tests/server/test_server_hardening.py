@@ -106,6 +106,12 @@ HUGE = {
         {"messages": [{"role": "user", "content": EIGHT_MIB_PROMPT}]},
         400,
     ),
+    "8 MiB prompt to /tokenize": ("/tokenize", {"prompt": EIGHT_MIB_PROMPT}, 400),
+    "8 MiB chat message to /tokenize": (
+        "/tokenize",
+        {"messages": [{"role": "user", "content": EIGHT_MIB_PROMPT}]},
+        400,
+    ),
     "4000 chat messages": (
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "x"}] * 4000},

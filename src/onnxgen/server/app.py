@@ -211,12 +211,14 @@ def _routes(app: FastAPI, server: Server) -> None:
         return stored_response(server, response_id)
 
     @app.post("/tokenize")
-    async def tokenize(request: Request) -> dict[str, Any]:
-        return await server.prepare(request, lambda body: tokenize_body(server.preparer, body))
+    async def tokenize(request: Request) -> Response:  # (the body is rendered on the pool too)
+        return await server.prepare(request, lambda body: JSONResponse(tokenize_body(server.preparer, body)))
 
     @app.post("/detokenize")
-    async def detokenize(request: Request) -> dict[str, Any]:
-        return await server.prepare(request, lambda body: detokenize_body(server.preparer, body))
+    async def detokenize(request: Request) -> Response:
+        return await server.prepare(
+            request, lambda body: JSONResponse(detokenize_body(server.preparer, body))
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:

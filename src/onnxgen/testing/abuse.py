@@ -153,6 +153,54 @@ def catalogue(model: str, max_batch: int, max_queue: int) -> list[Abuse]:
             400,
             "context holds",
         ),
+        *_tokenize(model),
+    ]
+
+
+def _tokenize(model: str) -> list[Abuse]:
+    """``/tokenize`` takes what a completion or chat request takes, no more."""
+    user = [{"role": "user", "content": "hi"}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    tools = [{**tool, "function": {**tool["function"], "name": f"f{i}"}} for i in range(10_000)]
+    return [
+        Abuse(
+            "8 MiB prompt to /tokenize",
+            "/tokenize",
+            _json({"prompt": EIGHT_MIB_PROMPT}),
+            400,
+            "context holds",
+        ),
+        Abuse(
+            "8 MiB chat message to /tokenize",
+            "/tokenize",
+            _json({"messages": [{"role": "user", "content": EIGHT_MIB_PROMPT}]}),
+            400,
+            "context holds",
+        ),
+        Abuse(
+            "10,000 tools to /tokenize", "/tokenize", _json({"messages": user, "tools": tools}), 400, "tools"
+        ),
+        Abuse(
+            "a tool without a name to /tokenize",
+            "/tokenize",
+            _json({"messages": user, "tools": [{"type": "function", "function": {}}]}),
+            400,
+            "name",
+        ),
+        Abuse(
+            "too many messages to /tokenize",
+            "/tokenize",
+            _json({"messages": user * 200_000}),
+            400,
+            "messages",
+        ),
+        Abuse(
+            "unknown model to /tokenize",
+            "/tokenize",
+            _json({"model": "x" + model, "prompt": "a"}),
+            404,
+            "not served",
+        ),
     ]
 
 
