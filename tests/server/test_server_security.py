@@ -11,10 +11,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from onnxgen import LLM, load
+from onnxgen.errors import GenerationError
 from onnxgen.server.app import create_app
 from onnxgen.server.scheduler import SchedulerConfig
 from onnxgen.server.security import SecurityConfig
-from onnxgen.testing import build_model, poison_weights
+from onnxgen.testing import build_model, poison_positions, poison_weights
 
 KEY = "s3cret-key"
 BODY = {"prompt": "hi", "max_tokens": 2}
@@ -162,6 +163,24 @@ def test_a_model_computing_nan_fails_each_request_with_a_500_naming_the_export(t
         assert r.status_code == 500 and str(model / "model.onnx") in r.json()["error"]["message"]
         assert _count(c, "completions", "500") == 1
         assert c.get("/health").status_code == 200
+
+
+def test_logits_that_turn_nan_in_the_middle_of_decoding_end_the_request_with_an_error(tmp_path: Path) -> None:
+    llm = load(poison_positions(build_model(tmp_path / "late-nan", "genai-dense"), 40), threads=1)
+    prompt = list(range(3, 13))  # positions 0-9 are finite: the prompt passes its check
+    assert len(llm.generate(prompt, max_new_tokens=20, ignore_eos=True).token_ids) == 20  # the control
+    for params in ({}, {"logprobs": True}, {"temperature": 0.8, "seed": 1}):  # (a sampler says so itself)
+        with pytest.raises(GenerationError, match=r"non-finite logits|cannot sample: the logits are NaN"):
+            llm.generate(prompt, max_new_tokens=60, ignore_eos=True, **params)
+        with pytest.raises(GenerationError, match=r"non-finite logits|cannot sample: the logits are NaN"):
+            list(llm.stream(prompt, max_new_tokens=60, ignore_eos=True, **params))
+    body = {"prompt": prompt, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+    with client(llm, SecurityConfig()) as c:
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 500 and "non-finite logits" in r.json()["error"]["message"], r.text
+        streamed = c.post("/v1/completions", json={**body, "stream": True}).text
+        assert "non-finite logits" in streamed and '"type":"server_error"' in streamed, streamed[-500:]
+        assert c.post("/v1/completions", json={**body, "max_tokens": 20}).status_code == 200
 
 
 def test_a_schema_that_hits_a_parser_limit_in_the_middle_of_the_output_is_a_client_error(llm: LLM) -> None:

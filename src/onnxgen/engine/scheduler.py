@@ -489,7 +489,7 @@ class Scheduler:
     def _choose(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> bool:
         """Add ``seq``'s next token from ``logits``; whether it goes on."""
         try:
-            token = seq.select(logits)
+            token = seq.select(logits, self.export)
             text, reason = seq.add(token)
         except OnnxgenError as e:  # e.g. every token masked by the request's own filters
             self._fail(seq, str(e), touched, client=isinstance(e, ConstraintError))

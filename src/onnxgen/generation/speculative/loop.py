@@ -209,7 +209,7 @@ class SpeculativeLoop(TokenLoop):
                 if self.budget is not None:
                     self.budget.observe_forward(1, time.perf_counter() - started)
                 self.forward_passes += 1
-                emitted = [self.select(logits)]
+                emitted = [self.select(logits, self.export)]
             else:
                 started = time.perf_counter()
                 emitted = self._verify(drafts, q)
