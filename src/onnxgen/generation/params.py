@@ -66,6 +66,9 @@ def _normalize_stop(stop: object) -> tuple[str, ...]:
 CONSTRAINT_FIELDS = ("json_schema", "regex", "grammar", "tool_grammar")
 LOGPROBS_MODES = ("raw", "processed")
 MAX_TOP_LOGPROBS = 20
+# below these, dividing logits by the temperature or the penalty overflows float32 (inf, then NaN)
+MIN_TEMPERATURE = 1e-5  # (vLLM's sampling epsilon)
+MIN_REPETITION_PENALTY = 1e-3
 
 
 @dataclass(frozen=True)
@@ -224,16 +227,23 @@ class SamplingParams:
             "a finite number >= 0",
             "use 0 for greedy decoding",
         )
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise _invalid(
+                "temperature",
+                f"0 or at least {MIN_TEMPERATURE:g}",
+                self.temperature,
+                "use 0 for greedy decoding (a smaller temperature overflows the logits)",
+            )
         _check_int("top_k", self.top_k, 0, "use 0 to disable top-k filtering")
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise _invalid("top_p", "in (0, 1]", self.top_p, "use 1.0 to disable nucleus sampling")
         _check_float("min_p", self.min_p, 0.0, 1.0, "in [0, 1]", "use 0.0 to disable min-p filtering")
 
     def _check_penalties(self) -> None:
-        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty < MIN_REPETITION_PENALTY:
             raise _invalid(
                 "repetition_penalty",
-                "a finite number > 0",
+                f"a finite number >= {MIN_REPETITION_PENALTY:g}",
                 self.repetition_penalty,
                 "use 1.0 for no penalty; values above 1 discourage repeats",
             )

@@ -92,6 +92,8 @@ def _check_text(where: str, text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
+        # the path may hold the surrogate itself (a key): shown escaped, the error body must be UTF-8
+        where = where.encode("utf-8", "backslashreplace").decode("utf-8")
         raise ApiError(
             400,
             f"{where} holds a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character {e.start}: "

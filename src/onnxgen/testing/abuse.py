@@ -43,6 +43,23 @@ def catalogue(model: str, max_batch: int, max_queue: int) -> list[Abuse]:
     completions, chats = "/v1/completions", "/v1/chat/completions"
     return [
         Abuse("lone surrogate", completions, b'{"prompt": "\\ud800abc", "max_tokens": 4}', 400, "surrogate"),
+        Abuse("lone surrogate in a key", completions, b'{"prompt": "abc", "\\ud800": 1}', 400, "surrogate"),
+        Abuse(
+            "lone surrogate in a nested key",
+            chats,
+            b'{"messages": [{"role": "user", "content": "a", "\\udc00x": {"\\ud801": 2}}]}',
+            400,
+            "surrogate",
+        ),
+        Abuse("temperature 1e-300", completions, _json({**ok, "temperature": 1e-300}), 400, "temperature"),
+        Abuse("temperature 5e-324", chats, _json({**chat, "temperature": 5e-324}), 400, "temperature"),
+        Abuse(
+            "repetition_penalty 1e-308",
+            completions,
+            _json({**ok, "repetition_penalty": 1e-308}),
+            400,
+            "repetition_penalty",
+        ),
         Abuse(
             "lone surrogate in chat",
             chats,
