@@ -16,6 +16,7 @@ import numpy as np
 from onnxgen.cache.prefix import PrefixCache
 from onnxgen.chat.continuation import next_turn_prefix
 from onnxgen.chat.deltas import ChatDelta
+from onnxgen.chat.messages import check_messages
 from onnxgen.chat.output import ChatOutput
 from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.chat.tools import ToolCall
@@ -124,12 +125,17 @@ class LLM:
             if not prompt:
                 raise GenerationError("the prompt is empty; give non-empty text or token ids")
             return self._require_tokenizer().encode(prompt)
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise GenerationError(
+                "the prompt is bytes, not text or token ids; decode it first (prompt.decode('utf-8'))"
+            )
         return [int(i) for i in prompt]
 
     def chat_prompt(self, messages: Messages, **template_kwargs: Any) -> list[int]:
         """Token ids of ``messages`` rendered by the model's chat template, ready for the assistant's turn
         (``template_kwargs``: template variables such as ``enable_thinking``)."""
         tok = self._require_tokenizer()
+        check_messages(messages)
         text = tok.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         return tok.encode(text, add_special_tokens=False)
 
@@ -311,6 +317,7 @@ class LLM:
     def plan_chat(self, messages: Messages, params: SamplingParams | None = None, **options: Any) -> ChatPlan:
         """The prompt, sampling parameters and reply parser of a chat request (options: see :meth:`chat`)."""
         tokenizer = self._require_tokenizer()
+        check_messages(messages)
         template_kwargs = options.pop("chat_template_kwargs", None)
         return plan_chat(
             tokenizer,
