@@ -13,7 +13,7 @@ import pytest
 from server_helpers import ServerProcess
 
 from onnxgen.testing import TinySpec, build_model
-from onnxgen.testing.abuse import EIGHT_MIB_PROMPT, JSON, catalogue
+from onnxgen.testing.abuse import EIGHT_MIB_PROMPT, JSON, catalogue, trickle
 
 MODEL = "dense2k"
 MAX_BATCH = 4
@@ -138,3 +138,18 @@ def test_health_answers_within_100_ms_while_a_huge_request_is_prepared(
     assert got == status  # 400: longer than the context
     assert latencies, "the request was answered before /health could be asked"
     assert max(latencies) < 0.1, f"/health took up to {1000 * max(latencies):.0f} ms during {huge}"
+
+
+def test_slow_bodies_are_cut_off_within_seconds_and_never_hold_back_other_requests(
+    server: ServerProcess,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        slow = [pool.submit(trickle, server.port, seconds=10.0) for _ in range(8)]
+        time.sleep(0.5)  # the eight are reading their bodies
+        start = time.perf_counter()
+        with httpx.Client(base_url=server.base_url, timeout=5) as client:
+            r = client.post("/v1/completions", json={**GREEDY, "max_tokens": 1})
+        assert r.status_code == 200 and time.perf_counter() - start < 2.0
+        assert [f.result() for f in slow] == [408] * 8

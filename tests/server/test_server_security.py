@@ -3,6 +3,7 @@ and errors found in the middle of decoding."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -215,3 +216,38 @@ def test_several_api_keys_each_let_requests_in(llm: LLM) -> None:
         for key in (KEY, "other-key"):
             assert c.post("/v1/completions", json=BODY, headers=bearer(key)).status_code == 200
         assert c.post("/v1/completions", json=BODY, headers=bearer("third")).status_code == 401
+
+
+def test_a_client_that_resets_mid_body_is_logged_as_gone_not_as_a_server_error(llm: LLM) -> None:
+    app = create_app(llm, CONFIG)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    incoming = [
+        {"type": "http.request", "body": b'{"prompt": "ab', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return incoming.pop(0)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))  # no exception leaves the app (no traceback in the log)
+    assert sent[0]["status"] == 499
+    metrics = app.state.server.metrics.render().decode()  # type: ignore[attr-defined]
+    assert 'onnxgen_requests_total{endpoint="completions",status="499"} 1.0' in metrics
+    assert 'status="500"' not in metrics

@@ -48,7 +48,8 @@ from onnxgen.server.streaming import RequestStream
 T = TypeVar("T")
 
 PREPARE_WORKERS = 2  # threads preparing requests (tokenizers and llguidance release the GIL)
-BODIES_AT_ONCE = 8  # requests whose body is read or prepared at once; the others wait, unread
+BODIES_AT_ONCE = 8  # requests prepared at once; the others wait, read
+READERS_AT_ONCE = 32  # requests whose body is read or waits to be prepared (bounds the bodies in memory)
 
 
 class Server:
@@ -79,16 +80,21 @@ class Server:
         self.store = ResponseStore()
         self.pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="onnxgen-prepare")
         self._bodies: asyncio.Semaphore | None = None  # made on the event loop
+        self._readers: asyncio.Semaphore | None = None
         self.ready = False  # the scheduler runs: /health answers 200
 
     async def prepare(self, request: Request, work: Callable[[bytes], T]) -> T:
-        """Read the body of ``request`` and run ``work`` on it on the worker pool (at most
-        :data:`BODIES_AT_ONCE` bodies are read or prepared at once)."""
-        if self._bodies is None:
+        """Read the body of ``request`` and run ``work`` on it on the worker pool: at most
+        :data:`READERS_AT_ONCE` bodies are read or held at once, of which :data:`BODIES_AT_ONCE` are
+        prepared; a slow upload holds a reading slot only (and briefly: :func:`read_body`), never one
+        that requests whose body has arrived wait for."""
+        if self._bodies is None or self._readers is None:
             self._bodies = asyncio.Semaphore(BODIES_AT_ONCE)
-        async with self._bodies:
+            self._readers = asyncio.Semaphore(READERS_AT_ONCE)
+        async with self._readers:
             body = await read_body(request)
-            return await asyncio.get_running_loop().run_in_executor(self.pool, work, body)
+            async with self._bodies:
+                return await asyncio.get_running_loop().run_in_executor(self.pool, work, body)
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.llm.token_bytes(token_id)

@@ -226,3 +226,32 @@ def _deep_schema(depth: int) -> dict[str, Any]:
     for _ in range(depth):
         schema = {"type": "array", "items": schema}
     return schema
+
+
+def trickle(port: int, path: str = "/v1/completions", seconds: float = 10.0, host: str = "127.0.0.1") -> int:
+    """Send a POST whose body comes one byte every 0.25 s, for at most ``seconds``; the status the server
+    answers with (0: none before the time was up). For a loopback server only."""
+    import socket
+    import time
+
+    body = b'{"prompt": "' + b"x" * 200 + b'"}'
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    deadline = time.monotonic() + seconds
+    with socket.create_connection((host, port), timeout=seconds) as sock:
+        sock.sendall(head)
+        sock.settimeout(0.25)
+        for byte in body:
+            if time.monotonic() > deadline:
+                return 0
+            try:
+                sock.sendall(bytes([byte]))
+                answer = sock.recv(64)
+            except TimeoutError:
+                continue
+            except OSError:  # the server closed the connection after answering
+                return 0
+            return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+    return 0
