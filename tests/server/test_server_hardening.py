@@ -13,7 +13,7 @@ import pytest
 from server_helpers import ServerProcess
 
 from onnxgen.testing import TinySpec, build_model
-from onnxgen.testing.abuse import EIGHT_MIB_PROMPT, JSON, catalogue, trickle
+from onnxgen.testing.abuse import EIGHT_MIB_PROMPT, JSON, catalogue, trickle, unread_stream
 
 MODEL = "dense2k"
 MAX_BATCH = 4
@@ -153,3 +153,26 @@ def test_slow_bodies_are_cut_off_within_seconds_and_never_hold_back_other_reques
             r = client.post("/v1/completions", json={**GREEDY, "max_tokens": 1})
         assert r.status_code == 200 and time.perf_counter() - start < 2.0
         assert [f.result() for f in slow] == [408] * 8
+
+
+def test_a_client_that_stops_reading_its_stream_has_its_request_ended(server: ServerProcess) -> None:
+    body = {  # chunks of about 1.5 KB: far more than the sockets' buffers hold
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1900,
+        "n": 4,
+        "logprobs": True,
+        "top_logprobs": 20,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    generated = server.metric("onnxgen_generation_tokens_total")
+    seen = [generated]
+
+    def stalled() -> bool:  # it started, and no token came since the last look: ended, or done
+        seen.append(server.metric("onnxgen_generation_tokens_total"))
+        return seen[-1] == seen[-2] > generated
+
+    received = unread_stream(server.port, "/v1/chat/completions", body, 30.0, stalled)
+    assert b"the client read none of this stream" in received and b"[DONE]" not in received
+    assert server.metric("onnxgen_generation_tokens_total") - generated < 4 * 1900 / 2
+    assert greedy_text(server) == server.baseline  # type: ignore[attr-defined]

@@ -197,7 +197,7 @@ async def _events(
         for event in run.start():
             yield _event(event)
         while not finished:
-            item = await stream.queue.get()
+            item = await stream.next()
             if item == DISCONNECTED:
                 return
             for delta in item:  # type: ignore[union-attr]

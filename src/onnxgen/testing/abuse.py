@@ -7,6 +7,7 @@ watches its memory). Each :class:`Abuse` is the exact bytes and headers sent.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -255,3 +256,36 @@ def trickle(port: int, path: str = "/v1/completions", seconds: float = 10.0, hos
                 return 0
             return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
     return 0
+
+
+def unread_stream(
+    port: int,
+    path: str,
+    body: dict[str, Any],
+    wait_s: float,
+    until: Callable[[], bool] = lambda: False,
+    host: str = "127.0.0.1",
+) -> bytes:
+    """Send a streaming request, read nothing of its answer for ``wait_s`` seconds or until ``until()``
+    holds (asked every 0.5 s; a small receive buffer, so the server's writes stall), then read it all;
+    the bytes received. Loopback only."""
+    import socket
+    import time
+
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, port))
+        sock.sendall(head + data)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not until():
+            time.sleep(0.5)
+        sock.settimeout(30)
+        received = bytearray()
+        while chunk := sock.recv(1 << 16):
+            received.extend(chunk)
+        return bytes(received)
