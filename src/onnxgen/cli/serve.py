@@ -27,6 +27,13 @@ from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.config import API_KEY, env_api_key
 from onnxgen.errors import ModelPackageError, OnnxgenError
 from onnxgen.server.cache_scope import CACHE_SCOPES, DEFAULT_CACHE_SCOPE
+from onnxgen.server.connections import (
+    HEADER_TIMEOUT_S,
+    KEEP_ALIVE_S,
+    MAX_CONNECTIONS,
+    SHUTDOWN_TIMEOUT_S,
+    ConnectionLimits,
+)
 from onnxgen.serving.engine import DEFAULT_MAX_MODEL_LEN, EngineSpec, load_app
 
 if TYPE_CHECKING:
@@ -111,6 +118,36 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "default: none, cross-origin browser requests are refused",
     )
     security.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json")
+    security.add_argument(
+        "--header-timeout",
+        type=float,
+        default=HEADER_TIMEOUT_S,
+        metavar="S",
+        help="close a connection that sends no complete request headers within S seconds of connecting "
+        f"or of its last response (default {HEADER_TIMEOUT_S:g})",
+    )
+    security.add_argument(
+        "--keep-alive-timeout",
+        type=int,
+        default=KEEP_ALIVE_S,
+        metavar="S",
+        help=f"close a connection idle S seconds after a response (default {KEEP_ALIVE_S})",
+    )
+    security.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help=f"answer 503 to requests beyond N open connections (default {MAX_CONNECTIONS})",
+    )
+    security.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=SHUTDOWN_TIMEOUT_S,
+        metavar="S",
+        help="after SIGTERM, let running requests finish for S seconds, then cut the connections still "
+        f"open (default {SHUTDOWN_TIMEOUT_S})",
+    )
     scale = p.add_argument_group("scale out on Ray Serve (pip install 'onnxgen[ray]'; docs/scale-out.md)")
     scale.add_argument(
         "--ray",
@@ -247,6 +284,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
     tool_parser_for(args.tool_call_parser)  # an unknown tool-call format is an error before the model
+    limits = ConnectionLimits(
+        args.header_timeout, args.keep_alive_timeout, args.max_connections, args.shutdown_timeout
+    )  # a bad one is an error before the model loads
     api_key = tuple(args.api_key) if args.api_key is not None else env_api_key()
     security = SecurityConfig(args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs)
     spec = _engine_spec(args, Path(resolve_model(args.model)), fixed_rows, security)
@@ -269,7 +309,7 @@ def _run(args: argparse.Namespace) -> int:
         _log_requests(args.log_level)
         uvicorn_level = "warning" if args.log_level == "info" else args.log_level
         server = _Uvicorn(
-            uvicorn.Config(app, log_level=uvicorn_level, access_log=False),
+            uvicorn.Config(app, log_level=uvicorn_level, access_log=False, **limits.uvicorn_options()),
             f"listening on {url} (batch {sizes.max_batch}, at least {sizes.min_rows} "
             f"row{'s' if sizes.min_rows != 1 else ''} a step, {sizes.max_model_len} tokens per sequence)",
         )
