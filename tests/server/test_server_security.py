@@ -184,17 +184,37 @@ def test_logits_that_turn_nan_in_the_middle_of_decoding_end_the_request_with_an_
         assert c.post("/v1/completions", json={**body, "max_tokens": 20}).status_code == 200
 
 
-def test_a_schema_that_hits_a_parser_limit_in_the_middle_of_the_output_is_a_client_error(llm: LLM) -> None:
-    optional = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(500)}}
-    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 1}, "b": optional}}
-    body = {
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 40,
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "x", "schema": {**schema, "required": ["a", "b"]}},
-        },
+OPTIONAL_500 = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(500)}}
+
+
+def _schema_body(free: int) -> dict:
+    """A chat body whose schema reaches 500 optional properties (past llguidance's row limit) after
+    ``free`` one-character strings, each a free choice (a character, or the closing quote)."""
+    properties = {f"s{i}": {"type": "string", "maxLength": 1} for i in range(free)}
+    schema = {
+        "type": "object",
+        "properties": {**properties, "b": OPTIONAL_500},
+        "required": [*properties, "b"],
     }
+    return {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 80,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    }
+
+
+def test_a_schema_that_hits_a_parser_limit_after_a_few_free_choices_is_refused_before_decoding(
+    llm: LLM,
+) -> None:
+    with client(llm, SecurityConfig()) as c:
+        for free in (0, 1, 2):
+            for stream in (False, True):
+                r = c.post("/v1/chat/completions", json={**_schema_body(free), "stream": stream})
+                assert r.status_code == 400 and "too many alternatives" in r.json()["error"]["message"]
+
+
+def test_a_schema_that_hits_a_parser_limit_in_the_middle_of_the_output_is_a_client_error(llm: LLM) -> None:
+    body = _schema_body(6)  # beyond what the admission probe follows
     with client(llm, SecurityConfig()) as c:
         r = c.post("/v1/chat/completions", json=body)  # the probe passes: the limit is after a free choice
         assert r.status_code == 400 and "too many alternatives" in r.json()["error"]["message"]
