@@ -26,6 +26,10 @@ BODY_TIMEOUT_S = 30.0  # for the whole body to arrive
 BODY_IDLE_S = 5.0  # longest wait for the body's next chunk
 BODY_GRACE_S = 2.0  # after this long, a body must arrive at MIN_BODY_RATE on average
 MIN_BODY_RATE = 16 * 1024  # bytes a second
+# arrays and objects a body may open, counted on its bytes before parsing: parsing (and collecting) a
+# few hundred thousand tiny containers holds the interpreter for a third of a second; no request needs
+# as many (4096 messages, 128 tools, a schema of thousands of properties stay far below)
+MAX_JSON_CONTAINERS = 100_000
 CLIENT_GONE = 499  # the status logged for a client that closed its connection mid-body (nginx's)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how a lone surrogate can reach a JSON string
 
@@ -80,7 +84,17 @@ async def read_body(request: Request) -> bytes:
 
 def parse_body(body: bytes) -> dict[str, Any]:
     """The body as a JSON object: 400 for invalid JSON, nesting deeper than the parser takes, or text
-    that is not Unicode (a lone surrogate escape such as ``\\ud800``, which no tokenizer can take)."""
+    that is not Unicode (a lone surrogate escape such as ``\\ud800``, which no tokenizer can take), and
+    one that opens more than :data:`MAX_JSON_CONTAINERS` arrays and objects (counted before parsing:
+    brackets inside strings count too)."""
+    containers = body.count(b"[") + body.count(b"{")
+    if containers > MAX_JSON_CONTAINERS:
+        raise ApiError(
+            400,
+            f"the request body opens {containers} JSON arrays and objects (bracket characters in its text "
+            f"count too), more than the {MAX_JSON_CONTAINERS} any request needs; send fewer prompts, "
+            "messages or tools per request",
+        )
     try:
         value = json.loads(body)
     except RecursionError as e:

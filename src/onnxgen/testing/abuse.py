@@ -73,6 +73,13 @@ def catalogue(model: str, max_batch: int, max_queue: int) -> list[Abuse]:
             completions,
             b'{"prompt":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
             400,
+            "arrays and objects",
+        ),
+        Abuse(
+            "JSON nested 5000 deep",
+            completions,
+            b'{"prompt":' + b"[" * 5000 + b"]" * 5000 + b"}",
+            400,
             "nests",
         ),
         Abuse(
@@ -130,7 +137,7 @@ def catalogue(model: str, max_batch: int, max_queue: int) -> list[Abuse]:
             chats,
             _json({**chat, "messages": [{"role": "user", "content": ""}] * 200_000}),
             400,
-            "messages",
+            "messages",  # (refused by its count of objects, before parsing)
         ),
         Abuse("too many prompts", completions, _json({**ok, "prompt": [[1]] * 500_000}), 400, "prompts"),
         Abuse("body over 8 MiB", completions, b'{"prompt": "' + b"x" * (9 << 20) + b'"}', 413, "larger than"),
