@@ -57,7 +57,7 @@ def header_deadline_protocol(seconds: float) -> type[asyncio.Protocol]:
     class HeaderDeadlineProtocol(base):  # type: ignore[misc,valid-type]
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._waiting_since: object = None  # the cycle (None: none yet) a request has not followed
+            self._waiting_since: Any = None  # the cycle (None: none yet) a request has not followed
             self._check = self.loop.call_later(seconds, self._check_headers)
 
         def _check_headers(self) -> None:
