@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from onnxgen import LLM, load
+from onnxgen import LLM, PromptLookup, load
 from onnxgen.errors import GenerationError
 from onnxgen.server.app import create_app
 from onnxgen.server.scheduler import SchedulerConfig
@@ -175,6 +175,8 @@ def test_logits_that_turn_nan_in_the_middle_of_decoding_end_the_request_with_an_
             llm.generate(prompt, max_new_tokens=60, ignore_eos=True, **params)
         with pytest.raises(GenerationError, match=r"non-finite logits|cannot sample: the logits are NaN"):
             list(llm.stream(prompt, max_new_tokens=60, ignore_eos=True, **params))
+    with pytest.raises(GenerationError, match="non-finite logits"):  # drafts verified by the model
+        llm.generate(prompt * 3, max_new_tokens=60, ignore_eos=True, speculative=PromptLookup(4))
     body = {"prompt": prompt, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
     with client(llm, SecurityConfig()) as c:
         r = c.post("/v1/completions", json=body)
