@@ -151,8 +151,9 @@ class HealthWatch:
             self.failed += ok == "0"
 
 
-def connection_cases(url: str, port: int, check: Check) -> None:
+def connection_cases(url: str, port: int, check: Check, health: HealthWatch) -> None:
     """Slow bodies, idle and header-dripping connections, and a stream left unread."""
+    health.phase = "trickled bodies"
     with ThreadPoolExecutor(8) as pool:
         slow = [pool.submit(trickle, port, seconds=15.0) for _ in range(8)]
         time.sleep(0.5)
@@ -165,6 +166,7 @@ def connection_cases(url: str, port: int, check: Check) -> None:
         f"a request beside 8 trickled bodies: {r.status_code} in {fast:.2f} s",
     )
     check(statuses == [408] * 8, f"8 bodies trickled a byte at a time: {statuses}")
+    health.phase = "idle connections"
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
     for sock in socks[:5]:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Drip: a")
@@ -194,6 +196,7 @@ def connection_cases(url: str, port: int, check: Check) -> None:
         "stream": True,
         "ignore_eos": True,
     }
+    health.phase = "a stream left unread"
     received = unread_stream(port, "/v1/chat/completions", body, 8.0)
     check(
         b"the client read none" in received, f"a stream left unread for 8 s is ended ({len(received)} bytes)"
@@ -300,8 +303,7 @@ def main() -> int:
             f"RSS: {base:.0f} MB after the first request, {peak:.0f} MB at most when sampled, peak (VmHWM) "
             f"{hwm:.0f} MB: growth {max(peak, hwm) - base:.0f} MB < {args.rss_growth_mb:.0f} MB",
         )
-        health.phase = "connections"
-        connection_cases(url, int(url.rsplit(":", 1)[1]), check)
+        connection_cases(url, int(url.rsplit(":", 1)[1]), check, health)
         health.phase = "cache probe"
         cache_probe(url, check)
         peak = max(peak, rss_mb(proc.pid))

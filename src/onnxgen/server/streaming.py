@@ -62,7 +62,10 @@ class RequestStream:
             self.handle.cancelled = True
 
     async def next(self) -> list[Delta] | str:
-        """The next deltas pushed (or :data:`DISCONNECTED`)."""
+        """The next deltas pushed (or :data:`DISCONNECTED`). Always lets the event loop run other
+        tasks first: a response catching up on many queued steps (its client was slow to read) would
+        otherwise build and send them all in one go, with /health and other streams waiting."""
+        await asyncio.sleep(0)
         item = await self.queue.get()
         if item != DISCONNECTED:
             with self._lock:
