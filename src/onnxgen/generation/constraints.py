@@ -100,8 +100,8 @@ _STEP_HINTS = {
 }
 PROBE_STEPS = 8  # forced-token runs a new grammar is taken through before it is accepted
 PROBE_BRANCHES = 2  # at a free choice, the probe follows the grammar's lowest allowed token ids ...
-PROBE_DEPTH = 3  # ... through this many free choices
-PROBE_MASKS = 48  # masks the probe computes at most
+PROBE_DEPTH = 2  # ... through this many free choices
+PROBE_MASKS = 24  # masks the probe computes at most
 
 
 def _step_error(kind: str, message: str) -> ConstraintError:

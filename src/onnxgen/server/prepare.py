@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from onnxgen.api.responses import effort_kwargs
 from onnxgen.chat.plan import ChatPlan, plan_chat
+from onnxgen.chat.tools import MAX_TOOLS
 from onnxgen.errors import GenerationError, OnnxgenError
 from onnxgen.generation.constraints import constraint_from_response_format
 from onnxgen.generation.params import SamplingParams
@@ -97,6 +98,17 @@ def for_choice(
     ``index`` in the ``room`` its prompt leaves."""
     own = sampling_params(fields, max_tokens, room, index)
     return replace(base, max_new_tokens=own.max_new_tokens, min_new_tokens=own.min_new_tokens, seed=own.seed)
+
+
+def count_messages_and_tools(body: dict[str, Any]) -> None:
+    """Refuse a chat body with more messages or tools than a request may have, before they are validated
+    one by one (validating ten thousand tools holds the interpreter for tens of milliseconds)."""
+    for name, limit in (("messages", MAX_MESSAGES), ("tools", MAX_TOOLS)):
+        items = body.get(name)
+        if isinstance(items, list) and len(items) > limit:
+            raise ApiError(
+                400, f"{name} has {len(items)} entries; at most {limit} are accepted per request", param=name
+            )
 
 
 def validation_error(e: ValidationError) -> ApiError:
@@ -237,13 +249,9 @@ class RequestPreparer:
     def _count_lists(self, body: dict[str, Any], chat: bool) -> None:
         """Refuse more messages or prompts than could ever be served before validating them one by one
         (validation of a few hundred thousand tiny objects would hold the interpreter for seconds)."""
-        messages, prompt = body.get("messages"), body.get("prompt")
-        if chat and isinstance(messages, list) and len(messages) > MAX_MESSAGES:
-            raise ApiError(
-                400,
-                f"{len(messages)} messages exceed this server's {MAX_MESSAGES} per request",
-                param="messages",
-            )
+        prompt = body.get("prompt")
+        if chat:
+            count_messages_and_tools(body)
         batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
         if not chat and batch and len(prompt) > self.config.max_queue:
             raise ApiError(

@@ -30,7 +30,7 @@ from onnxgen.api.responses_input import chat_messages, conversation
 from onnxgen.chat.plan import ChatPlan
 from onnxgen.server.access import RequestRecord, request_record
 from onnxgen.server.body import parse_body
-from onnxgen.server.prepare import Prepared, validation_error
+from onnxgen.server.prepare import Prepared, count_messages_and_tools, validation_error
 from onnxgen.server.protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest
 from onnxgen.server.security import api_key_of
 from onnxgen.server.service import Service
@@ -57,6 +57,7 @@ def prepare_response(server: Service, body: bytes, api_key: int | None = None) -
         raise ApiError(
             400, f"{len(items)} input items exceed this server's {MAX_MESSAGES} per request", param="input"
         )
+    count_messages_and_tools({"tools": raw.get("tools")})
     try:
         req = ResponsesRequest.model_validate(raw)
     except ValidationError as e:

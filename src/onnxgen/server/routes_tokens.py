@@ -18,8 +18,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from onnxgen.chat.tools import parse_tools
 from onnxgen.server.body import parse_body
-from onnxgen.server.prepare import RequestPreparer, check_prompt, client_errors, validation_error
-from onnxgen.server.protocol import MAX_MESSAGES, RESERVED_TEMPLATE_KWARGS, ApiError, ChatMessage
+from onnxgen.server.prepare import (
+    RequestPreparer,
+    check_prompt,
+    client_errors,
+    count_messages_and_tools,
+    validation_error,
+)
+from onnxgen.server.protocol import RESERVED_TEMPLATE_KWARGS, ApiError, ChatMessage
 
 
 class TokenizeRequest(BaseModel):
@@ -42,11 +48,7 @@ class DetokenizeRequest(BaseModel):
 
 def _validated(preparer: RequestPreparer, body: bytes, kind: type[BaseModel]) -> Any:
     raw = parse_body(body)
-    messages = raw.get("messages")
-    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:  # before validating them one by one
-        raise ApiError(
-            400, f"{len(messages)} messages exceed this server's {MAX_MESSAGES} per request", param="messages"
-        )
+    count_messages_and_tools(raw)  # before validating them one by one
     try:
         req = kind.model_validate(raw)
     except ValidationError as e:

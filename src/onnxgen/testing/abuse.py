@@ -189,6 +189,20 @@ def _tokenize(model: str) -> list[Abuse]:
     tools = [{**tool, "function": {**tool["function"], "name": f"f{i}"}} for i in range(10_000)]
     return [
         Abuse(
+            "10,000 tools to chat",
+            "/v1/chat/completions",
+            _json({"messages": user, "tools": tools}),
+            400,
+            "tools",
+        ),
+        Abuse(
+            "10,000 tools to /v1/responses",
+            "/v1/responses",
+            _json({"input": "hi", "tools": tools}),
+            400,
+            "tools",
+        ),
+        Abuse(
             "8 MiB prompt to /tokenize",
             "/tokenize",
             _json({"prompt": EIGHT_MIB_PROMPT}),
