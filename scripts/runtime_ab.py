@@ -120,7 +120,9 @@ def switch(llm: onnxgen.LLM, feature: str) -> Callable[[bool], onnxgen.LLM]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
-    p.add_argument("--feature", required=True, choices=["lane", "inplace", "fast_ops", "fuse", "hidden", "align"])
+    p.add_argument(
+        "--feature", required=True, choices=["lane", "inplace", "fast_ops", "fuse", "hidden", "align"]
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=16)

@@ -124,3 +124,23 @@ def test_a_model_without_a_tokenizer_takes_token_ids_and_refuses_text(
         llm.chat(MESSAGES)
     with pytest.raises(GenerationError, match=r"stop strings \['END'\].*no tokenizer"):
         llm.generate([5, 17, 200], SamplingParams(max_new_tokens=4, stop="END"))
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda llm: llm.generate(b"def f():", max_new_tokens=2), "prompt is bytes"),
+        (lambda llm: llm.generate([b"def f():"], max_new_tokens=2), "prompt is bytes"),
+        (lambda llm: llm.generate("ab\ud800c", max_new_tokens=2), "lone UTF-16 surrogate"),
+        (lambda llm: llm.chat([{"role": "user", "content": "a\udfff"}], max_new_tokens=2), "surrogate"),
+        (lambda llm: llm.chat([], max_new_tokens=2), "messages is empty"),
+        (lambda llm: llm.chat([{"role": "root", "content": "hi"}], max_new_tokens=2), "'root'"),
+        (lambda llm: list(llm.stream_chat([{"content": "hi"}], max_new_tokens=2)), "role must be one of"),
+        (lambda llm: llm.chat_prompt([{"role": "robot", "content": "hi"}]), "role must be one of"),
+    ],
+)
+def test_library_input_the_server_refuses_is_an_onnxgen_error_naming_the_fix(
+    hybrid: LLM, call: Any, says: str
+) -> None:
+    with pytest.raises(onnxgen.OnnxgenError, match=says):
+        call(hybrid)

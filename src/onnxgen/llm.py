@@ -17,6 +17,7 @@ import numpy as np
 from onnxgen.cache.prefix import PrefixCache
 from onnxgen.chat.continuation import next_turn_prefix
 from onnxgen.chat.deltas import ChatDelta
+from onnxgen.chat.messages import check_messages
 from onnxgen.chat.output import ChatOutput
 from onnxgen.chat.plan import ChatPlan, plan_chat
 from onnxgen.chat.tools import ToolCall
@@ -154,6 +155,10 @@ class LLM:
             if not prompt:
                 raise GenerationError("the prompt is empty; give non-empty text or token ids")
             return self._require_tokenizer().encode(prompt)
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise GenerationError(
+                "the prompt is bytes, not text or token ids; decode it first (prompt.decode('utf-8'))"
+            )
         _check_ids(prompt, where)
         return [int(i) for i in prompt]
 
@@ -161,6 +166,7 @@ class LLM:
         """Token ids of ``messages`` rendered by the model's chat template, ready for the assistant's turn
         (``template_kwargs``: template variables such as ``enable_thinking``)."""
         tok = self._require_tokenizer()
+        check_messages(messages)
         text = tok.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
         return tok.encode(text, add_special_tokens=False)
 
@@ -348,6 +354,7 @@ class LLM:
     def plan_chat(self, messages: Messages, params: SamplingParams | None = None, **options: Any) -> ChatPlan:
         """The prompt, sampling parameters and reply parser of a chat request (options: see :meth:`chat`)."""
         tokenizer = self._require_tokenizer()
+        check_messages(messages)
         template_kwargs = options.pop("chat_template_kwargs", None)
         return plan_chat(
             tokenizer,
@@ -469,7 +476,7 @@ class LLM:
         except TokenizerError as e:  # a template that refuses the continued conversation: nothing to cache
             log.debug("the next turn's prefix is not cached: %s", e)
             return
-        stats["next_turn_prefill_tokens"] = self.generator.extend_cache(ids)
+        stats["next_turn_prefill_tokens"] = self.generator.extend_cache(ids, plan.params.cache_scope)
         stats["next_turn_prefill_s"] = time.perf_counter() - start
 
 

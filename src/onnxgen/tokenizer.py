@@ -203,7 +203,10 @@ class Tokenizer:
         return 0 if bound is None else len(text.encode("utf-8", "surrogatepass")) // bound
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError as e:  # not a str, or one that is no Unicode text (a lone surrogate)
+            raise TokenizerError(_not_text(text)) from e
         bos = self.bos_token_id
         if add_special_tokens and self.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids = [bos, *ids]
@@ -280,6 +283,20 @@ class Tokenizer:
                     f"the chat template does not compile (line {e.lineno}: {e.message})"
                 ) from e
         return self._compiled
+
+
+def _not_text(text: object) -> str:
+    """Why ``text`` cannot be tokenized (the tokenizer's own error names no position)."""
+    if not isinstance(text, str):
+        return f"only text can be tokenized (got {type(text).__name__}: {text!r:.80})"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"the text holds a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character {e.start}, "
+            "which is not a Unicode character; pass valid text (a surrogate must be one of a pair)"
+        )
+    return f"the tokenizer cannot encode {text[:80]!r}"
 
 
 # Normalizers that can shorten text, and by how much at most (UTF-8 bytes in / out): Unicode normal forms

@@ -175,16 +175,24 @@ def test_a_schema_that_compiles_but_fails_its_first_steps_is_refused_at_compile_
 def test_a_parser_limit_hit_in_the_middle_of_the_output_is_reported_as_such(
     compiler: ConstraintCompiler, tok: Tokenizer
 ) -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": OPTIONAL_PROPERTIES}}
-    permissive = SamplingParams(json_schema={**schema, "required": ["a", "b"]}, json_extra_properties=True)
+    free = {f"s{i}": {"type": "string"} for i in range(6)}
+    schema = {"type": "object", "properties": {**free, "b": OPTIONAL_PROPERTIES}}
+    permissive = SamplingParams(json_schema={**schema, "required": [*free, "b"]}, json_extra_properties=True)
     constraint = compiler.compile(permissive)
-    assert constraint is not None  # the limit is past the first free choice: the probe cannot see it
-    ids = np.array(tok.encode('{"a": "x", "b": {', add_special_tokens=False), dtype=np.int64)
+    assert constraint is not None  # the limit is past six free choices: further than the probe looks
+    text = "{" + "".join(f'"s{i}": "x", ' for i in range(6)) + '"b": {'
+    ids = np.array(tok.encode(text, add_special_tokens=False), dtype=np.int64)
     with pytest.raises(ConstraintError, match="too many alternatives") as info:
         for n in range(1, len(ids) + 1):
             constraint(gen(list(ids[: n - 1])), np.zeros(VOCAB, dtype=np.float32))
             constraint.complete(ids[:n])
     assert "outside the json_schema constraint" not in str(info.value)
+
+
+def test_a_parser_limit_after_a_free_choice_is_found_before_decoding(compiler: ConstraintCompiler) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": OPTIONAL_PROPERTIES}}
+    with pytest.raises(ConstraintError, match="too many alternatives"):
+        compiler.compile(SamplingParams(json_schema={**schema, "required": ["a", "b"]}))
 
 
 def test_a_valid_constraint_passes_the_check_and_params_without_one_compile_to_none(

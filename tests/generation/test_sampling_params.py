@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -60,8 +61,14 @@ def test_replace_validates_the_new_values() -> None:
         ({"top_p": 1.5}, "top_p must be in (0, 1] (got 1.5)"),
         ({"min_p": 1.2}, "min_p must be in [0, 1] (got 1.2); use 0.0 to disable min-p filtering"),
         ({"min_p": -0.1}, "min_p must be in [0, 1] (got -0.1)"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0 (got 0.0); use 1.0"),
-        ({"repetition_penalty": math.inf}, "repetition_penalty must be a finite number > 0 (got inf)"),
+        (
+            {"repetition_penalty": 0.0},
+            "repetition_penalty must be a finite number >= 0.001 (got 0.0); use 1.0",
+        ),
+        ({"repetition_penalty": math.inf}, "repetition_penalty must be a finite number >= 0.001 (got inf)"),
+        ({"repetition_penalty": 1e-308}, "repetition_penalty must be a finite number >= 0.001 (got 1e-308)"),
+        ({"temperature": 1e-300}, "temperature must be 0 or at least 1e-05 (got 1e-300); use 0 for greedy"),
+        ({"temperature": 5e-324}, "temperature must be 0 or at least 1e-05 (got 5e-324)"),
         ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2] (got 2.5); use 0.0 for no penalty"),
         ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2] (got -3)"),
         ({"seed": -1}, "seed must be an integer >= 0 (got -1); use a non-negative integer, or None"),
@@ -103,3 +110,19 @@ def test_boundary_values_are_accepted() -> None:
         seed=0,
     )
     assert params.is_greedy
+
+
+def test_the_smallest_temperature_and_penalty_allowed_sample_finite_tokens(tmp_path: Path) -> None:
+    from onnxgen import load
+    from onnxgen.testing import build_model
+
+    llm = load(build_model(tmp_path / "m", "genai-dense"), threads=1)
+    greedy = llm.generate([5, 6, 7], max_new_tokens=8, ignore_eos=True).token_ids
+    for params in (
+        {"temperature": 1e-5, "seed": 0},
+        {"temperature": 1e-5, "seed": 0, "repetition_penalty": 1e-3},
+    ):
+        tokens = llm.generate([5, 6, 7], max_new_tokens=8, ignore_eos=True, **params).token_ids
+        assert len(tokens) == 8
+        if "repetition_penalty" not in params:
+            assert tokens == greedy  # so cold it is greedy

@@ -4,6 +4,9 @@ logits as the passes applied in memory, stale entries never used, and nothing of
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 
@@ -287,3 +290,50 @@ def test_with_the_cache_switched_off_nothing_is_kept_past_the_process_and_the_lo
     assert folder.is_relative_to(graph_cache._process_folder())  # removed when the process exits
     assert sorted(p.name for p in graph_cache.cached_graphs(cache_dir)) == before
     np.testing.assert_array_equal(decode(session), kept)
+
+
+DAMAGE = {
+    "prepared.json {}": (graph_cache.FACTS_FILE, b"{}"),
+    "prepared.json []": (graph_cache.FACTS_FILE, b"[]"),
+    "prepared.json truncated": (graph_cache.FACTS_FILE, slice(0, 40)),
+    "graph.onnx truncated": (graph_cache.GRAPH_FILE, slice(0, 1000)),
+    "graph.onnx emptied": (graph_cache.GRAPH_FILE, b""),
+    "graph.onnx deleted": (graph_cache.GRAPH_FILE, None),
+    "weights.bin truncated": (graph_cache.WEIGHTS_FILE, slice(0, 4096)),
+    "weights.bin deleted": (graph_cache.WEIGHTS_FILE, None),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_entry_is_prepared_again_and_gives_the_same_logits(
+    int4_dirs: dict[str, Path], cache_dir: Path, damage: str
+) -> None:
+    first = open_session(int4_dirs["genai-dense"], verify=False)
+    expected = decode(first)
+    folder = first.prepared.graph_path.parent  # type: ignore[union-attr]
+    name, change = DAMAGE[damage]
+    path = folder / name
+    if change is None:
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[change] if isinstance(change, slice) else change)
+    again = open_session(int4_dirs["genai-dense"], verify=False)
+    assert again.prepared.cache == "miss"
+    np.testing.assert_array_equal(decode(again), expected)
+    assert open_session(int4_dirs["genai-dense"], verify=False).prepared.cache == "hit"  # whole again
+
+
+def test_build_folders_of_a_killed_start_are_removed_and_a_running_ones_are_kept(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    model_dir = build_model(tmp_path / "m", "genai-dense")
+    root = open_session(model_dir, verify=False).prepared.graph_path.parent.parent  # type: ignore[union-attr]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = root / f".build-{dead.pid}-killed"
+    running = root / f".build-{os.getppid()}-busy"
+    for folder in (left, running):
+        folder.mkdir()
+        (folder / graph_cache.GRAPH_FILE).write_bytes(b"half written")
+    open_session(model_dir, verify=False, fuse=False)  # another entry: a preparation prunes
+    assert not left.exists() and running.exists()

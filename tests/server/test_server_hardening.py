@@ -13,7 +13,7 @@ import pytest
 from server_helpers import ServerProcess
 
 from onnxgen.testing import TinySpec, build_model
-from onnxgen.testing.abuse import EIGHT_MIB_PROMPT, JSON, catalogue
+from onnxgen.testing.abuse import EIGHT_MIB_PROMPT, JSON, catalogue, trickle, unread_stream
 
 MODEL = "dense2k"
 MAX_BATCH = 4
@@ -106,6 +106,12 @@ HUGE = {
         {"messages": [{"role": "user", "content": EIGHT_MIB_PROMPT}]},
         400,
     ),
+    "8 MiB prompt to /tokenize": ("/tokenize", {"prompt": EIGHT_MIB_PROMPT}, 400),
+    "8 MiB chat message to /tokenize": (
+        "/tokenize",
+        {"messages": [{"role": "user", "content": EIGHT_MIB_PROMPT}]},
+        400,
+    ),
     "4000 chat messages": (
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "x"}] * 4000},
@@ -132,3 +138,41 @@ def test_health_answers_within_100_ms_while_a_huge_request_is_prepared(
     assert got == status  # 400: longer than the context
     assert latencies, "the request was answered before /health could be asked"
     assert max(latencies) < 0.1, f"/health took up to {1000 * max(latencies):.0f} ms during {huge}"
+
+
+def test_slow_bodies_are_cut_off_within_seconds_and_never_hold_back_other_requests(
+    server: ServerProcess,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        slow = [pool.submit(trickle, server.port, seconds=10.0) for _ in range(8)]
+        time.sleep(0.5)  # the eight are reading their bodies
+        start = time.perf_counter()
+        with httpx.Client(base_url=server.base_url, timeout=5) as client:
+            r = client.post("/v1/completions", json={**GREEDY, "max_tokens": 1})
+        assert r.status_code == 200 and time.perf_counter() - start < 2.0
+        assert [f.result() for f in slow] == [408] * 8
+
+
+def test_a_client_that_stops_reading_its_stream_has_its_request_ended(server: ServerProcess) -> None:
+    body = {  # chunks of about 1.5 KB: far more than the sockets' buffers hold
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1900,
+        "n": 4,
+        "logprobs": True,
+        "top_logprobs": 20,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    generated = server.metric("onnxgen_generation_tokens_total")
+    seen = [generated]
+
+    def stalled() -> bool:  # it started, and no token came since the last look: ended, or done
+        seen.append(server.metric("onnxgen_generation_tokens_total"))
+        return seen[-1] == seen[-2] > generated
+
+    received = unread_stream(server.port, "/v1/chat/completions", body, 30.0, stalled)
+    assert b"the client read none of this stream" in received and b"[DONE]" not in received
+    assert server.metric("onnxgen_generation_tokens_total") - generated < 4 * 1900 / 2
+    assert greedy_text(server) == server.baseline  # type: ignore[attr-defined]

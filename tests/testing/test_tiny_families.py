@@ -182,6 +182,7 @@ def test_public_api_of_onnxgen_testing_is_pinned() -> None:
         "build_model",
         "int8_activations",
         "make_weights",
+        "poison_positions",
         "poison_weights",
         "reference_logits",
         "run_teacher_forced",

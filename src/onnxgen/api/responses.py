@@ -147,6 +147,7 @@ class ResponsesRequest(_Lenient):
     background: bool | None = None
     conversation: Any = None
     user: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)  # the prefix-cache partition
 
     def refuse_unsupported(self) -> tuple[str, str] | None:
         """``(field, message)`` for a request onnxgen cannot serve as asked, or None."""

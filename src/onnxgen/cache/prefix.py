@@ -22,6 +22,11 @@ state, so nothing a request does afterwards (decode steps, speculative commits, 
 cached entry. Memory is bounded by a byte budget: every node is sized exactly (its arrays' bytes) and
 least recently used leaves are evicted first.
 
+Prompts are partitioned by *scope* (a request's ``cache_salt``, and on the server its API key): each
+scope has a tree of its own, so a prefix is found only by requests of the scope that cached it, and no
+request can learn from a hit (``cached_tokens``, or its speed) what another scope's prompts held. The
+byte budget and the eviction order are shared by all scopes.
+
 Both decode paths use the same three calls: :meth:`PrefixCache.lookup` (the longest usable hit),
 :meth:`PrefixCache.restore` (into a reset :class:`~onnxgen.runtime.state.DecodeState`; the server's
 batch rows are admitted from such a state) and :meth:`PrefixCache.insert` (from a decode state, or from
@@ -100,6 +105,7 @@ class _Node:
         "logits",
         "nbytes",
         "parent",
+        "scope",
     )
 
     def __init__(
@@ -119,6 +125,7 @@ class _Node:
         self.last_used = 0  # the last lookup or insert whose path went through this node
         self.ckpt_used = 0  # when the checkpoint was made or last restored
         self.nbytes = 0
+        self.scope: str | None = None  # set on a scope's root
         self.resize()
 
     def resize(self) -> int:
@@ -196,7 +203,7 @@ class PrefixCache:
         self.costs = cache_costs(io)
         self._axes = [p.seq_axis for p in io.kv_pairs for _ in p.inputs]
         self._state_names = [p.input for p in io.state_pairs]
-        self._root = _Node(np.zeros(0, dtype=np.int64), [], None, 0)
+        self._roots: dict[str, _Node] = {}  # by scope; a scope's root goes when its last node does
         self._lock = threading.Lock()
         self._clock = 0
         # least recently used first: (time, tie-break, node, what): what 0 is a leaf (the node and all it
@@ -227,8 +234,17 @@ class PrefixCache:
         with self._lock:
             return PrefixCacheStats(**self._stats.__dict__)
 
-    def _walk(self, tokens: np.ndarray) -> _Walk:
-        walk, node, pos = _Walk(), self._root, 0
+    def _root(self, scope: str, make: bool = False) -> _Node | None:
+        root = self._roots.get(scope)
+        if root is None and make:
+            root = self._roots[scope] = _Node(np.zeros(0, dtype=np.int64), [], None, 0)
+            root.scope = scope
+        return root
+
+    def _walk(self, tokens: np.ndarray, scope: str = "") -> _Walk:
+        walk, node, pos = _Walk(), self._root(scope), 0
+        if node is None:
+            return walk
         while pos < len(tokens):
             child = node.children.get(int(tokens[pos]))
             if child is None:
@@ -245,16 +261,19 @@ class PrefixCache:
         walk.matched = pos
         return walk
 
-    def lookup(self, tokens: Sequence[int] | np.ndarray, count: bool = True, whole: bool = False) -> Hit:
+    def lookup(
+        self, tokens: Sequence[int] | np.ndarray, count: bool = True, whole: bool = False, scope: str = ""
+    ) -> Hit:
         """The longest usable cached prefix of ``tokens``, leaving at least one token to prefill; with
         ``whole``, all of ``tokens`` where they were cached with the logits after them (an exact repeat
         then needs no forward at all).
 
-        ``count``: add the lookup to the query / hit counters (a request's lookup does; a probe does not).
+        ``count``: add the lookup to the query / hit counters (a request's lookup does; a probe does not);
+        ``scope``: the partition looked in (module docstring).
         """
         ids = np.asarray(tokens, dtype=np.int64)
         with self._lock:
-            walk = self._walk(ids)
+            walk = self._walk(ids, scope)
             last = walk.path[-1][0] if walk.path else None
             logits = None
             if (
@@ -304,12 +323,12 @@ class PrefixCache:
                 self._stats.hit_lookups += hit.tokens > 0
             return hit
 
-    def holds(self, tokens: Sequence[int] | np.ndarray) -> bool:
-        """Whether the state after all of ``tokens`` is cached: their KV rows, and for a hybrid a
-        checkpoint after the last one (a probe: no counters, no recency)."""
+    def holds(self, tokens: Sequence[int] | np.ndarray, scope: str = "") -> bool:
+        """Whether the state after all of ``tokens`` is cached in ``scope``: their KV rows, and for a
+        hybrid a checkpoint after the last one (a probe: no counters, no recency)."""
         ids = np.asarray(tokens, dtype=np.int64)
         with self._lock:
-            walk = self._walk(ids)
+            walk = self._walk(ids, scope)
             if walk.matched < len(ids) or not walk.path:
                 return False
             node, common = walk.path[-1]
@@ -354,8 +373,9 @@ class PrefixCache:
         kv: KVSource,
         states: Sequence[np.ndarray] | None,
         logits: np.ndarray | None = None,
+        scope: str = "",
     ) -> None:
-        """Cache the prefix ``tokens``: the KV rows of its positions the cache lacks (``kv(start, end)``
+        """Cache the prefix ``tokens`` in ``scope``: the KV rows of its positions the cache lacks (``kv(start, end)``
         copies them from wherever they live), for a hybrid the checkpoint ``states`` after its last
         token, and the ``logits`` after it where given (a prompt's end: an exact repeat needs no forward). Least recently used leaves are evicted while the cache is over budget (possibly this very
         prefix, when it alone does not fit)."""
@@ -366,8 +386,9 @@ class PrefixCache:
             raise ValueError("a hybrid model's prefix needs its recurrent-state checkpoint")
         with self._lock:
             self._clock += 1
-            walk = self._walk(ids)
-            node = self._root
+            walk = self._walk(ids, scope)
+            node = self._root(scope, make=True)
+            assert node is not None
             for n, common in walk.path:
                 node = self._split(n, common) if common < len(n.key) else n
                 self._touch(node)
@@ -400,7 +421,11 @@ class PrefixCache:
             self._evict()
 
     def insert_state(
-        self, tokens: Sequence[int] | np.ndarray, state: DecodeState, logits: np.ndarray | None = None
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        state: DecodeState,
+        logits: np.ndarray | None = None,
+        scope: str = "",
     ) -> None:
         """:meth:`insert` from a batch-1 decode state that has run exactly ``tokens``."""
         if state.length != len(tokens):
@@ -409,13 +434,14 @@ class PrefixCache:
         if self.hybrid:
             arrays = state.state_arrays()
             states = [arrays[name] for name in self._state_names]
-        self.insert(tokens, state.kv_slice, states, logits)
+        self.insert(tokens, state.kv_slice, states, logits, scope)
 
     def insert_arrays(
         self,
         tokens: Sequence[int] | np.ndarray,
         kv: dict[str, np.ndarray],
         states: dict[str, np.ndarray],
+        scope: str = "",
     ) -> None:
         """:meth:`insert` from one sequence's arrays without the batch axis (a batch row's
         ``row_kv`` / ``row_states``), by input name."""
@@ -430,11 +456,11 @@ class PrefixCache:
             return out
 
         checkpoint = [states[n][None] for n in self._state_names] if self.hybrid else None
-        self.insert(tokens, source, checkpoint)
+        self.insert(tokens, source, checkpoint, scope=scope)
 
     def clear(self) -> None:
         with self._lock:
-            self._root.children.clear()
+            self._roots.clear()
             self._lru.clear()
             self._stats.bytes = self._stats.nodes = self._stats.checkpoints = 0
 
@@ -497,8 +523,10 @@ class PrefixCache:
             parent = node.parent
             assert parent is not None
             self._drop(node)
-            if parent is not self._root and not parent.children:  # a leaf now: evictable in its turn
+            if parent.parent is not None and not parent.children:  # a leaf now: evictable in its turn
                 self._push(parent, 0)
+            elif parent.parent is None and not parent.children and parent.scope is not None:
+                del self._roots[parent.scope]  # an emptied scope
 
     def _drop(self, node: _Node) -> None:
         assert node.parent is not None
@@ -518,12 +546,13 @@ def prefill_with_checkpoints(
     prompt: np.ndarray,
     hit: Hit,
     forward_to: Callable[[int], np.ndarray],
+    scope: str = "",
 ) -> tuple[np.ndarray, int]:
     """Prefill the rest of ``prompt`` after a restored ``hit``, stopping at :meth:`PrefixCache.cuts` to
     cache each prefix (and a hybrid's checkpoint) on the way, and the prompt's last logits with its end
     (so an exact repeat resumes there, with no forward: no checkpoint before the last token is taken).
     ``forward_to(end)`` runs the state's next tokens up to ``end`` and returns the last position's
-    logits. Returns those of the last forward (``hit.logits`` for a whole-prompt hit) and the number of
+    logits; the prefixes are cached in ``scope``. Returns those of the last forward (``hit.logits`` for a whole-prompt hit) and the number of
     forwards."""
     if hit.logits is not None and hit.tokens == len(prompt):
         return np.array(hit.logits), 0
@@ -531,7 +560,7 @@ def prefill_with_checkpoints(
     cuts = cache.cuts(len(prompt), hit.tokens, hit.matched, before_last=False)
     for cut in cuts:
         logits = forward_to(cut)
-        cache.insert_state(prompt[:cut], state, logits if cut == len(prompt) else None)
+        cache.insert_state(prompt[:cut], state, logits if cut == len(prompt) else None, scope)
     assert logits is not None
     return logits, len(cuts)
 

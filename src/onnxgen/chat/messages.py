@@ -69,3 +69,28 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
 def template_tools(tools: Sequence[Tool | Mapping[str, Any]]) -> list[Any]:
     """Tools as templates receive them: the Chat Completions form (``{"type": "function", "function": ...}``)."""
     return [tool.to_openai() if isinstance(tool, Tool) else tool for tool in tools]
+
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # what the server's API takes too
+
+
+def check_messages(messages: object) -> None:
+    """Raise :class:`ChatInputError` where ``messages`` is not a chat to reply to: not a non-empty list,
+    a message that is no mapping, or a role other than :data:`CHAT_ROLES` (the server refuses the same)."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise ChatInputError(
+            f"messages must be a list of messages such as [{{'role': 'user', 'content': ...}}] (got {messages!r:.80})"
+        )
+    if not messages:
+        raise ChatInputError("messages is empty; give at least one message, e.g. {'role': 'user', ...}")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ChatInputError(
+                f"messages[{index}] must be a mapping such as {{'role': 'user', 'content': ...}} "
+                f"(got {message!r:.80})"
+            )
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise ChatInputError(
+                f"messages[{index}].role must be one of {', '.join(CHAT_ROLES)} (got {role!r})"
+            )

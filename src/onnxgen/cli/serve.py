@@ -30,6 +30,14 @@ from onnxgen.cli.generate import (
 from onnxgen.cli.speculative import add_speculative_flags
 from onnxgen.config import API_KEY, env_api_key
 from onnxgen.errors import OnnxgenError
+from onnxgen.server.cache_scope import CACHE_SCOPES, DEFAULT_CACHE_SCOPE
+from onnxgen.server.connections import (
+    HEADER_TIMEOUT_S,
+    KEEP_ALIVE_S,
+    MAX_CONNECTIONS,
+    SHUTDOWN_TIMEOUT_S,
+    ConnectionLimits,
+)
 from onnxgen.serving.engine import EngineSpec, load_app
 
 if TYPE_CHECKING:
@@ -101,8 +109,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     security = p.add_argument_group("security")
     security.add_argument(
         "--api-key",
-        help=f"require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every endpoint but /health "
-        f"(default: ${API_KEY_ENV})",
+        action="append",
+        help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every endpoint but /health; give "
+        f"it once per user or team to let several keys in (default: ${API_KEY_ENV})",
     )
     security.add_argument(
         "--metrics-open",
@@ -124,6 +133,36 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "default: none, cross-origin browser requests are refused",
     )
     security.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json")
+    security.add_argument(
+        "--header-timeout",
+        type=float,
+        default=HEADER_TIMEOUT_S,
+        metavar="S",
+        help="close a connection that sends no complete request headers within S seconds of connecting "
+        f"or of its last response (default {HEADER_TIMEOUT_S:g})",
+    )
+    security.add_argument(
+        "--keep-alive-timeout",
+        type=int,
+        default=KEEP_ALIVE_S,
+        metavar="S",
+        help=f"close a connection idle S seconds after a response (default {KEEP_ALIVE_S})",
+    )
+    security.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help=f"answer 503 to requests beyond N open connections (default {MAX_CONNECTIONS})",
+    )
+    security.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=SHUTDOWN_TIMEOUT_S,
+        metavar="S",
+        help="after SIGTERM, let running requests finish for S seconds, then cut the connections still "
+        f"open (default {SHUTDOWN_TIMEOUT_S})",
+    )
     scale = p.add_argument_group("scale out on Ray Serve (pip install 'onnxgen[ray]'; docs/scale-out.md)")
     scale.add_argument(
         "--ray",
@@ -144,6 +183,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-prompts", action="store_true", help="put each request's prompt into its log line")
     add_runtime_flags(p)
     add_prefix_cache_flags(p, 0)
+    p.add_argument(
+        "--prefix-cache-scope",
+        choices=CACHE_SCOPES,
+        default=DEFAULT_CACHE_SCOPE,
+        help="which requests share cached prefixes: 'key' those of one API key (with no key: all), 'salt' "
+        "only those sending the same cache_salt, 'shared' all; a request's cache_salt always separates "
+        f"(default {DEFAULT_CACHE_SCOPE}; docs/prefix-cache.md)",
+    )
     add_speculative_flags(p, "the default of every request (a request's `speculative` field overrides it)")
 
 
@@ -192,6 +239,7 @@ def _engine_spec(
         chat_template=chat_template_text(args),
         prefix_cache_mb=args.prefix_cache_mb,
         checkpoint_interval=args.checkpoint_interval,
+        prefix_cache_scope=args.prefix_cache_scope,
         decode_plan=args.decode_plan,
         fast_ops=args.fast_ops,
         spinning=args.spinning,
@@ -261,7 +309,10 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in [0, 65535] (got {args.port})")
     fixed_rows = None if args.min_batch_rows == "auto" else _count(args.min_batch_rows)
     tool_parser_for(args.tool_call_parser)  # an unknown tool-call format is an error before the model
-    api_key = args.api_key if args.api_key is not None else env_api_key()
+    limits = ConnectionLimits(
+        args.header_timeout, args.keep_alive_timeout, args.max_connections, args.shutdown_timeout
+    )  # a bad one is an error before the model loads
+    api_key = tuple(args.api_key) if args.api_key is not None else env_api_key()
     security = SecurityConfig(
         args.host, api_key, args.allowed_hosts, args.cors_origins, args.docs, args.metrics_open
     )
@@ -286,7 +337,7 @@ def _run(args: argparse.Namespace) -> int:
         _log_requests(args.log_level)
         uvicorn_level = "warning" if args.log_level == "info" else args.log_level
         server = _Uvicorn(
-            uvicorn.Config(app, log_level=uvicorn_level, access_log=False),
+            uvicorn.Config(app, log_level=uvicorn_level, access_log=False, **limits.uvicorn_options()),
             f"listening on {url} (batch {sizes.max_batch}, at least {sizes.min_rows} "
             f"row{'s' if sizes.min_rows != 1 else ''} a step, {sizes.max_model_len} tokens per sequence)",
         )

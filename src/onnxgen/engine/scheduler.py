@@ -232,7 +232,7 @@ class Scheduler:
             self.prefilled_tokens += take
             if self._cuts and lead.offset == self._cuts[0]:
                 self._cuts.pop(0)
-                self._cache_prefix(lead.ids[: lead.offset])
+                self._cache_prefix(lead.ids[: lead.offset], lead.params.cache_scope)
             if lead.offset == lead.prompt_len:
                 self.prefilling = None
                 for seq in group:
@@ -317,7 +317,7 @@ class Scheduler:
         if cache is None:
             return True
         try:
-            hit = cache.lookup(group[0].prompt)
+            hit = cache.lookup(group[0].prompt, scope=group[0].params.cache_scope)
             cache.restore(hit, self._prefill_state)
         except Exception:  # the cache must never fail a request: prefill it all instead
             log.exception("prefix cache lookup failed; prefilling the whole prompt")
@@ -328,10 +328,10 @@ class Scheduler:
         self._cuts = cache.cuts(group[0].prompt_len, hit.tokens, hit.matched)
         return True
 
-    def _cache_prefix(self, tokens: np.ndarray) -> None:
+    def _cache_prefix(self, tokens: np.ndarray, scope: str) -> None:
         assert self.prefix_cache is not None
         try:
-            self.prefix_cache.insert_state(tokens, self._prefill_state)
+            self.prefix_cache.insert_state(tokens, self._prefill_state, scope=scope)
         except Exception:  # the cache must never fail a request
             log.exception("caching a prompt prefix failed; it is not cached")
 
@@ -343,7 +343,9 @@ class Scheduler:
         if cache is None or not 0 < length <= seq.n:
             return
         try:
-            cache.insert_arrays(seq.ids[:length], self.batch.row_kv(row), self.batch.row_states(row))
+            cache.insert_arrays(
+                seq.ids[:length], self.batch.row_kv(row), self.batch.row_states(row), seq.params.cache_scope
+            )
         except Exception:
             log.exception("caching a finished sequence failed; it is not cached")
 
@@ -487,7 +489,7 @@ class Scheduler:
     def _choose(self, seq: Sequence, logits: np.ndarray, touched: list[Emitted]) -> bool:
         """Add ``seq``'s next token from ``logits``; whether it goes on."""
         try:
-            token = seq.select(logits)
+            token = seq.select(logits, self.export)
             text, reason = seq.add(token)
         except OnnxgenError as e:  # e.g. every token masked by the request's own filters
             self._fail(seq, str(e), touched, client=isinstance(e, ConstraintError))

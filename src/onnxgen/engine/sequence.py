@@ -18,7 +18,7 @@ from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.logprobs import TokenLogprob, choose_scored
 from onnxgen.generation.params import SamplingParams
 from onnxgen.generation.processors import SequenceView, TokenChoice, apply_chain, build_chain
-from onnxgen.generation.sampling import Sampler
+from onnxgen.generation.sampling import Sampler, check_chosen
 from onnxgen.generation.speculative import Speculative
 from onnxgen.generation.stopping import StopChecker, StopStringMatcher, StopStrings
 from onnxgen.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -139,11 +139,16 @@ class Sequence:
             return row
         return apply_chain(self.chain, SequenceView(self.ids[:prefix_len], self.prompt_len), row)
 
-    def select(self, logits: np.ndarray) -> int:
+    def select(self, logits: np.ndarray, export: str = "the model") -> int:
         """The next token from this sequence's logits row (processors are out-of-place), its
-        log-probability recorded when the request asks for it."""
+        log-probability recorded when the request asks for it. A row whose chosen logit (or, when
+        scoring, whose maximum) is not finite raises :class:`GenerationError` naming ``export``."""
         if self.scores is None:
-            return self.choose(self.ids[: self.n], self.prompt_len, logits)
+            token = self.choose(self.ids[: self.n], self.prompt_len, logits)
+            check_chosen(logits, token, export, self.generated)
+            return token
+        top = int(np.argmax(logits))  # (NaN wins an argmax: the row's scores would be NaN)
+        check_chosen(logits, top, export, self.generated)
         token, score = choose_scored(self.choose, self.params, self.ids[: self.n], self.prompt_len, logits)
         self.scores.append(score)
         return token

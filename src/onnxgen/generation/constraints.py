@@ -109,6 +109,9 @@ _STEP_HINTS = {
     "(e.g. hundreds of optional properties of one object); make properties required or split the schema",
 }
 PROBE_STEPS = 8  # forced-token runs a new grammar is taken through before it is accepted
+PROBE_BRANCHES = 2  # at a free choice, the probe follows the grammar's lowest allowed token ids ...
+PROBE_DEPTH = 2  # ... through this many free choices
+PROBE_MASKS = 24  # masks the probe computes at most
 
 
 def _step_error(kind: str, message: str) -> ConstraintError:
@@ -117,25 +120,44 @@ def _step_error(kind: str, message: str) -> ConstraintError:
     return ConstraintError(f"{kind} cannot constrain the output: llguidance fails on it ({line}); {hint}")
 
 
-def _probe(matcher: llg.LLMatcher, kind: str) -> None:
-    """Take a copy of a freshly compiled grammar through its first mask and the forced tokens after it.
+def _probe(matcher: llg.LLMatcher, kind: str, n_vocab: int) -> None:
+    """Take copies of a freshly compiled grammar through its first masks: the forced tokens after each,
+    and at a free choice the :data:`PROBE_BRANCHES` lowest allowed token ids (the grammar's punctuation
+    in a byte-level vocabulary: a string's closing quote, an object's first key), through
+    :data:`PROBE_DEPTH` free choices and at most :data:`PROBE_MASKS` masks.
 
-    llguidance builds its parser lazily: a grammar that compiles can still fail when the first masks are
+    llguidance builds its parser lazily: a grammar that compiles can still fail when its masks are
     computed (``{"$ref": "#"}``: no output can end; an object with hundreds of optional properties: the
-    parser row after the forced ``{`` exceeds its item limit). Found here, that is a bad request before
-    decoding starts rather than a failure in the middle of it.
+    parser row of its first key exceeds the item limit, after ``{`` and maybe whitespace). Found here,
+    that is a bad request before decoding starts rather than a failure in the middle of it, whichever
+    tokens a request then samples. A limit further on than the probe looks is still found mid-decode.
     """
-    probe = matcher.deep_copy()
-    for _ in range(PROBE_STEPS):
-        probe.compute_bitmask()
-        if probe.is_error():
-            raise _step_error(kind, probe.get_error())
-        forced = probe.compute_ff_tokens()
-        if not forced or probe.is_stopped():
-            return
-        probe.consume_tokens(forced)
-        if probe.is_error():
-            raise _step_error(kind, probe.get_error())
+    words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+    masks = 0
+    stack = [(matcher.deep_copy(), 0)]
+    while stack and masks < PROBE_MASKS:
+        probe, depth = stack.pop()
+        for _ in range(PROBE_STEPS):
+            probe.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            masks += 1
+            if probe.is_error():
+                raise _step_error(kind, probe.get_error())
+            forced = probe.compute_ff_tokens()
+            if probe.is_stopped():
+                break
+            if not forced:
+                if depth < PROBE_DEPTH:
+                    allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+                    for token in reversed(allowed[:PROBE_BRANCHES].tolist()):
+                        branch = probe.deep_copy()
+                        branch.consume_token(token)
+                        if branch.is_error():
+                            raise _step_error(kind, branch.get_error())
+                        stack.append((branch, depth + 1))
+                break
+            probe.consume_tokens(forced)
+            if probe.is_error():
+                raise _step_error(kind, probe.get_error())
 
 
 def check_constraint(params: SamplingParams) -> None:
@@ -396,7 +418,7 @@ class ConstraintCompiler:
         template = llg.LLMatcher(ll_tokenizer, grammar, log_level=0)
         if template.is_error():
             raise _compile_error(kind, template.get_error())
-        _probe(template, kind)
+        _probe(template, kind, ll_tokenizer.vocab_size)
         with self._lock:
             self._compiled[source] = template
             while len(self._compiled) > self.cache_size:

@@ -331,23 +331,23 @@ class Generator:
         finally:
             self.give_back(loop.state)
 
-    def extend_cache(self, token_ids: Ids[int]) -> int:
+    def extend_cache(self, token_ids: Ids[int], scope: str = "") -> int:
         """Run ``token_ids`` into the prefix cache: resume from their longest cached prefix, prefill the
         rest in one forward and cache the state after the last id (a chat runs the tokens its next turn
         starts with, after a reply). Returns how many ids were prefilled (0: already cached, no cache, or
-        longer than the context)."""
+        longer than the context). ``scope``: the cache partition (``SamplingParams.cache_scope``)."""
         cache = self.prefix_cache
         ids = np.asarray(token_ids, dtype=np.int64)
-        if cache is None or len(ids) == 0 or cache.holds(ids):
+        if cache is None or len(ids) == 0 or cache.holds(ids, scope):
             return 0
         if self.context_length is not None and len(ids) >= self.context_length:
             return 0
-        hit = cache.lookup(ids, count=False)
+        hit = cache.lookup(ids, count=False, scope=scope)
         state = self.state_for(len(ids))
         try:
             cache.restore(hit, state)
             self.session.forward(state, ids[None, hit.tokens :], 1, copy=False)
-            cache.insert_state(ids, state)
+            cache.insert_state(ids, state, scope=scope)
         finally:
             self.give_back(state)
         return len(ids) - hit.tokens
@@ -357,7 +357,7 @@ class Generator:
         sampled, never fed), where the next turn of a chat resumes."""
         length = loop.state.length
         if self.prefix_cache is not None and 0 < length <= loop.n:
-            self.prefix_cache.insert_state(loop.ids[:length], loop.state)
+            self.prefix_cache.insert_state(loop.ids[:length], loop.state, scope=loop.params.cache_scope)
 
     @staticmethod
     def _stats(

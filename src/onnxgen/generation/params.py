@@ -68,6 +68,9 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces 
 CONSTRAINT_FIELDS = ("json_schema", "regex", "grammar", "tool_grammar")
 LOGPROBS_MODES = ("raw", "processed")
 MAX_TOP_LOGPROBS = 20
+# below these, dividing logits by the temperature or the penalty overflows float32 (inf, then NaN)
+MIN_TEMPERATURE = 1e-5  # (vLLM's sampling epsilon)
+MIN_REPETITION_PENALTY = 1e-3
 
 
 def _normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...] | None:
@@ -189,6 +192,9 @@ class SamplingParams:
         detokenize: stream text beside the token ids (``False``: events and results carry token ids
             and empty text, and no time goes to detokenizing, as vLLM's ``detokenize=False``; stop
             strings, which are matched on text, need it).
+        cache_salt: the prefix-cache partition of the request (vLLM's ``cache_salt``): cached prefixes
+            are shared only among requests with the same salt (``None``: among those without one), so a
+            request cannot tell from a cache hit what another salt's prompts held.
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -215,6 +221,7 @@ class SamplingParams:
     logprobs_mode: str = "raw"
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] | None = None
     json_extra_properties: bool = False
+    cache_salt: str | None = None
     max_tokens: InitVar[int | None] = None
 
     def __post_init__(self, max_tokens: int | None) -> None:
@@ -254,6 +261,8 @@ class SamplingParams:
             )
         self._check_constraint()
         self._check_logprobs()
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise _invalid("cache_salt", "a non-empty string", self.cache_salt, "or None to share the cache")
 
     def _check_lengths(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 1, "ask for at least one new token")
@@ -275,16 +284,23 @@ class SamplingParams:
             "a finite number >= 0",
             "use 0 for greedy decoding",
         )
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise _invalid(
+                "temperature",
+                f"0 or at least {MIN_TEMPERATURE:g}",
+                self.temperature,
+                "use 0 for greedy decoding (a smaller temperature overflows the logits)",
+            )
         _check_int("top_k", self.top_k, 0, "use 0 to disable top-k filtering")
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise _invalid("top_p", "in (0, 1]", self.top_p, "use 1.0 to disable nucleus sampling")
         _check_float("min_p", self.min_p, 0.0, 1.0, "in [0, 1]", "use 0.0 to disable min-p filtering")
 
     def _check_penalties(self) -> None:
-        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty < MIN_REPETITION_PENALTY:
             raise _invalid(
                 "repetition_penalty",
-                "a finite number > 0",
+                f"a finite number >= {MIN_REPETITION_PENALTY:g}",
                 self.repetition_penalty,
                 "use 1.0 for no penalty; values above 1 discourage repeats",
             )
@@ -333,6 +349,11 @@ class SamplingParams:
         """The name of the constraint field that is set (``"json_schema"``, ``"regex"``, ``"grammar"``,
         ``"tool_grammar"``), or None."""
         return next((name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None), None)
+
+    @property
+    def cache_scope(self) -> str:
+        """The prefix-cache partition this request reads and writes (``""``: the unsalted one)."""
+        return "" if self.cache_salt is None else "salt:" + self.cache_salt
 
     @property
     def is_greedy(self) -> bool:

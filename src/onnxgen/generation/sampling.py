@@ -36,6 +36,19 @@ def check_model_logits(logits: np.ndarray, export: str) -> None:
         )
 
 
+def check_chosen(logits: np.ndarray, token: int, export: str, generated: int) -> None:
+    """Raise :class:`GenerationError` when the logit of the chosen ``token`` is not finite: a row with
+    NaN or +inf anywhere makes greedy's argmax land on one, so one lookup a step catches what
+    :func:`check_model_logits` catches for the prompt (a model that overflows only at later positions)."""
+    value = float(logits[token])
+    if not math.isfinite(value):
+        raise GenerationError(
+            f"{export} computed non-finite logits ({value} for token {token}) after {generated} generated "
+            "tokens: its weights or position tables hold NaN or inf there, or its arithmetic overflows "
+            "(e.g. fp16 activations); check the export or re-export it"
+        )
+
+
 def greedy(logits: np.ndarray) -> int:
     """The id of the largest logit; among exact ties the lowest id wins."""
     _check_row(logits)

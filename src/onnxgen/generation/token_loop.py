@@ -4,6 +4,7 @@ builds on it)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Ids
@@ -15,7 +16,7 @@ from onnxgen.cache.prefix import Hit, PrefixCache, prefill_with_checkpoints
 from onnxgen.engine.sequence import Sequence
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.params import SamplingParams
-from onnxgen.generation.sampling import check_model_logits
+from onnxgen.generation.sampling import check_chosen, check_model_logits
 from onnxgen.runtime.session import DecoderSession
 from onnxgen.runtime.state import DecodeState
 
@@ -57,7 +58,7 @@ class TokenLoop(Sequence):
     def resume(self, cache: PrefixCache) -> None:
         """Load the longest usable cached prefix of the prompt into the (empty) state; the prefill then
         runs the rest only, caching the prefixes :meth:`PrefixCache.cuts` names on the way."""
-        hit = cache.lookup(self.ids[: self.n], whole=True)
+        hit = cache.lookup(self.ids[: self.n], whole=True, scope=self.params.cache_scope)
         cache.restore(hit, self.state)
         self.cache, self.hit, self.cached_tokens = cache, hit, hit.tokens
 
@@ -75,7 +76,12 @@ class TokenLoop(Sequence):
         else:
             assert self.hit is not None
             logits, passes = prefill_with_checkpoints(
-                self.cache, self.state, self.ids[: self.n], self.hit, self._forward_to
+                self.cache,
+                self.state,
+                self.ids[: self.n],
+                self.hit,
+                self._forward_to,
+                self.params.cache_scope,
             )
             self.forward_passes += passes
         self.prefill_s = time.perf_counter() - start
@@ -85,7 +91,7 @@ class TokenLoop(Sequence):
     def _scored_tokens(self, logits: np.ndarray) -> Iterator[tuple[int, str | None]]:
         """:meth:`_decode` for a request that asks for log-probabilities (one score a token)."""
         while True:
-            token = self.select(logits)
+            token = self.select(logits, self.export)
             reason = self.append(token)
             yield token, reason
             if reason is not None:
@@ -107,18 +113,21 @@ class TokenLoop(Sequence):
         # what runs per token runs with caches the forward evicted: names bound once, and where the raw
         # argmax decides (TokenChoice.raw_argmax) the ids seen so far are not sliced for the chain; where
         # it does not, the chain decides without taking that argmax again
-        ids, step, state, check, raw_argmax, by_chain = (
+        ids, step, state, check, raw_argmax, by_chain, isfinite = (
             self.ids,
             self.session.step,
             self.state,
             self.check,
             self.choose.raw_argmax,
             self.choose.by_chain,
+            math.isfinite,
         )
         while True:
             token = raw_argmax(logits)
             if token is None:
                 token = by_chain(ids[: self.n], self.prompt_len, logits)
+            if not isfinite(logits[token]):  # NaN / inf in the row: greedy's argmax lands on it
+                check_chosen(logits, token, self.export, self.generated)
             ids[self.n] = token
             self.n += 1
             reason = check(token)

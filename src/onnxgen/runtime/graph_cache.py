@@ -19,6 +19,12 @@ weight passes through Python. The key covers the model file (its bytes, or size 
 data files (size and time), its folder, the pass settings, the decoder's derived I/O and onnxgen's and
 onnxruntime's versions: a changed model or setting misses and is prepared anew.
 
+An entry is written whole or not at all: into a ``.build-<pid>-*`` folder, every file synced, then renamed
+into place. A later load checks it before use (``prepared.json`` complete, ``graph.onnx`` the bytes it
+was written with, ``weights.bin`` at its size) and prepares it again where it is damaged, so a disk
+that lost a write, a truncated file or a user's edit never stops a model from loading; the build
+folders of a start that was killed are removed by the next one.
+
 onnxruntime resolves external data against one folder and refuses a location that leaves it (or is
 absolute). The cached graph refers both to the export's data files and to ``weights.bin``, so its locations
 are written relative to the closest folder that holds the model's folder and the cache (:attr:`root`), and
@@ -37,6 +43,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -60,7 +67,7 @@ from onnxgen.runtime.int4 import quantize_int4
 
 log = logging.getLogger(__name__)
 
-FORMAT = 4  # bumped when what a cache entry holds changes
+FORMAT = 5  # bumped when what a cache entry holds changes
 GRAPH_FILE = "graph.onnx"
 WEIGHTS_FILE = "weights.bin"
 FACTS_FILE = "prepared.json"
@@ -68,6 +75,8 @@ INLINE_LIMIT = 64 << 10  # inline weights of at least this many bytes are moved 
 ALIGN = 4096  # onnxruntime maps an external tensor whose offset is page aligned
 _HASHED_BYTES = 64 << 20  # model files up to this size are keyed by content, larger ones by size and time
 KEEP_PER_MODEL = 4  # prepared graphs kept per model file (other settings, earlier versions of the model)
+BUILD_PREFIX = ".build-"  # a folder an entry is written in before it is renamed into place
+STALE_BUILD_S = 24 * 3600  # a build folder this old is left over whichever process made it
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,7 @@ class SessionGraph:
         return graph
 
     def to_json(self) -> dict:
+        """The facts ``prepared.json`` holds (:func:`_seal` adds the files' sizes and digest)."""
         return {
             "format": FORMAT,
             "model": str(model_identity(self.model_path)),
@@ -372,21 +382,87 @@ def prepare_session_graph(
     if cached is not None:
         os.utime(folder / FACTS_FILE)  # last used: what pruning keeps
         return cached
+    if folder.exists():
+        log.warning("the prepared graph in %s is damaged or incomplete; preparing it again", folder)
+        _remove(folder)
     _prune(root, model_path, KEEP_PER_MODEL - 1)
-    build = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    build = Path(tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{os.getpid()}-", dir=root))
     try:
         prepared = _prepare(model_path, graph, io, settings, build, folder)
-        (build / FACTS_FILE).write_text(json.dumps(prepared.to_json(), indent=1))
+        _seal(build, prepared)
         try:
             build.rename(folder)
-        except OSError:  # another process wrote it first: use theirs
+        except OSError:  # another process wrote it first: use theirs where it is whole
             cached = _read(folder, model_path, io, settings)
-            if cached is None:
-                raise
-            return cached
+            if cached is not None:
+                return cached
+            _remove(folder)
+            build.rename(folder)
+        _sync(root)
     finally:
         shutil.rmtree(build, ignore_errors=True)
     return prepared
+
+
+def _sync(path: Path) -> None:
+    """Flush ``path`` (a file, or a folder's entries) to the disk."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() and hasattr(os, "O_DIRECTORY") else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # a platform that cannot open folders: the rename is as durable as it gets
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _seal(build: Path, prepared: SessionGraph) -> None:
+    """Write ``prepared.json`` last, with the graph's digest and the weights' size, and sync every file
+    and the folder, so a renamed entry is whole."""
+    facts = prepared.to_json()
+    graph, weights = build / GRAPH_FILE, build / WEIGHTS_FILE
+    facts["graph_sha256"] = hashlib.sha256(graph.read_bytes()).hexdigest() if graph.is_file() else None
+    facts["weights_bytes"] = weights.stat().st_size if weights.is_file() else None
+    for path in (graph, weights):
+        if path.is_file():
+            _sync(path)
+    (build / FACTS_FILE).write_text(json.dumps(facts, indent=1))
+    _sync(build / FACTS_FILE)
+    _sync(build)
+
+
+def _remove(folder: Path) -> None:
+    """Remove an entry: renamed aside first (a rename is atomic), so no reader finds it half removed."""
+    aside = folder.with_name(f"{BUILD_PREFIX}{os.getpid()}-removed-{folder.name}")
+    try:
+        folder.rename(aside)
+    except OSError:
+        aside = folder  # gone already, or on a system that will not rename it: remove it in place
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _stale_build(folder: Path) -> bool:
+    """Whether ``folder`` is a build folder no running process writes: its process is gone, or it is
+    older than :data:`STALE_BUILD_S` (a cache shared by several machines)."""
+    try:
+        age = time.time() - folder.stat().st_mtime
+    except OSError:
+        return False
+    pid = folder.name[len(BUILD_PREFIX) :].split("-", 1)[0]
+    if age > STALE_BUILD_S:
+        return True
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, owned by another user
+        return False
+    return False
 
 
 def _prune(root: Path, model_path: Path, keep: int) -> None:
@@ -395,6 +471,10 @@ def _prune(root: Path, model_path: Path, keep: int) -> None:
     target = str(model_identity(model_path))
     entries = []
     for folder in root.iterdir():
+        if folder.name.startswith(BUILD_PREFIX):
+            if _stale_build(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
         try:
             facts = json.loads((folder / FACTS_FILE).read_text())
             if facts.get("model") == target:
@@ -406,13 +486,22 @@ def _prune(root: Path, model_path: Path, keep: int) -> None:
 
 
 def _read(folder: Path, model_path: Path, io: DecoderIO, settings: PassSettings) -> SessionGraph | None:
+    """The entry in ``folder``, or None where there is none or it is not whole (:func:`_seal`)."""
     try:
         facts = json.loads((folder / FACTS_FILE).read_text())
-    except (OSError, ValueError):
+        if not isinstance(facts, dict) or facts.get("format") != FORMAT:
+            return None
+        if facts["rewritten"]:
+            graph = (folder / GRAPH_FILE).read_bytes()
+            if hashlib.sha256(graph).hexdigest() != facts["graph_sha256"]:
+                return None
+        weights = folder / WEIGHTS_FILE
+        size = weights.stat().st_size if weights.is_file() else None
+        if size != facts["weights_bytes"]:
+            return None
+        return SessionGraph.from_json(facts, model_path, io, settings, folder)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if facts.get("format") != FORMAT or (facts["rewritten"] and not (folder / GRAPH_FILE).is_file()):
-        return None
-    return SessionGraph.from_json(facts, model_path, io, settings, folder)
 
 
 def _drafter_lm_head(graph: onnx.ModelProto, io: DecoderIO, base: Path) -> onnx.ModelProto:

@@ -34,6 +34,7 @@ from onnxgen.generation.speculative import Speculative
 from onnxgen.llm import LLM
 from onnxgen.server.access import RequestLog
 from onnxgen.server.body import read_body
+from onnxgen.server.cache_scope import DEFAULT_CACHE_SCOPE
 from onnxgen.server.metrics import ServerMetrics
 from onnxgen.server.prepare import Prepared, RequestPreparer
 from onnxgen.server.protocol import ApiError, error_body
@@ -47,7 +48,8 @@ from onnxgen.server.streaming import RequestStream
 T = TypeVar("T")
 
 PREPARE_WORKERS = 2  # threads preparing requests (tokenizers and llguidance release the GIL)
-BODIES_AT_ONCE = 8  # requests whose body is read or prepared at once; the others wait, unread
+BODIES_AT_ONCE = 8  # requests prepared at once; the others wait, read
+READERS_AT_ONCE = 32  # requests whose body is read or waits to be prepared (bounds the bodies in memory)
 
 
 class Server:
@@ -61,6 +63,7 @@ class Server:
         model_name: str,
         tool_parser: str | None = None,
         speculative: Speculative | None = None,
+        cache_scope: str = DEFAULT_CACHE_SCOPE,
     ) -> None:
         if llm.tokenizer is None:
             raise OnnxgenError(
@@ -71,10 +74,13 @@ class Server:
         if llm.prefix_cache is not None:
             self.metrics.watch_prefix_cache(llm.prefix_cache)
         self.scheduler = Scheduler(llm, config, self.metrics)
-        self.preparer = RequestPreparer(llm, llm.tokenizer, config, model_name, tool_parser, speculative)
+        self.preparer = RequestPreparer(
+            llm, llm.tokenizer, config, model_name, tool_parser, speculative, cache_scope
+        )
         self.store = ResponseStore()
         self.pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="onnxgen-prepare")
         self._bodies: asyncio.Semaphore | None = None  # made on the event loop
+        self._readers: asyncio.Semaphore | None = None
         self.ready = False  # the scheduler runs: /health answers 200
         self.tool_parser = tool_parser
         self.tool_parser_source = "--tool-call-parser"
@@ -93,13 +99,17 @@ class Server:
         }
 
     async def prepare(self, request: Request, work: Callable[[bytes], T]) -> T:
-        """Read the body of ``request`` and run ``work`` on it on the worker pool (at most
-        :data:`BODIES_AT_ONCE` bodies are read or prepared at once)."""
-        if self._bodies is None:
+        """Read the body of ``request`` and run ``work`` on it on the worker pool: at most
+        :data:`READERS_AT_ONCE` bodies are read or held at once, of which :data:`BODIES_AT_ONCE` are
+        prepared; a slow upload holds a reading slot only (and briefly: :func:`read_body`), never one
+        that requests whose body has arrived wait for."""
+        if self._bodies is None or self._readers is None:
             self._bodies = asyncio.Semaphore(BODIES_AT_ONCE)
-        async with self._bodies:
+            self._readers = asyncio.Semaphore(READERS_AT_ONCE)
+        async with self._readers:
             body = await read_body(request)
-            return await asyncio.get_running_loop().run_in_executor(self.pool, work, body)
+            async with self._bodies:
+                return await asyncio.get_running_loop().run_in_executor(self.pool, work, body)
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.llm.token_bytes(token_id)
@@ -123,19 +133,23 @@ def create_app(
     log_prompts: bool = False,
     tool_parser: str | None = None,
     speculative: Speculative | None = None,
+    prefix_cache_scope: str = DEFAULT_CACHE_SCOPE,
 ) -> FastAPI:
     """The FastAPI app serving ``llm``; its scheduler thread runs for the app's lifespan.
 
     ``security`` says who may call it (default: loopback only, no key, no cross-origin pages, no docs);
     ``log_prompts`` puts each request's prompt into its log line; ``tool_parser`` names the tool-call
     format (default: the one the chat template shows); ``speculative``: what requests draft with unless
-    they say otherwise (their ``speculative`` field; docs/server.md).
+    they say otherwise (their ``speculative`` field; docs/server.md); ``prefix_cache_scope``: which
+    requests share cached prefixes (:mod:`onnxgen.server.cache_scope`).
     """
     config = config or SchedulerConfig()
     security = security or SecurityConfig()
     template = llm.tokenizer.chat_template if llm.tokenizer is not None else None
     parser, parser_source = server_tool_parser(tool_parser, template)  # an unknown name fails now
-    server = Server(llm, config, model_name or llm.package.root.name, parser.name, speculative)
+    server = Server(
+        llm, config, model_name or llm.package.root.name, parser.name, speculative, prefix_cache_scope
+    )
     server.tool_parser_source = parser_source
 
     @asynccontextmanager
@@ -226,13 +240,15 @@ def _routes(app: FastAPI, server: Server) -> None:
 
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
-    async def tokenize(request: Request) -> dict[str, Any]:
-        return await server.prepare(request, lambda body: tokenize_body(server.preparer, body))
+    async def tokenize(request: Request) -> Response:  # (the body is rendered on the pool too)
+        return await server.prepare(request, lambda body: JSONResponse(tokenize_body(server.preparer, body)))
 
     @app.post("/detokenize")
     @app.post("/v1/detokenize")
-    async def detokenize(request: Request) -> dict[str, Any]:
-        return await server.prepare(request, lambda body: detokenize_body(server.preparer, body))
+    async def detokenize(request: Request) -> Response:
+        return await server.prepare(
+            request, lambda body: JSONResponse(detokenize_body(server.preparer, body))
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:

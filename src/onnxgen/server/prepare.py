@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from onnxgen.api.responses import effort_kwargs
 from onnxgen.chat.plan import ChatPlan, plan_chat
+from onnxgen.chat.tools import MAX_TOOLS
 from onnxgen.errors import GenerationError, OnnxgenError
 from onnxgen.generation.constraints import constraint_from_response_format
 from onnxgen.generation.params import SamplingParams
@@ -25,6 +26,7 @@ from onnxgen.generation.speculative.spec import DEFAULT_DRAFT_TOKENS, DEFAULT_MT
 from onnxgen.generation.stopping import StopStrings
 from onnxgen.llm import LLM
 from onnxgen.server.body import parse_body
+from onnxgen.server.cache_scope import DEFAULT_CACHE_SCOPE, check_cache_scope, request_cache_salt
 from onnxgen.server.protocol import (
     MAX_MESSAGES,
     ApiError,
@@ -57,9 +59,14 @@ def check_prompt(ids: Sequence[int], vocab: int, max_model_len: int, which: str 
 
 
 def sampling_params(
-    fields: SamplingFields, max_tokens: int | None, room: int, seed_offset: int
+    fields: SamplingFields,
+    max_tokens: int | None,
+    room: int,
+    seed_offset: int,
+    cache_salt: str | None = None,
 ) -> SamplingParams:
-    """The SamplingParams of one choice; ``max_tokens`` is clipped to the ``room`` left in the context."""
+    """The SamplingParams of one choice; ``max_tokens`` is clipped to the ``room`` left in the context;
+    ``cache_salt``: the request's prefix-cache partition (:mod:`onnxgen.server.cache_scope`)."""
     max_new = min(max_tokens if max_tokens is not None else room, room)
     response_format = fields.response_format.model_dump() if fields.response_format else None
     return SamplingParams(
@@ -82,6 +89,7 @@ def sampling_params(
         logprobs_mode=fields.logprobs_mode,
         logit_bias=fields.logit_bias,
         json_extra_properties=fields.json_extra_properties,
+        cache_salt=cache_salt,
     )
 
 
@@ -92,6 +100,17 @@ def for_choice(
     ``index`` in the ``room`` its prompt leaves."""
     own = sampling_params(fields, max_tokens, room, index)
     return replace(base, max_new_tokens=own.max_new_tokens, min_new_tokens=own.min_new_tokens, seed=own.seed)
+
+
+def count_messages_and_tools(body: dict[str, Any]) -> None:
+    """Refuse a chat body with more messages or tools than a request may have, before they are validated
+    one by one (validating ten thousand tools holds the interpreter for tens of milliseconds)."""
+    for name, limit in (("messages", MAX_MESSAGES), ("tools", MAX_TOOLS)):
+        items = body.get(name)
+        if isinstance(items, list) and len(items) > limit:
+            raise ApiError(
+                400, f"{name} has {len(items)} entries; at most {limit} are accepted per request", param=name
+            )
 
 
 def validation_error(e: ValidationError) -> ApiError:
@@ -157,28 +176,37 @@ class RequestPreparer:
         model_name: str,
         tool_parser: str | None = None,
         speculative: Speculative | None = None,
+        cache_scope: str = DEFAULT_CACHE_SCOPE,
     ) -> None:
         self.llm, self.tokenizer, self.config, self.model_name = llm, tokenizer, config, model_name
         self.tool_parser = tool_parser  # --tool-call-parser; None: from the chat template
         self.speculative = speculative  # --speculative: what a request drafts with unless it says
+        self.cache_scope = check_cache_scope(cache_scope)  # --prefix-cache-scope
 
-    def __call__(self, body: bytes, chat: bool) -> Prepared:
+    def __call__(self, body: bytes, chat: bool, api_key: int | None = None) -> Prepared:
+        """``api_key``: the index of the API key the request was let in with (None: the server has
+        none), which scopes its prefix-cache use."""
         req = self._parse(parse_body(body), chat)
         if isinstance(req, ChatCompletionRequest):
-            return self.chat(req)
+            return self.chat(req, api_key)
+        salt = request_cache_salt(self.cache_scope, api_key, req.cache_salt)
         with client_errors():
             prompts = self._completion_prompts(req)
             max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-            return Prepared(req, prompts, self._runs(req, prompts, max_tokens), req.prompt)
+            runs = self._runs(
+                req, prompts, max_tokens, lambda room, i: sampling_params(req, max_tokens, room, i, salt)
+            )
+            return Prepared(req, prompts, runs, req.prompt)
 
-    def chat(self, req: ChatCompletionRequest) -> Prepared:
+    def chat(self, req: ChatCompletionRequest, api_key: int | None = None) -> Prepared:
         """A validated chat request planned (tools, reasoning split, constraint after the reasoning),
         tokenized and ready to queue."""
+        salt = request_cache_salt(self.cache_scope, api_key, req.cache_salt)
         with client_errors():
             plan = plan_chat(
                 self.tokenizer,
                 [m.as_template_message() for m in req.messages],
-                sampling_params(req, req.max_new, self.config.max_model_len, 0),
+                sampling_params(req, req.max_new, self.config.max_model_len, 0, salt),
                 tools=req.tools,
                 tool_choice=req.tool_choice,
                 parallel_tool_calls=req.parallel_tool_calls,
@@ -223,13 +251,9 @@ class RequestPreparer:
     def _count_lists(self, body: dict[str, Any], chat: bool) -> None:
         """Refuse more messages or prompts than could ever be served before validating them one by one
         (validation of a few hundred thousand tiny objects would hold the interpreter for seconds)."""
-        messages, prompt = body.get("messages"), body.get("prompt")
-        if chat and isinstance(messages, list) and len(messages) > MAX_MESSAGES:
-            raise ApiError(
-                400,
-                f"{len(messages)} messages exceed this server's {MAX_MESSAGES} per request",
-                param="messages",
-            )
+        prompt = body.get("prompt")
+        if chat:
+            count_messages_and_tools(body)
         batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
         if not chat and batch and len(prompt) > self.config.max_queue:
             raise ApiError(

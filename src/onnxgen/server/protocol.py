@@ -4,7 +4,8 @@ Requests are validated strictly (no string-to-number coercion); unknown fields a
 onnxgen does not implement (``echo``, ``best_of`` > 1, ``suffix``) are refused by name
 rather than silently dropped. Extensions beyond the OpenAI API (as vLLM names them): ``top_k``,
 ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
-``return_token_ids``, ``logprobs_mode``, ``json_extra_properties``, and on chat ``chat_template_kwargs``.
+``return_token_ids``, ``logprobs_mode``, ``json_extra_properties``, ``cache_salt``, and on chat
+``chat_template_kwargs``.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class SamplingFields(BaseModel):
     # JSON Schema's reading of response_format and tool schemas: unlisted keys allowed where an object
     # says nothing of additionalProperties (default: OpenAI's, only the listed ones)
     json_extra_properties: bool = False
+    # the prefix-cache partition (vLLM's): prefixes are shared only among requests with the same salt
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
 
     @field_validator("stop")
     @classmethod

@@ -30,8 +30,9 @@ from onnxgen.api.responses_input import chat_messages, conversation
 from onnxgen.chat.plan import ChatPlan
 from onnxgen.server.access import RequestRecord, request_record
 from onnxgen.server.body import parse_body
-from onnxgen.server.prepare import Prepared, validation_error
+from onnxgen.server.prepare import Prepared, count_messages_and_tools, validation_error
 from onnxgen.server.protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest
+from onnxgen.server.security import api_key_of
 from onnxgen.server.service import Service
 from onnxgen.server.streaming import DISCONNECTED, RequestStream, collect
 
@@ -47,14 +48,16 @@ class ResponseRequest:
     prepared: Prepared
 
 
-def prepare_response(server: Service, body: bytes) -> ResponseRequest:
-    """Validate a Responses body and prepare it as a chat request (on the preparation pool)."""
+def prepare_response(server: Service, body: bytes, api_key: int | None = None) -> ResponseRequest:
+    """Validate a Responses body and prepare it as a chat request (on the preparation pool);
+    ``api_key``: the index of the key the request used (it scopes the prefix cache)."""
     raw = parse_body(body)
     items = raw.get("input")
     if isinstance(items, list) and len(items) > MAX_MESSAGES:  # before validating them one by one
         raise ApiError(
             400, f"{len(items)} input items exceed this server's {MAX_MESSAGES} per request", param="input"
         )
+    count_messages_and_tools({"tools": raw.get("tools")})
     try:
         req = ResponsesRequest.model_validate(raw)
     except ValidationError as e:
@@ -75,7 +78,7 @@ def prepare_response(server: Service, body: bytes) -> ResponseRequest:
             )
         history = stored.messages
     chat = _chat_request(req, chat_messages(req, history))
-    return ResponseRequest(req, history, server.preparer.chat(chat))
+    return ResponseRequest(req, history, server.preparer.chat(chat, api_key))
 
 
 def _chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
@@ -89,6 +92,7 @@ def _chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> Chat
         "response_format": req.response_format(),
         "logprobs": req.top_logprobs is not None,
         "top_logprobs": req.top_logprobs,
+        "cache_salt": req.cache_salt,
     }
     for name in ("temperature", "top_p"):
         if getattr(req, name) is not None:
@@ -156,7 +160,8 @@ def _store(server: Service, run: ResponseRun) -> None:
 
 async def create_response(server: Service, request: Request) -> Response:
     """``POST /v1/responses``."""
-    ready = await server.prepare(request, lambda body: prepare_response(server, body))
+    key = api_key_of(request.scope)
+    ready = await server.prepare(request, lambda body: prepare_response(server, body, key))
     record = request_record(request)
     record.prompt, record.prompt_tokens = ready.prepared.prompt_text, ready.prepared.prompt_tokens
     stream = server.submit(ready.prepared)
@@ -193,7 +198,7 @@ async def _events(
         for event in run.start():
             yield _event(event)
         while not finished:
-            item = await stream.queue.get()
+            item = await stream.next()
             if item == DISCONNECTED:
                 return
             for delta in item:  # type: ignore[union-attr]

@@ -8,6 +8,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from onnxgen.server.access import request_record
 from onnxgen.server.protocol import usage
+from onnxgen.server.security import api_key_of
 from onnxgen.server.service import Service
 from onnxgen.server.shapes import ResponseShape
 from onnxgen.server.streaming import collect, sse_events
@@ -17,7 +18,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache"}
 
 async def completion(server: Service, request: Request, chat: bool) -> Response:
     """Answer one completions (``chat=False``) or chat completions request."""
-    prepared = await server.prepare(request, lambda body: server.preparer(body, chat))
+    key = api_key_of(request.scope)
+    prepared = await server.prepare(request, lambda body: server.preparer(body, chat, key))
     record = request_record(request)
     record.prompt, record.prompt_tokens = prepared.prompt_text, prepared.prompt_tokens
     req = prepared.request

@@ -4,7 +4,10 @@
 ``{"messages": [...], "add_generation_prompt": true, "tools": ..., "chat_template_kwargs": ...}`` and
 answers ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs`` with
 ``return_token_strs``); ``POST /detokenize`` takes ``{"tokens": [...]}`` and answers ``{"prompt"}``.
-Both run on the preparation pool, like any request that tokenizes.
+Both run on the preparation pool, like any request that tokenizes, answer bodies included (rendered to
+JSON there, not on the event loop). ``/tokenize`` takes what a completion or chat request takes: a text
+whose byte length proves it longer than the context is refused before it is tokenized, one that
+tokenizes to the context or more after, and messages and tools are checked as a chat request's are.
 """
 
 from __future__ import annotations
@@ -13,9 +16,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from onnxgen.errors import OnnxgenError
+from onnxgen.chat.tools import parse_tools
 from onnxgen.server.body import parse_body
-from onnxgen.server.prepare import RequestPreparer, validation_error
+from onnxgen.server.prepare import (
+    RequestPreparer,
+    check_prompt,
+    client_errors,
+    count_messages_and_tools,
+    validation_error,
+)
 from onnxgen.server.protocol import RESERVED_TEMPLATE_KWARGS, ApiError, ChatMessage
 
 
@@ -38,8 +47,10 @@ class DetokenizeRequest(BaseModel):
 
 
 def _validated(preparer: RequestPreparer, body: bytes, kind: type[BaseModel]) -> Any:
+    raw = parse_body(body)
+    count_messages_and_tools(raw)  # before validating them one by one
     try:
-        req = kind.model_validate(parse_body(body))
+        req = kind.model_validate(raw)
     except ValidationError as e:
         raise validation_error(e) from e
     preparer.check_model(getattr(req, "model", None))
@@ -56,19 +67,22 @@ def tokenize_body(preparer: RequestPreparer, body: bytes) -> dict[str, Any]:
         raise ApiError(
             400, f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs"
         )
-    try:
+    with client_errors():
         if req.messages is not None:
+            tools = parse_tools(req.tools)  # the chat limits: at most MAX_TOOLS, each a valid function
             text = tokenizer.apply_chat_template(
                 [m.as_template_message() for m in req.messages],
                 add_generation_prompt=req.add_generation_prompt,
-                tools=req.tools,
+                tools=tools or None,
                 **(req.chat_template_kwargs or {}),
             )
-            ids = tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
+            ids = preparer.encode(text, "the chat prompt", add_special_tokens=bool(req.add_special_tokens))
         else:
-            ids = tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens is not False)
-    except (OnnxgenError, ValueError) as e:
-        raise ApiError(400, str(e)) from e
+            ids = preparer.encode(req.prompt or "", "the prompt", req.add_special_tokens is not False)
+        if ids:
+            check_prompt(
+                ids, 0, preparer.config.max_model_len, "the chat prompt" if req.messages else "the prompt"
+            )
     out: dict[str, Any] = {
         "count": len(ids),
         "max_model_len": preparer.config.max_model_len,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +22,16 @@ from onnxgen.server.shapes import ChoiceResult, ResponseShape
 log = logging.getLogger(__name__)
 
 DISCONNECTED = "disconnected"
+MAX_UNREAD_STEPS = 256  # scheduler steps of deltas a stream may hold unread before its request ends
 
 
 class RequestStream:
-    """The deltas of one request as the asyncio side sees them, and its cancellation."""
+    """The deltas of one request as the asyncio side sees them, and its cancellation.
+
+    The deltas wait here until the response takes them; a streamed response takes them only as fast as
+    its client reads. A client that stops reading would make them pile up for as long as the request
+    decodes, so once :data:`MAX_UNREAD_STEPS` steps' deltas wait unread the request is cancelled (its
+    rows freed) and ends with an error that says why, should the client read on."""
 
     def __init__(self, choices: int, prompt_tokens: int, wake: Callable[[], None]) -> None:
         self.loop = asyncio.get_running_loop()
@@ -33,12 +40,37 @@ class RequestStream:
         self.choices = choices
         self.prompt_tokens = prompt_tokens
         self._wake = wake
+        self._unread = 0  # pushes not taken yet (counted on both threads, under the lock)
+        self._lock = threading.Lock()
 
     def _push(self, deltas: list[Delta]) -> None:  # called from the scheduler thread
+        with self._lock:
+            self._unread += 1
+            unread = self._unread
+        if unread > MAX_UNREAD_STEPS and not self.handle.cancelled:
+            self.handle.cancelled = True  # the scheduler ends the request at its next step
+            ended = [d for d in deltas if d.finish_reason is None or d.error is not None]
+            message = (
+                f"the client read none of this stream's last {MAX_UNREAD_STEPS} steps; the request was "
+                "ended to bound the server's memory (read streamed responses as they arrive)"
+            )
+            index = ended[0].index if ended else 0
+            deltas = [*deltas, Delta(index, -1, "", "error", message)]
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, deltas)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             self.handle.cancelled = True
+
+    async def next(self) -> list[Delta] | str:
+        """The next deltas pushed (or :data:`DISCONNECTED`). Always lets the event loop run other
+        tasks first: a response catching up on many queued steps (its client was slow to read) would
+        otherwise build and send them all in one go, with /health and other streams waiting."""
+        await asyncio.sleep(0)
+        item = await self.queue.get()
+        if item != DISCONNECTED:
+            with self._lock:
+                self._unread -= 1
+        return item
 
     def cancel(self) -> None:
         self.handle.cancelled = True
@@ -91,7 +123,7 @@ async def collect(stream: RequestStream, request: Request) -> Collected:
     watcher = asyncio.create_task(_watch_disconnect(request, stream.queue))
     try:
         while remaining:
-            item = await stream.queue.get()
+            item = await stream.next()
             if item == DISCONNECTED:
                 stream.cancel()
                 out.disconnected = True
@@ -133,7 +165,7 @@ async def sse_events(
         for chunk in shape.first_chunks():
             yield _sse(chunk)
         while remaining:
-            item = await stream.queue.get()
+            item = await stream.next()
             for delta in item:  # type: ignore[union-attr]
                 if delta.error is not None:  # the request ends here; finally cancels its other choices
                     kind = "invalid_request_error" if delta.client_error else "server_error"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from onnxgen.config import DEFAULT_MAX_MODEL_LEN, EngineConfig
 from onnxgen.generation.speculative.spec import SpeculativeSpec, parse_speculative
+from onnxgen.server.cache_scope import DEFAULT_CACHE_SCOPE
 from onnxgen.server.security import SecurityConfig
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class EngineSpec:
         chat_template: the text of a chat template that replaces the model's own, as ``--chat-template``.
         prefix_cache_mb, checkpoint_interval: the prefix cache's budget (0: off) and the tokens between
             two state checkpoints of a long prefill, as ``--prefix-cache-mb`` / ``--checkpoint-interval``.
+        prefix_cache_scope: which requests share cached prefixes, as ``--prefix-cache-scope``
+            (:mod:`onnxgen.server.cache_scope`).
         decode_plan, fast_ops: as ``--decode-plan`` / ``--fast-ops`` (:class:`~onnxgen.config.EngineConfig`).
         spinning: False as ``--no-spinning`` (None: the environment's, else onnxruntime's spinning threads).
         speculative, draft_tokens: what requests draft with unless they say otherwise, as ``--speculative``
@@ -60,6 +63,7 @@ class EngineSpec:
     chat_template: str | None = None
     prefix_cache_mb: float = 0.0
     checkpoint_interval: int | None = None
+    prefix_cache_scope: str = DEFAULT_CACHE_SCOPE
     decode_plan: str = "auto"
     fast_ops: bool | None = None
     spinning: bool | None = None
@@ -130,6 +134,7 @@ def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> t
         log_prompts=spec.log_prompts,
         tool_parser=spec.tool_parser,
         speculative=default,
+        prefix_cache_scope=spec.prefix_cache_scope,
     )
     server = app.state.server
     say(f"loaded {server.model_name} in {time.perf_counter() - start:.1f} s")

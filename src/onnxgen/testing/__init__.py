@@ -153,6 +153,26 @@ def poison_weights(model_dir: str | Path) -> Path:
     return out
 
 
+def poison_positions(model_dir: str | Path, start: int) -> Path:
+    """Set the rows ``start`` and on of the model's rotary tables (initializers named ``*cos_cache`` /
+    ``*sin_cache``) to NaN: a model whose logits are finite for positions before ``start`` and NaN from
+    there on, for tests of non-finite logits that appear mid-decode. Returns ``model_dir``."""
+    out = Path(model_dir)
+    model = onnx.load(str(out / "model.onnx"))
+    poisoned = 0
+    for tensor in model.graph.initializer:
+        if tensor.name.endswith(("cos_cache", "sin_cache")):
+            table = numpy_helper.to_array(tensor).copy()
+            table[start:] = np.nan
+            tensor.CopyFrom(numpy_helper.from_array(table, tensor.name))
+            poisoned += 1
+    if not poisoned:
+        raise ValueError(f"{out / 'model.onnx'} has no cos_cache / sin_cache initializer to poison")
+    (out / "model.onnx.data").unlink(missing_ok=True)
+    save_model(model, out)
+    return out
+
+
 def bias_logits(model_dir: str | Path, biases: dict[int, float]) -> Path:
     """Add ``biases`` (token id -> logit offset) to the ``logits`` output of the model in ``model_dir``:
     a random model made to favour some tokens (say, a tag that ends a thinking section), for tests that
@@ -201,6 +221,7 @@ __all__ = [
     "build_model",
     "int8_activations",
     "make_weights",
+    "poison_positions",
     "poison_weights",
     "reference_logits",
     "run_teacher_forced",

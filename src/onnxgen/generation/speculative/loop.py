@@ -25,6 +25,7 @@ from onnxgen.errors import GenerationError
 from onnxgen.generation.constraints import Constraint
 from onnxgen.generation.logprobs import TokenLogprob, token_logprob
 from onnxgen.generation.params import SamplingParams
+from onnxgen.generation.sampling import check_chosen
 from onnxgen.generation.speculative.accept import accept_greedy_lazily, accept_sampled
 from onnxgen.generation.speculative.budget import DraftBudget
 from onnxgen.generation.token_loop import TokenLoop
@@ -214,7 +215,7 @@ class SpeculativeLoop(TokenLoop):
                 if self.budget is not None:
                     self.budget.observe_forward(1, time.perf_counter() - started)
                 self.forward_passes += 1
-                emitted = [self.select(logits)]
+                emitted = [self.select(logits, self.export)]
             else:
                 started = time.perf_counter()
                 emitted = self._verify(drafts, q)
@@ -284,6 +285,8 @@ class SpeculativeLoop(TokenLoop):
         else:
             rows = [self.process(logits[i], n + i) for i in range(k + 1)]
             j, token = accept_sampled(rows, drafts, q, self.sampler)
+        for i, chosen in enumerate([*drafts[:j], token]):  # each from its row: a NaN row wins an argmax
+            check_chosen(logits[i], chosen, self.export, self.generated + i)
         if self.scores is not None:  # before any other forward: ``logits`` is a view of the verify buffer
             self._score_verified([*drafts[:j], token], logits, n)
         if self.wanted:  # before the commit, whose replay may reuse the fetched buffers
