@@ -1,0 +1,202 @@
+"""GGUF quantized blocks as the integers, scales and offsets ``MatMulNBits`` reads.
+
+Every GGUF block type this module maps computes a weight as ``scale * q + offset`` per sub-block, with an
+integer ``q`` and a float ``scale`` and ``offset`` shared by the sub-block (the K-quants fold their two
+levels of scales into one float pair per sub-block, exactly as ``gguf``'s dequantizer does). The numbers
+are read through ``gguf``'s own dequantizer rather than by re-implementing each bit layout: a block
+whose header says "scale 1, offset 0" dequantizes to its integers, one whose integers are all 1 to its
+scales, one whose integers are all 0 to its offsets. Only the header fields' byte positions are spelled
+out here; a wrong position shows as integers out of their range (checked) or as a failed comparison with
+``gguf.quants.dequantize`` in the tests.
+
+:class:`Blocks` holds the result in a ``MatMulNBits`` container: ``bits`` 4 or 8 per integer, ``block``
+16 or 32 integers per scale. Types without an offset store ``q`` shifted so that the kernel's default
+zero point (``2**(bits - 1)``) applies; types with one store ``q`` itself and the offset beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf.quants import dequantize
+
+from onnxgen.errors import GGUFConversionError
+
+_ONE_F16 = np.array([1.0], dtype=np.float16).view(np.uint8)  # the two bytes of float16 1.0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one GGUF block type keeps its fields, and how its integers fit a ``MatMulNBits`` container.
+
+    Each field is ``(start, stop, byte)``: the byte range and the value that sets it for the probe."""
+
+    sub: int  # integers per scale (the MatMulNBits block size)
+    bits: int  # container width: 4 or 8
+    lo: int  # the smallest integer gguf multiplies by the scale (checked)
+    hi: int  # the largest
+    unit: tuple[tuple[int, int, int], ...]  # header bytes making scale 1 and offset 0 (f16 1.0 if byte < 0)
+    ones: tuple[tuple[int, int, int], ...]  # integer bytes making every integer 1 (and the offset 0)
+    zeros: tuple[tuple[int, int, int], ...] = ()  # integer bytes making every integer 0 (offset types)
+
+
+# byte == -1: the float16 1.0 (two bytes); other bytes fill their range
+_LAYOUTS: dict[T, Layout] = {
+    T.Q4_0: Layout(32, 4, -8, 7, unit=((0, 2, -1),), ones=((2, 18, 0x99),)),
+    T.Q4_1: Layout(
+        32, 4, 0, 15, unit=((0, 2, -1), (2, 4, 0)), ones=((2, 4, 0), (4, 20, 0x11)), zeros=((4, 20, 0),)
+    ),
+    T.Q5_0: Layout(32, 8, -16, 15, unit=((0, 2, -1),), ones=((2, 6, 0xFF), (6, 22, 0x11))),
+    T.Q5_1: Layout(
+        32,
+        8,
+        0,
+        31,
+        unit=((0, 2, -1), (2, 4, 0)),
+        ones=((2, 4, 0), (4, 8, 0), (8, 24, 0x11)),
+        zeros=((4, 24, 0),),
+    ),
+    T.Q8_0: Layout(32, 8, -128, 127, unit=((0, 2, -1),), ones=((2, 34, 0x01),)),
+    # K-quants: 256 integers per block
+    T.Q2_K: Layout(
+        16,
+        4,
+        0,
+        3,
+        unit=((0, 16, 0x01), (80, 82, -1), (82, 84, 0)),
+        ones=((16, 80, 0x55), (82, 84, 0)),
+        zeros=((16, 80, 0),),
+    ),
+    T.Q3_K: Layout(
+        16,
+        4,
+        -4,
+        3,
+        unit=((96, 104, 0x11), (104, 108, 0xAA), (108, 110, -1)),
+        ones=((0, 32, 0xFF), (32, 96, 0x55)),
+    ),
+    T.Q4_K: Layout(
+        32,
+        4,
+        0,
+        15,
+        unit=((0, 2, -1), (2, 4, 0), (4, 8, 1), (8, 12, 0), (12, 16, 1)),
+        ones=((2, 4, 0), (16, 144, 0x11)),
+        zeros=((16, 144, 0),),
+    ),
+    T.Q5_K: Layout(
+        32,
+        8,
+        0,
+        31,
+        unit=((0, 2, -1), (2, 4, 0), (4, 8, 1), (8, 12, 0), (12, 16, 1)),
+        ones=((2, 4, 0), (16, 48, 0), (48, 176, 0x11)),
+        zeros=((16, 176, 0),),
+    ),
+    T.Q6_K: Layout(
+        16, 8, -32, 31, unit=((192, 208, 0x01), (208, 210, -1)), ones=((0, 128, 0x11), (128, 192, 0xAA))
+    ),
+}
+
+QUANTIZED = tuple(_LAYOUTS)
+FLOAT = (T.F32, T.F16, T.BF16)
+
+
+@dataclass
+class Blocks:
+    """One weight matrix ``[N, K]`` as ``MatMulNBits`` reads it: ``w = scales * (ints - zero_point)``.
+
+    ``ints`` holds one container value per weight (not yet packed); ``offsets`` (None for symmetric types)
+    is the additive term per block, ``w = scales * ints + offsets``."""
+
+    ints: np.ndarray  # [N, K] uint8
+    scales: np.ndarray  # [N, K / block] float32
+    offsets: np.ndarray | None  # [N, K / block] float32
+    bits: int
+    block: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.ints.shape  # type: ignore[return-value]
+
+    def float_zero_points(self) -> np.ndarray:
+        """``zero_point`` with ``scales * (ints - zero_point) == scales * ints + offsets`` up to float rounding
+        (needs ``offsets``; a block with scale 0 was stored as ints 0, zero point 1, scale ``-offset``)."""
+        if self.offsets is None:
+            raise ValueError("a symmetric block type has no float zero points")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            zp = np.where(self.scales != 0, -self.offsets / self.scales, 0.0)
+        return zp.astype(np.float32)
+
+    def dequantized(self) -> np.ndarray:
+        """The weights in float32, computed as the GGUF dequantizer computes them."""
+        n, k = self.shape
+        q = self.ints.reshape(n, k // self.block, self.block).astype(np.float32)
+        if self.offsets is None:
+            w = self.scales[..., None] * (q - np.float32(2 ** (self.bits - 1)))
+        else:
+            w = self.scales[..., None] * q + self.offsets[..., None]
+        return w.reshape(n, k).astype(np.float32)
+
+    def rows(self, index: np.ndarray) -> Blocks:
+        """The rows ``index`` (a permutation or selection of output features), exactly."""
+        off = None if self.offsets is None else self.offsets[index]
+        return Blocks(self.ints[index], self.scales[index], off, self.bits, self.block)
+
+    @staticmethod
+    def stack(parts: list[Blocks]) -> Blocks:
+        """Several matrices with the same container, one under the other (a fused QKV projection)."""
+        first = parts[0]
+        offsets = None if first.offsets is None else np.concatenate([p.offsets for p in parts])  # type: ignore[misc]
+        return Blocks(
+            np.concatenate([p.ints for p in parts]),
+            np.concatenate([p.scales for p in parts]),
+            offsets,
+            first.bits,
+            first.block,
+        )
+
+
+def _probe(raw: np.ndarray, qtype: T, fields: tuple[tuple[int, int, int], ...]) -> np.ndarray:
+    """``raw`` blocks with ``fields`` overwritten, dequantized by gguf: [n_blocks, block elements]."""
+    blocks = raw.copy()
+    for start, stop, byte in fields:
+        blocks[:, start:stop] = np.tile(_ONE_F16, (stop - start) // 2) if byte < 0 else byte
+    return dequantize(blocks, qtype)
+
+
+def blocks_of(raw: np.ndarray, qtype: T, name: str) -> Blocks:
+    """The GGUF tensor ``name`` (its raw bytes ``[N, K / elements * bytes]`` per block) as :class:`Blocks`."""
+    layout = _LAYOUTS.get(qtype)
+    if layout is None:
+        raise GGUFConversionError(
+            f"GGUF tensor {name!r} has type {qtype.name}, which onnxgen does not map to MatMulNBits "
+            f"(mapped: {', '.join(t.name for t in QUANTIZED)}, F32, F16, BF16)"
+        )
+    elements, size = GGML_QUANT_SIZES[qtype]
+    n = raw.shape[0]
+    k = raw.shape[1] // size * elements
+    flat = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, size)
+    q = _probe(flat, qtype, layout.unit)
+    if q.min() < layout.lo or q.max() > layout.hi or not np.array_equal(q, np.round(q)):
+        raise GGUFConversionError(
+            f"GGUF tensor {name!r} ({qtype.name}): its integers fall outside the type's range"
+        )
+    first = slice(None, None, layout.sub)  # the first element of every sub-block
+    scales = _probe(flat, qtype, layout.ones)[:, first].reshape(n, k // layout.sub)
+    offsets = None
+    ints = q.reshape(n, k)
+    if layout.zeros:
+        offsets = _probe(flat, qtype, layout.zeros)[:, first].reshape(n, k // layout.sub)
+    elif layout.lo < 0:
+        ints = ints + 2 ** (layout.bits - 1)  # the kernel's default zero point then applies
+    ints = ints.astype(np.uint8)
+    if offsets is not None:
+        dead = scales == 0  # w = offset over the whole block: ints 0, zero point 1, scale -offset
+        if dead.any():
+            ints.reshape(n, -1, layout.sub)[dead] = 0
+            scales = np.where(dead, -offsets, scales)
+    return Blocks(ints, scales.astype(np.float32), offsets, layout.bits, layout.sub)

@@ -1,0 +1,194 @@
+"""The decoder graph of a GGUF model, in onnxruntime-genai's builder layout.
+
+The layout is the builder's, so that onnxgen's fast paths (and onnxruntime-genai) apply unchanged:
+``input_ids`` / ``attention_mask`` / ``past_key_values.%d.key|value`` in, ``logits`` /
+``present.%d.key|value`` out; ``GroupQueryAttention`` with fused rotate-half RoPE over ``cos_cache`` /
+``sin_cache``; ``SkipSimplifiedLayerNormalization`` between sublayers; ``MatMulNBits`` for quantized
+projections and ``GatherBlockQuantized`` for a quantized embedding. Activations are float32.
+
+A projection's GGUF blocks become ``MatMulNBits`` inputs as follows (:class:`~onnxgen.convert.blocks.Blocks`):
+
+- no offset (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K): integers shifted to the default zero point, no zero-point
+  input; the kernel computes ``scale * (q - 2**(bits-1))``, which is GGUF's ``d * q`` exactly;
+- an offset and 4-bit integers (Q4_1, Q4_K, Q2_K): float zero points ``-offset / scale``;
+- an offset and 8-bit integers (Q5_1, Q5_K; onnxruntime's CPU kernel refuses float zero points at 8
+  bits): zero points 0, and the offsets added as ``sum over blocks of offset * (sum of the block's
+  inputs)``, a small MatMul beside the projection.
+
+A quantized embedding gathers the same integers and scales (tied embeddings share the lm_head's
+initializers). Its offsets, where the type has them, are gathered from a table ``[vocab, blocks]`` and
+added per block, so an embedding row equals GGUF's dequantized row bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgen.convert.blocks import Blocks
+from onnxgen.convert.reader import Hparams
+from onnxgen.convert.weights import Matrix
+
+OPSET = 21
+MS = "com.microsoft"
+
+
+@dataclass
+class Writer:
+    """Collects nodes and initializers of one graph."""
+
+    accuracy_level: int
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    inits: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    _consts: dict[tuple, str] = field(default_factory=dict)
+
+    def init(self, name: str, array: np.ndarray) -> str:
+        self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(array), name)
+        return name
+
+    def ints(self, values: list[int]) -> str:
+        """An int64 constant, one initializer per distinct value list."""
+        key = ("i64", *values)
+        if key not in self._consts:
+            self._consts[key] = self.init(f"/model/constants/INT64/{values}", np.array(values, np.int64))
+        return self._consts[key]
+
+    def scalar(self, value: int) -> str:
+        key = ("i64 scalar", value)
+        if key not in self._consts:
+            self._consts[key] = self.init(f"/model/constants/INT64/{value}", np.array(value, np.int64))
+        return self._consts[key]
+
+    def node(
+        self, op: str, inputs: list[str], name: str, n_out: int = 1, domain: str = "", **attrs
+    ) -> list[str]:
+        outputs = [f"{name}/output_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
+        return outputs
+
+    def rename(self, old: str, new: str) -> None:
+        """Call the node output ``old`` ``new`` (a graph output's name)."""
+        for node in self.nodes:
+            node.output[:] = [new if o == old else o for o in node.output]
+            node.input[:] = [new if i == old else i for i in node.input]
+
+    def one(self, op: str, inputs: list[str], name: str, domain: str = "", **attrs) -> str:
+        return self.node(op, inputs, name, 1, domain, **attrs)[0]
+
+    # -- projections ------------------------------------------------------------------------------------
+
+    def linear(self, x: str, m: Matrix, prefix: str, name: str) -> str:
+        """``x @ m.T`` for ``m`` ``[N, K]``: MatMulNBits for blocks, MatMul for float."""
+        if isinstance(m, np.ndarray):
+            w = self.init(f"{prefix}.MatMul.weight", m.T)
+            return self.one("MatMul", [x, w], f"{name}/MatMul")
+        n, k = m.shape
+        inputs = [x, *self.block_inits(m, prefix)]
+        if m.offsets is not None:
+            inputs.append(self.zero_points(m, prefix))
+        y = self.one(
+            "MatMulNBits",
+            inputs,
+            f"{name}/MatMul_Q{m.bits}",
+            domain=MS,
+            K=k,
+            N=n,
+            bits=m.bits,
+            block_size=m.block,
+            accuracy_level=self.accuracy_level,
+        )
+        if m.offsets is not None and m.bits == 8:
+            y = self.one("Add", [y, self.offset_term(x, m, prefix, name)], f"{name}/AddOffsets")
+        return y
+
+    def block_inits(self, m: Blocks, prefix: str) -> tuple[str, str]:
+        """The packed integers ``[N, blocks, block * bits / 8]`` and scales ``[N, blocks]`` (made once)."""
+        name = f"{prefix}.MatMul.weight_Q{m.bits}"
+        if name not in self.inits:
+            n, k = m.shape
+            q = m.ints.reshape(n, k // m.block, m.block)
+            if m.bits == 4:
+                q = q[..., 0::2] | (q[..., 1::2] << 4)
+            self.init(name, q.astype(np.uint8))
+            self.init(f"{prefix}.MatMul.weight_scales", m.scales)
+        return name, f"{prefix}.MatMul.weight_scales"
+
+    def zero_points(self, m: Blocks, prefix: str) -> str:
+        if m.bits == 4:
+            return self.init(f"{prefix}.MatMul.weight_zp", m.float_zero_points())
+        return self.init(f"{prefix}.MatMul.weight_zp", np.zeros(m.scales.shape, np.uint8))
+
+    def offset_term(self, x: str, m: Blocks, prefix: str, name: str) -> str:
+        """``sum_b offsets[:, b] * sum(x over block b)``: the offsets of an 8-bit projection."""
+        n, k = m.shape
+        blocks = self.one("Reshape", [x, self.ints([0, 0, k // m.block, m.block])], f"{name}/Offsets/Reshape")
+        sums = self.one("ReduceSum", [blocks, self.ints([-1])], f"{name}/Offsets/ReduceSum", keepdims=0)
+        table = self.init(f"{prefix}.MatMul.weight_offsets", m.offsets.T)  # type: ignore[union-attr]
+        return self.one("MatMul", [sums, table], f"{name}/Offsets/MatMul")
+
+    # -- embedding --------------------------------------------------------------------------------------
+
+    def embedding(self, ids: str, m: Matrix, prefix: str) -> str:
+        """Rows ``ids`` of ``m`` ``[vocab, hidden]``; quantized ``m`` shares ``prefix``'s initializers."""
+        name = "/model/embed_tokens"
+        if isinstance(m, np.ndarray):
+            table = self.init("model.embed_tokens.weight", m)
+            return self.one("Gather", [table, ids], f"{name}/Gather")
+        vocab, hidden = m.shape
+        packed, scales = self.block_inits(m, prefix)
+        data = self.one("Reshape", [packed, self.ints([vocab, hidden * m.bits // 8])], f"{name}/Reshape")
+        inputs = [data, ids, scales]
+        if m.offsets is not None:
+            width = -(-m.scales.shape[1] * m.bits // 8)
+            inputs.append(self.init("model.embed_tokens.weight_zp", np.zeros((vocab, width), np.uint8)))
+        attrs = {"bits": m.bits, "block_size": m.block, "gather_axis": 0, "quantize_axis": 1}
+        rows = self.one("GatherBlockQuantized", inputs, f"{name}/GatherBlockQuantized", domain=MS, **attrs)
+        if m.offsets is None:
+            return rows
+        table = self.init("model.embed_tokens.weight_offsets", m.offsets)
+        off = self.one("Gather", [table, ids], f"{name}/Offsets/Gather")
+        off = self.one("Unsqueeze", [off, self.ints([-1])], f"{name}/Offsets/Unsqueeze")
+        blocks = self.one("Reshape", [rows, self.ints([0, 0, -1, m.block])], f"{name}/Offsets/Reshape")
+        rows = self.one("Add", [blocks, off], f"{name}/Offsets/Add")
+        return self.one("Reshape", [rows, self.ints([0, 0, hidden])], f"{name}/Offsets/Flatten")
+
+
+def rope_tables(hp: Hparams) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``[context, head_dim / 2]`` of rotate-half RoPE (positions divided by linear scaling)."""
+    inv_freq = 1.0 / hp.rope_theta ** (np.arange(0, hp.head_dim, 2, dtype=np.float64) / hp.head_dim)
+    angles = np.outer(np.arange(hp.context, dtype=np.float64) / hp.rope_linear, inv_freq)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def graph_io(hp: Hparams) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    past = ["batch_size", hp.kv_heads, "past_sequence_length", hp.head_dim]
+    present = ["batch_size", hp.kv_heads, "total_sequence_length", hp.head_dim]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", i64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", i64, ["batch_size", "total_sequence_length"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", f32, ["batch_size", "sequence_length", hp.vocab])]
+    for kind in ("key", "value"):
+        for i in range(hp.layers):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, past))
+    for i in range(hp.layers):
+        for kind in ("key", "value"):
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, present))
+    return inputs, outputs
+
+
+def mask_lengths(w: Writer) -> tuple[str, str]:
+    """GroupQueryAttention's ``seqlens_k`` (tokens per row minus one) and ``total_sequence_length``."""
+    name = "/model/attn_mask_reformat/attn_mask_subgraph"
+    one = w.ints([1])
+    total = w.one("ReduceSum", ["attention_mask", one], f"{name}/ReduceSum", keepdims=0)
+    lengths = w.one("Sub", [total, one], f"{name}/Sub")
+    lengths = w.one("Cast", [lengths], f"{name}/Sub/Cast", to=TensorProto.INT32)
+    shape = w.one("Shape", ["attention_mask"], f"{name}/Shape")
+    width = w.one("Gather", [shape, w.scalar(1)], f"{name}/Gather", axis=0)
+    width = w.one("Cast", [width], f"{name}/Gather/Cast", to=TensorProto.INT32)
+    return lengths, width
