@@ -43,7 +43,7 @@ def _qkv(w: Writer, f: GGUFFile, hp: Hparams, i: int, x: str) -> tuple[str, str,
         outs = w.node("Split", [qkv, sizes], f"{name}/qkv_proj/Split", n_out=3, axis=-1)
     else:
         outs = []
-        for p, m, b in zip("qkv", (q, k, v), biases):
+        for p, m, b in zip("qkv", (q, k, v), biases, strict=True):
             y = w.linear(x, m, f"model.layers.{i}.attn.{p}_proj", f"{name}/{p}_proj")
             if has_bias:
                 y = w.one(

@@ -123,7 +123,7 @@ class Writer:
 
     def offset_term(self, x: str, m: Blocks, prefix: str, name: str) -> str:
         """``sum_b offsets[:, b] * sum(x over block b)``: the offsets of an 8-bit projection."""
-        n, k = m.shape
+        k = m.shape[1]
         blocks = self.one("Reshape", [x, self.ints([0, 0, k // m.block, m.block])], f"{name}/Offsets/Reshape")
         sums = self.one("ReduceSum", [blocks, self.ints([-1])], f"{name}/Offsets/ReduceSum", keepdims=0)
         table = self.init(f"{prefix}.MatMul.weight_offsets", m.offsets.T)  # type: ignore[union-attr]

@@ -74,7 +74,7 @@ def _spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> lis
     merged piece's score deciding the order (highest first)."""
     vocab = {t: i for i, t in enumerate(tokens)}
     found: list[tuple[float, int, str, str]] = []
-    for token, score, kind in zip(tokens, scores, types):
+    for token, score, kind in zip(tokens, scores, types, strict=True):
         if kind != 1 or len(token) < 2:
             continue
         for cut in range(1, len(token)):
@@ -122,10 +122,10 @@ def build_tokenizer(f: GGUFFile) -> Tokenizer:
             f"GGUF tokenizer model {kind!r} (tokenizer.ggml.model) is not supported by onnxgen convert "
             "(supported: gpt2, llama)"
         )
-    types = list(f.get("tokenizer.ggml.token_type") or [])
+    types = list(f.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     added = [
         AddedToken(t, special=k == CONTROL, normalized=False)
-        for t, k in zip(tokens, types)
+        for t, k in zip(tokens, types, strict=True)
         if k in (CONTROL, USER_DEFINED)
     ]
     tok.add_tokens(added)
