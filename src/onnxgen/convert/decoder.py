@@ -63,10 +63,10 @@ def _head_norm(
     w: Writer, f: GGUFFile, hp: Hparams, x: str, tensor: str, name: str, init: str, heads: int
 ) -> str:
     """RMSNorm over each head of ``x`` ``[batch, seq, heads * head_dim]`` (qwen3's query/key norms)."""
-    heads = w.one("Reshape", [x, w.ints([0, -1, hp.head_dim])], f"{name}/Reshape")
+    per_head = w.one("Reshape", [x, w.ints([0, -1, hp.head_dim])], f"{name}/Reshape")
     normed = w.one(
         "SimplifiedLayerNormalization",
-        [heads, w.init(init, f.float_tensor(tensor))],
+        [per_head, w.init(init, f.float_tensor(tensor))],
         f"{name}/SimplifiedLayerNormalization",
         axis=-1,
         epsilon=hp.eps,
