@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
 import onnxruntime as ort
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf_fixtures import Spec, TinyGGUF, reference_logits, write_gguf
+from onnx import TensorProto, helper
 
 from onnxgen.convert import convert_gguf
 
