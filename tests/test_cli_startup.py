@@ -42,6 +42,7 @@ def _modules_after(argv: list[str]) -> tuple[int, set[str], str]:
         ["inspect", "--help"],
         ["bench", "--help"],
         ["export-mtp", "--help"],
+        ["convert", "--help"],
         ["generate"],  # usage error: no prompt
         ["generate", "hi", "--bogus"],
         ["nonsense"],

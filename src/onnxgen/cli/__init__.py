@@ -4,7 +4,7 @@ User errors (:class:`onnxgen.errors.OnnxgenError`, ``ValueError`` from parameter
 line on stderr and exit 2; they never show a traceback.
 
 Each subcommand lives in its own module of this package (``generate``, ``chat``, ``serve``, ``bench``,
-``inspect``, ``validate``, ``export_mtp``; ``speculative`` holds the speculative flags several share and
+``inspect``, ``validate``, ``convert``, ``export_mtp``; ``speculative`` holds the speculative flags several share and
 ``bench_table`` the bench report's tables) and registers itself through an ``add_<command>(sub, help)`` hook
 that sets ``run`` (and, for commands with an optional leading positional, ``take_extra_positional``).
 Only the module of the command being run is imported, and the command modules import onnx and
@@ -44,6 +44,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "onnxgen.cli.validate",
         "add_validate",
         "compare an export's logits with a transformers checkpoint or another export",
+    ),
+    "convert": (
+        "onnxgen.cli.convert",
+        "add_convert",
+        "write a GGUF file as a model directory (its quantized weights mapped exactly)",
     ),
     "export-mtp": (
         "onnxgen.cli.export_mtp",
