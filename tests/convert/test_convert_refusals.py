@@ -18,7 +18,7 @@ from onnxgen.errors import OnnxgenError
 def test_an_unknown_architecture_is_refused_by_name(tmp_path: Path) -> None:
     g = write_gguf(tmp_path / "m.gguf", Spec(arch="mamba", qtype=T.Q8_0))
     with pytest.raises(
-        GGUFConversionError, match="architecture 'mamba'.*supported: llama, qwen2, qwen3"
+        GGUFConversionError, match=r"architecture 'mamba'.*supported: llama, qwen2, qwen3"
     ) as e:
         convert_gguf(g.path, tmp_path / "out")
     assert "\n" not in str(e.value) and isinstance(e.value, OnnxgenError)

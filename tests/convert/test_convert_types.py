@@ -4,12 +4,12 @@ For each type a tiny llama GGUF (tied embeddings, so the embedding is that type 
 ``gguf``'s writer and converted. Three things are checked on the converted graph, each by running it:
 
 - a projection's effective weights (the ``gate_proj`` subgraph fed the identity) equal
-  ``gguf.quants.dequantize``'s values: bit for bit for types without an offset; for types with one,
-  the kernel computes ``scale * (q - zero_point)`` with a float zero point ``-offset / scale``, which
-  rounds differently from GGUF's ``scale * q + offset`` by at most a few float32 ulps of the weight;
-- embedding rows equal the dequantized rows bit for bit;
+  ``gguf.quants.dequantize``'s values: bit for bit for types without an offset; for types with one the
+  graph adds the offsets beside the kernel (``scale * q`` there, ``offset * sum of the block's inputs``
+  beside it), which rounds differently from GGUF's ``scale * q + offset`` by at most a few float32 ulps;
+- embedding rows equal the dequantized rows (8-bit types: high and low nibbles summed, within an ulp);
 - logits match a float64 numpy forward pass of the dequantized weights (llama.cpp's conventions) to
-  2e-5 of their range, for a prefill and for one decode step on the returned KV cache.
+  5e-5 of their range, for a prefill and for one decode step on the returned KV cache.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ SYMMETRIC = [T.Q4_0, T.Q5_0, T.Q8_0, T.Q3_K, T.Q6_K]
 WITH_OFFSET = [T.Q4_1, T.Q5_1, T.Q2_K, T.Q4_K, T.Q5_K]
 FLOATS = [T.F32, T.F16, T.BF16]
 PROMPT = [258, 40, 71, 72, 259, 80, 3]
-LOGIT_TOL = 2e-5  # of the logits' range: float32 kernels against a float64 reference (seen: up to 3e-6)
+LOGIT_TOL = 5e-5  # of the logits' range: float32 kernels against a float64 reference (seen: up to 1.4e-5)
 
 
 def convert(tmp_path: Path, spec: Spec, level: int = 1) -> tuple[TinyGGUF, Path]:
@@ -119,22 +119,33 @@ def test_each_type_computes_with_the_gguf_weights(tmp_path: Path, qtype: T) -> N
     g, model_dir = convert(tmp_path, Spec(qtype=qtype))
     want = g.weights["blk.0.ffn_gate.weight"]
     got = gate_weights(model_dir, g.spec.hidden)
+    ulp = np.finfo(np.float32).eps * np.abs(want).max()
     if qtype in WITH_OFFSET:
-        # float zero points: a few ulps of the largest weight of the block (and never more)
-        assert np.abs(got - want).max() <= 4 * np.finfo(np.float32).eps * np.abs(want).max()
+        assert np.abs(got - want).max() <= 4 * ulp
     else:
         np.testing.assert_array_equal(got, want)
     ids = list(range(0, 262, 7))
-    np.testing.assert_array_equal(embedding_rows(model_dir, ids), g.weights["token_embd.weight"][ids])
+    rows, want_rows = embedding_rows(model_dir, ids), g.weights["token_embd.weight"][ids]
+    assert np.abs(rows - want_rows).max() <= np.finfo(np.float32).eps * np.abs(want_rows).max()
     assert_logits(g, model_dir)
 
 
-def test_quantized_types_become_matmulnbits_without_float_weights(tmp_path: Path) -> None:
-    _, model_dir = convert(tmp_path, Spec(qtype=T.Q4_K))
-    graph = onnx.load(model_dir / "model.onnx", load_external_data=False).graph
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_quantized_types_become_4bit_matmulnbits_with_integer_zero_points(tmp_path: Path, qtype: T) -> None:
+    """The form onnxruntime's CPU kernels run fast: 4 bits, no float zero points, no float weights."""
+    _, model_dir = convert(tmp_path, Spec(qtype=qtype))
+    model = onnx.load(model_dir / "model.onnx")
+    graph, inits = model.graph, {t.name: t for t in model.graph.initializer}
     ops = [n.op_type for n in graph.node]
     assert ops.count("MatMulNBits") == 2 * 5 + 1  # per layer qkv, o, gate, up, down; the lm_head
-    assert "MatMul" not in ops and ops.count("GatherBlockQuantized") == 1
+    assert ops.count("GatherBlockQuantized") == 1
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "bits")) == 4
+            zero_points = node.input[3] if len(node.input) > 3 else ""
+            assert not zero_points or inits[zero_points].data_type == TensorProto.UINT8
+        if node.op_type == "MatMul":  # only the offsets' share: [blocks, N], a 32nd of the weights
+            assert "/Offsets/" in node.name
     lm_head = next(n for n in graph.node if n.name == "/lm_head/MatMul_Q4")
     gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
     reshape = next(n for n in graph.node if n.output[0] == gather.input[0])
@@ -171,4 +182,4 @@ def test_int8_activations_stay_close(tmp_path: Path) -> None:
     g, model_dir = convert(tmp_path, Spec(qtype=T.Q4_1), level=4)
     got = run_logits(model_dir, g.spec, PROMPT, split=5)
     ref = reference_logits(g, PROMPT)
-    assert np.abs(got - ref).max() / np.abs(ref).max() < 0.05
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 0.15  # seen: 0.06 on these random weights

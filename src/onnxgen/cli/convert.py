@@ -20,7 +20,8 @@ def add_convert(sub: argparse._SubParsersAction, help_text: str) -> None:  # typ
         type=int,
         choices=(0, 1, 2, 3, 4),
         default=None,
-        help="MatMulNBits accuracy_level: 4 (default) quantizes activations to int8, 1 computes in float32",
+        help="MatMulNBits accuracy_level: 1 (default) computes with float32 activations, exactly the GGUF's "
+        "weights; 4 quantizes activations to int8 (faster, as llama.cpp computes these types)",
     )
     p.set_defaults(run=_run)
 

@@ -20,12 +20,15 @@ __all__ = ["GGUFConversionError", "cached_gguf_model", "convert_gguf"]
 def convert_gguf(src: str | Path, out_dir: str | Path, *, accuracy_level: int | None = None) -> Path:
     """Write the model directory of GGUF file ``src`` into ``out_dir`` and return it.
 
-    ``accuracy_level`` is MatMulNBits' (None: 4, int8 activations as onnxruntime-genai's builder writes
-    them; 1 computes in float32)."""
+    ``accuracy_level`` is MatMulNBits': None or 1 computes with float32 activations (the GGUF's weights,
+    exactly); 4 quantizes activations to int8 per block, as llama.cpp does for these types (faster)."""
     return write_model_dir(src, out_dir, accuracy_level)
 
 
-def cached_gguf_model(src: str | Path, cache_root: str | Path | None = None) -> Path:
+def cached_gguf_model(
+    src: str | Path, cache_root: str | Path | None = None, *, accuracy_level: int | None = None
+) -> Path:
     """The converted model directory of GGUF file ``src``, from ``cache_root`` (None: onnxgen's cache
-    folder, ``$ONNXGEN_CACHE_DIR`` or the user cache directory) or converted into it first."""
-    return cached_model(src, cache_root)
+    folder, ``$ONNXGEN_CACHE_DIR`` or the user cache directory) or converted into it first (atomically;
+    one entry per file content and accuracy level)."""
+    return cached_model(src, cache_root, accuracy_level)

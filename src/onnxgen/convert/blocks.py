@@ -107,10 +107,8 @@ FLOAT = (T.F32, T.F16, T.BF16)
 
 @dataclass
 class Blocks:
-    """One weight matrix ``[N, K]`` as ``MatMulNBits`` reads it: ``w = scales * (ints - zero_point)``.
-
-    ``ints`` holds one container value per weight (not yet packed); ``offsets`` (None for symmetric types)
-    is the additive term per block, ``w = scales * ints + offsets``."""
+    """One weight matrix ``[N, K]``: ``w = scales * (ints - 2**(bits - 1))`` per block for symmetric types,
+    ``w = scales * ints + offsets`` for types with offsets. ``ints`` holds one unpacked value per weight."""
 
     ints: np.ndarray  # [N, K] uint8
     scales: np.ndarray  # [N, K / block] float32
@@ -122,15 +120,6 @@ class Blocks:
     def shape(self) -> tuple[int, int]:
         return self.ints.shape  # type: ignore[return-value]
 
-    def float_zero_points(self) -> np.ndarray:
-        """``zero_point`` with ``scales * (ints - zero_point) == scales * ints + offsets`` up to float rounding
-        (needs ``offsets``; a block with scale 0 was stored as ints 0, zero point 1, scale ``-offset``)."""
-        if self.offsets is None:
-            raise ValueError("a symmetric block type has no float zero points")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            zp = np.where(self.scales != 0, -self.offsets / self.scales, 0.0)
-        return zp.astype(np.float32)
-
     def dequantized(self) -> np.ndarray:
         """The weights in float32, computed as the GGUF dequantizer computes them."""
         n, k = self.shape
@@ -140,6 +129,21 @@ class Blocks:
         else:
             w = self.scales[..., None] * q + self.offsets[..., None]
         return w.reshape(n, k).astype(np.float32)
+
+    def nibbles(self) -> Nibbles:
+        """The same weights as 4-bit ``MatMulNBits`` inputs (:class:`Nibbles`)."""
+        n, k = self.shape
+        nb = k // self.block
+        if self.bits == 4:
+            zp = None if self.offsets is None else np.zeros((n, nb), np.uint8)
+            return Nibbles(self.ints, self.scales, zp, self.offsets, self.block, split=False)
+        high = (self.ints >> 4).reshape(n, nb, self.block)
+        low = (self.ints & 15).reshape(n, nb, self.block)
+        zero = 8 if self.offsets is None else 0  # the container's zero point 128 (or 0) over 16
+        ints = np.concatenate([high, low], axis=1).reshape(n, 2 * k)
+        scales = np.concatenate([self.scales * np.float32(16), self.scales], axis=1)
+        zp = np.concatenate([np.full((n, nb), zero, np.uint8), np.zeros((n, nb), np.uint8)], axis=1)
+        return Nibbles(ints, scales, zp, self.offsets, self.block, split=True)
 
     def rows(self, index: np.ndarray) -> Blocks:
         """The rows ``index`` (a permutation or selection of output features), exactly."""
@@ -158,6 +162,40 @@ class Blocks:
             first.bits,
             first.block,
         )
+
+
+@dataclass
+class Nibbles:
+    """A :class:`Blocks` matrix as 4-bit ``MatMulNBits`` inputs, the form onnxruntime's CPU kernels run
+    fast (float zero points and 8-bit weights at float32 accuracy take a slow path, ~100x).
+
+    ``w = scales * (ints - zero_points)`` per block of ``block`` over ``K'`` columns, plus ``offsets`` per
+    block of the original ``K`` columns where the type has them. A ``split`` matrix came from 8-bit
+    integers ``c = 16 * high + low``: its ``K' = 2K`` columns hold the high nibbles (scale ``16 * s``, zero
+    point ``z / 16``) and then the low ones (scale ``s``, zero point 0), and the projection reads its input
+    twice, ``[x, x]``. Every integer and scale is GGUF's; only the summation order differs."""
+
+    ints: np.ndarray  # [N, K'] uint8, values 0..15
+    scales: np.ndarray  # [N, K' / block] float32
+    zero_points: np.ndarray | None  # [N, K' / block] uint8, values 0..15 (None: the default 8)
+    offsets: np.ndarray | None  # [N, K / block] float32
+    block: int
+    split: bool
+
+    def packed(self) -> np.ndarray:
+        """``ints`` as ``MatMulNBits`` B: ``[N, K' / block, block / 2]``, two per byte, low nibble first."""
+        n, k = self.ints.shape
+        q = self.ints.reshape(n, k // self.block, self.block)
+        return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+    def packed_zero_points(self) -> np.ndarray | None:
+        """``zero_points`` packed two per byte: ``[N, ceil(K' / block / 2)]``."""
+        if self.zero_points is None:
+            return None
+        zp = self.zero_points
+        if zp.shape[1] % 2:
+            zp = np.concatenate([zp, np.zeros((zp.shape[0], 1), np.uint8)], axis=1)
+        return (zp[:, 0::2] | (zp[:, 1::2] << 4)).astype(np.uint8)
 
 
 def _probe(raw: np.ndarray, qtype: T, fields: tuple[tuple[int, int, int], ...]) -> np.ndarray:
@@ -193,10 +231,4 @@ def blocks_of(raw: np.ndarray, qtype: T, name: str) -> Blocks:
         offsets = _probe(flat, qtype, layout.zeros)[:, first].reshape(n, k // layout.sub)
     elif layout.lo < 0:
         ints = ints + 2 ** (layout.bits - 1)  # the kernel's default zero point then applies
-    ints = ints.astype(np.uint8)
-    if offsets is not None:
-        dead = scales == 0  # w = offset over the whole block: ints 0, zero point 1, scale -offset
-        if dead.any():
-            ints.reshape(n, -1, layout.sub)[dead] = 0
-            scales = np.where(dead, -offsets, scales)
-    return Blocks(ints, scales.astype(np.float32), offsets, layout.bits, layout.sub)
+    return Blocks(ints.astype(np.uint8), scales.astype(np.float32), offsets, layout.bits, layout.sub)

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxgen.convert.blocks import Blocks
+from onnxgen.convert.blocks import Nibbles
 from onnxgen.convert.reader import Hparams
 from onnxgen.convert.weights import Matrix
 
@@ -86,48 +86,56 @@ class Writer:
             w = self.init(f"{prefix}.MatMul.weight", m.T)
             return self.one("MatMul", [x, w], f"{name}/MatMul")
         n, k = m.shape
-        inputs = [x, *self.block_inits(m, prefix)]
-        if m.offsets is not None:
-            inputs.append(self.zero_points(m, prefix))
+        q = m.nibbles()
+        source = self.twice(x) if q.split else x
         y = self.one(
             "MatMulNBits",
-            inputs,
-            f"{name}/MatMul_Q{m.bits}",
+            [source, *self.nibble_inits(q, prefix)],
+            f"{name}/MatMul_Q4",
             domain=MS,
-            K=k,
+            K=q.ints.shape[1],
             N=n,
-            bits=m.bits,
-            block_size=m.block,
+            bits=4,
+            block_size=q.block,
             accuracy_level=self.accuracy_level,
         )
-        if m.offsets is not None and m.bits == 8:
-            y = self.one("Add", [y, self.offset_term(x, m, prefix, name)], f"{name}/AddOffsets")
+        if q.offsets is not None:
+            y = self.one("Add", [y, self.offset_term(x, q, k, prefix, name)], f"{name}/AddOffsets")
         return y
 
-    def block_inits(self, m: Blocks, prefix: str) -> tuple[str, str]:
-        """The packed integers ``[N, blocks, block * bits / 8]`` and scales ``[N, blocks]`` (made once)."""
-        name = f"{prefix}.MatMul.weight_Q{m.bits}"
-        if name not in self.inits:
-            n, k = m.shape
-            q = m.ints.reshape(n, k // m.block, m.block)
-            if m.bits == 4:
-                q = q[..., 0::2] | (q[..., 1::2] << 4)
-            self.init(name, q.astype(np.uint8))
-            self.init(f"{prefix}.MatMul.weight_scales", m.scales)
-        return name, f"{prefix}.MatMul.weight_scales"
+    def twice(self, x: str) -> str:
+        """``[x, x]`` along the last axis, once per ``x`` (the input of split 8-bit projections)."""
+        key = ("twice", x)
+        if key not in self._consts:
+            self._consts[key] = self.one("Concat", [x, x], f"{x}/Twice", axis=-1)
+        return self._consts[key]
 
-    def zero_points(self, m: Blocks, prefix: str) -> str:
-        if m.bits == 4:
-            return self.init(f"{prefix}.MatMul.weight_zp", m.float_zero_points())
-        return self.init(f"{prefix}.MatMul.weight_zp", np.zeros(m.scales.shape, np.uint8))
+    def nibble_inits(self, q: Nibbles, prefix: str) -> list[str]:
+        """B ``[N, blocks, block / 2]``, scales ``[N, blocks]`` and packed zero points, made once per prefix."""
+        names = [f"{prefix}.MatMul.weight_Q4", f"{prefix}.MatMul.weight_scales"]
+        if q.zero_points is not None:
+            names.append(f"{prefix}.MatMul.weight_zp")
+        if names[0] not in self.inits:
+            self.init(names[0], q.packed())
+            self.init(names[1], q.scales)
+            zp = q.packed_zero_points()
+            if zp is not None:
+                self.init(names[2], zp)
+        return names
 
-    def offset_term(self, x: str, m: Blocks, prefix: str, name: str) -> str:
-        """``sum_b offsets[:, b] * sum(x over block b)``: the offsets of an 8-bit projection."""
-        k = m.shape[1]
-        blocks = self.one("Reshape", [x, self.ints([0, 0, k // m.block, m.block])], f"{name}/Offsets/Reshape")
-        sums = self.one("ReduceSum", [blocks, self.ints([-1])], f"{name}/Offsets/ReduceSum", keepdims=0)
-        table = self.init(f"{prefix}.MatMul.weight_offsets", m.offsets.T)  # type: ignore[union-attr]
-        return self.one("MatMul", [sums, table], f"{name}/Offsets/MatMul")
+    def offset_term(self, x: str, q: Nibbles, k: int, prefix: str, name: str) -> str:
+        """``sum_b offsets[:, b] * sum(x over block b)``: the offsets' share of ``x @ w.T``."""
+        table = self.init(f"{prefix}.MatMul.weight_offsets", q.offsets.T)  # type: ignore[union-attr]
+        return self.one("MatMul", [self.block_sums(x, k, q.block), table], f"{name}/Offsets/MatMul")
+
+    def block_sums(self, x: str, k: int, block: int) -> str:
+        """``x`` ``[batch, seq, k]`` summed over each block of ``block`` inputs, once per ``x``."""
+        key = ("sums", x, block)
+        if key not in self._consts:
+            blocks = self.one("Reshape", [x, self.ints([0, 0, k // block, block])], f"{x}/BlockSums/Reshape")
+            sums = self.one("ReduceSum", [blocks, self.ints([-1])], f"{x}/BlockSums/ReduceSum", keepdims=0)
+            self._consts[key] = sums
+        return self._consts[key]
 
     # -- embedding --------------------------------------------------------------------------------------
 
@@ -138,20 +146,23 @@ class Writer:
             table = self.init("model.embed_tokens.weight", m)
             return self.one("Gather", [table, ids], f"{name}/Gather")
         vocab, hidden = m.shape
-        packed, scales = self.block_inits(m, prefix)
-        data = self.one("Reshape", [packed, self.ints([vocab, hidden * m.bits // 8])], f"{name}/Reshape")
-        inputs = [data, ids, scales]
-        if m.offsets is not None:
-            width = -(-m.scales.shape[1] * m.bits // 8)
-            inputs.append(self.init("model.embed_tokens.weight_zp", np.zeros((vocab, width), np.uint8)))
-        attrs = {"bits": m.bits, "block_size": m.block, "gather_axis": 0, "quantize_axis": 1}
-        rows = self.one("GatherBlockQuantized", inputs, f"{name}/GatherBlockQuantized", domain=MS, **attrs)
-        if m.offsets is None:
+        q = m.nibbles()
+        packed, *rest = self.nibble_inits(q, prefix)
+        width = q.ints.shape[1]
+        data = self.one("Reshape", [packed, self.ints([vocab, width // 2])], f"{name}/Reshape")
+        attrs = {"bits": 4, "block_size": q.block, "gather_axis": 0, "quantize_axis": 1}
+        rows = self.one(
+            "GatherBlockQuantized", [data, ids, *rest], f"{name}/GatherBlockQuantized", domain=MS, **attrs
+        )
+        if q.split:  # [high part | low part] -> their sum
+            halves = self.one("Reshape", [rows, self.ints([0, 0, 2, hidden])], f"{name}/Halves")
+            rows = self.one("ReduceSum", [halves, self.ints([-2])], f"{name}/Halves/ReduceSum", keepdims=0)
+        if q.offsets is None:
             return rows
-        table = self.init("model.embed_tokens.weight_offsets", m.offsets)
+        table = self.init(f"{prefix}.embedding_offsets", q.offsets)
         off = self.one("Gather", [table, ids], f"{name}/Offsets/Gather")
         off = self.one("Unsqueeze", [off, self.ints([-1])], f"{name}/Offsets/Unsqueeze")
-        blocks = self.one("Reshape", [rows, self.ints([0, 0, -1, m.block])], f"{name}/Offsets/Reshape")
+        blocks = self.one("Reshape", [rows, self.ints([0, 0, -1, q.block])], f"{name}/Offsets/Reshape")
         rows = self.one("Add", [blocks, off], f"{name}/Offsets/Add")
         return self.one("Reshape", [rows, self.ints([0, 0, hidden])], f"{name}/Offsets/Flatten")
 

@@ -20,7 +20,9 @@ from onnxgen.errors import GGUFConversionError
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
-DEFAULT_ACCURACY_LEVEL = 4  # MatMulNBits quantizes activations to int8 (onnxruntime-genai's builder default)
+# MatMulNBits computes with float32 activations: the converted model computes what the GGUF's numbers say
+# (4, int8 activations as llama.cpp computes these types, decodes about twice as fast; docs/gguf.md)
+DEFAULT_ACCURACY_LEVEL = 1
 
 
 def genai_config(hp: Hparams, ids: dict[str, int | None]) -> dict[str, Any]:
