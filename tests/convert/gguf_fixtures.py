@@ -129,9 +129,9 @@ def write_gguf(path: Path, spec: Spec) -> TinyGGUF:
         raw_dtype = qtype if stored.dtype == np.uint8 else None
         writer.add_tensor(name, stored, raw_dtype=raw_dtype)
         out.raw[name] = (stored, qtype)
-        out.weights[name] = (
-            dequantize(stored, qtype).reshape(shape) if raw_dtype else stored.astype(np.float32)
-        )
+        with np.errstate(invalid="ignore", over="ignore"):  # random blocks of refused types may hold NaNs
+            values = dequantize(stored, qtype).reshape(shape) if raw_dtype else stored.astype(np.float32)
+        out.weights[name] = values
 
     q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     tensor("token_embd.weight", (len(TOKENS), spec.hidden), spec.qtype, 0.5)
