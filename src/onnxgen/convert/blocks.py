@@ -9,9 +9,9 @@ scales, one whose integers are all 0 to its offsets. Only the header fields' byt
 out here; a wrong position shows as integers out of their range (checked) or as a failed comparison with
 ``gguf.quants.dequantize`` in the tests.
 
-:class:`Blocks` holds the result in a ``MatMulNBits`` container: ``bits`` 4 or 8 per integer, ``block``
-16 or 32 integers per scale. Types without an offset store ``q`` shifted so that the kernel's default
-zero point (``2**(bits - 1)``) applies; types with one store ``q`` itself and the offset beside it.
+:class:`Blocks` holds the result with ``bits`` 4 or 8 per integer and ``block`` 16 or 32 integers per
+scale. Types without an offset store ``q`` shifted by ``2**(bits - 1)`` (unsigned); types with one store
+``q`` itself and the offset beside it. :meth:`Blocks.nibbles` gives the 4-bit ``MatMulNBits`` form.
 """
 
 from __future__ import annotations

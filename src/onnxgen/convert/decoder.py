@@ -16,47 +16,51 @@ from onnx import helper
 
 from onnxgen.convert.graph import MS, OPSET, Writer, graph_io, mask_lengths, rope_tables
 from onnxgen.convert.reader import PERMUTED_QK, GGUFFile, Hparams
-from onnxgen.convert.weights import matrix, same_kind, stack, take_rows, unpermute_rows
+from onnxgen.convert.weights import Matrix, matrix, same_kind, stack, take_rows, unpermute_rows
+
+
+def _qkv_matrices(f: GGUFFile, hp: Hparams, i: int) -> list[Matrix]:
+    """Layer ``i``'s query, key and value weights, query and key rows in the checkpoint's order."""
+    q, k, v = (matrix(f, f"blk.{i}.attn_{p}.weight") for p in "qkv")
+    if hp.arch in PERMUTED_QK:
+        q = take_rows(q, unpermute_rows(hp.heads, hp.heads * hp.head_dim))
+        k = take_rows(k, unpermute_rows(hp.kv_heads, hp.kv_heads * hp.head_dim))
+    return [q, k, v]
+
+
+def _projections(w: Writer, f: GGUFFile, i: int, x: str, parts: list[Matrix]) -> list[str]:
+    """``[qkv]`` (one projection when the three share a block type) or ``[q, k, v]``, biases added."""
+    name, prefix = f"/model/layers.{i}/attn", f"model.layers.{i}.attn"
+    biases = [f"blk.{i}.attn_{p}.bias" for p in "qkv"]
+    has_bias = all(b in f.tensors for b in biases)
+    if same_kind(parts):
+        groups = [("qkv", stack(parts), biases)]
+    else:
+        groups = [(p, m, [b]) for p, m, b in zip("qkv", parts, biases, strict=True)]
+    outs = []
+    for p, m, bias_names in groups:
+        y = w.linear(x, m, f"{prefix}.{p}_proj", f"{name}/{p}_proj")
+        if has_bias:
+            bias = w.init(f"{prefix}.{p}_proj.bias", np.concatenate([f.float_tensor(b) for b in bias_names]))
+            y = w.one("Add", [y, bias], f"{name}/{p}_proj/Add")
+        outs.append(y)
+    return outs
 
 
 def _qkv(w: Writer, f: GGUFFile, hp: Hparams, i: int, x: str) -> tuple[str, str, str]:
     """Query, key and value of layer ``i`` (``""`` for key and value when packed with the query)."""
-    blk, name = f"blk.{i}", f"/model/layers.{i}/attn"
-    q, k, v = (matrix(f, f"{blk}.attn_{p}.weight") for p in "qkv")
-    if hp.arch in PERMUTED_QK:
-        q = take_rows(q, unpermute_rows(hp.heads, hp.heads * hp.head_dim))
-        k = take_rows(k, unpermute_rows(hp.kv_heads, hp.kv_heads * hp.head_dim))
-    biases = [f"{blk}.attn_{p}.bias" for p in "qkv"]
-    has_bias = all(b in f.tensors for b in biases)
-    qn, kn = f"{blk}.attn_q_norm.weight", f"{blk}.attn_k_norm.weight"
-    has_norms = qn in f.tensors and kn in f.tensors
-    if same_kind([q, k, v]):
-        qkv = w.linear(x, stack([q, k, v]), f"model.layers.{i}.attn.qkv_proj", f"{name}/qkv_proj")
-        if has_bias:
-            bias = np.concatenate([f.float_tensor(b) for b in biases])
-            qkv = w.one(
-                "Add", [qkv, w.init(f"model.layers.{i}.attn.qkv_proj.bias", bias)], f"{name}/qkv_proj/Add"
-            )
-        if not has_norms:
-            return qkv, "", ""
+    name = f"/model/layers.{i}/attn"
+    outs = _projections(w, f, i, x, _qkv_matrices(f, hp, i))
+    qn, kn = f"blk.{i}.attn_q_norm.weight", f"blk.{i}.attn_k_norm.weight"
+    if qn not in f.tensors or kn not in f.tensors:
+        return (outs[0], "", "") if len(outs) == 1 else (outs[0], outs[1], outs[2])
+    if len(outs) == 1:
         sizes = w.ints([hp.heads * hp.head_dim, hp.kv_heads * hp.head_dim, hp.kv_heads * hp.head_dim])
-        outs = w.node("Split", [qkv, sizes], f"{name}/qkv_proj/Split", n_out=3, axis=-1)
-    else:
-        outs = []
-        for p, m, b in zip("qkv", (q, k, v), biases, strict=True):
-            y = w.linear(x, m, f"model.layers.{i}.attn.{p}_proj", f"{name}/{p}_proj")
-            if has_bias:
-                y = w.one(
-                    "Add",
-                    [y, w.init(f"model.layers.{i}.attn.{p}_proj.bias", f.float_tensor(b))],
-                    f"{name}/{p}_proj/Add",
-                )
-            outs.append(y)
-    if has_norms:
-        norm = f"model.layers.{i}.attn.%s_norm.weight"
-        outs[0] = _head_norm(w, f, hp, outs[0], qn, f"{name}/q_norm", norm % "q", hp.heads)
-        outs[1] = _head_norm(w, f, hp, outs[1], kn, f"{name}/k_norm", norm % "k", hp.kv_heads)
-    return outs[0], outs[1], outs[2]
+        outs = w.node("Split", [outs[0], sizes], f"{name}/qkv_proj/Split", n_out=3, axis=-1)
+    norm = f"model.layers.{i}.attn.%s_norm.weight"
+    q = _head_norm(w, f, hp, outs[0], qn, f"{name}/q_norm", norm % "q", hp.heads)
+    k = _head_norm(w, f, hp, outs[1], kn, f"{name}/k_norm", norm % "k", hp.kv_heads)
+    return q, k, outs[2]
 
 
 def _head_norm(
@@ -132,6 +136,30 @@ def _skip_norm(w: Writer, hp: Hparams, residual: str, delta: str, weight: str, n
     return outs[0], outs[3]
 
 
+def _layer(
+    w: Writer, f: GGUFFile, hp: Hparams, i: int, x: str, residual: str, lengths: tuple[str, str]
+) -> tuple[str, str]:
+    """Layer ``i`` from its normed input ``x``: (its MLP output, the residual stream before it)."""
+    attn = _attention(w, f, hp, i, x, lengths)
+    post = w.init(
+        f"model.layers.{i}.post_attention_layernorm.weight", f.float_tensor(f"blk.{i}.ffn_norm.weight")
+    )
+    name = f"/model/layers.{i}/post_attention_layernorm/SkipLayerNorm"
+    x, residual = _skip_norm(w, hp, residual, attn, post, name)
+    return _mlp(w, f, i, x), residual
+
+
+def _next_norm(w: Writer, f: GGUFFile, hp: Hparams, i: int, residual: str, delta: str) -> tuple[str, str]:
+    """The norm after layer ``i - 1``: layer ``i``'s input norm, or the final norm after the last layer."""
+    if i < hp.layers:
+        weight, tensor = f"model.layers.{i}.input_layernorm.weight", f"blk.{i}.attn_norm.weight"
+        name = f"/model/layers.{i}/input_layernorm/SkipLayerNorm"
+    else:
+        weight, tensor = f"model.layers.{i}.final_norm_layernorm.weight", "output_norm.weight"
+        name = f"/model/layers.{i}/final_norm_layernorm/SkipLayerNorm"
+    return _skip_norm(w, hp, residual, delta, w.init(weight, f.float_tensor(tensor)), name)
+
+
 def build_model(f: GGUFFile, hp: Hparams, accuracy_level: int) -> onnx.ModelProto:
     """The whole decoder (weights inline; the caller saves them as external data)."""
     w = Writer(accuracy_level)
@@ -140,43 +168,21 @@ def build_model(f: GGUFFile, hp: Hparams, accuracy_level: int) -> onnx.ModelProt
     w.init("sin_cache", sin)
     lengths = mask_lengths(w)
     embed = matrix(f, "token_embd.weight")
-    head = embed if hp.tied else matrix(f, "output.weight")
     lm_prefix = "lm_head" if hp.tied else "model.embed_tokens"
     residual = w.embedding("input_ids", embed, lm_prefix)
     norm_w = w.init("model.layers.0.input_layernorm.weight", f.float_tensor("blk.0.attn_norm.weight"))
+    attrs = {"axis": -1, "epsilon": hp.eps, "stash_type": 1}
     x = w.one(
         "SimplifiedLayerNormalization",
         [residual, norm_w],
         "/model/layers.0/input_layernorm/LayerNorm",
-        axis=-1,
-        epsilon=hp.eps,
-        stash_type=1,
+        **attrs,
     )
     for i in range(hp.layers):
-        attn = _attention(w, f, hp, i, x, lengths)
-        post = w.init(
-            f"model.layers.{i}.post_attention_layernorm.weight", f.float_tensor(f"blk.{i}.ffn_norm.weight")
-        )
-        x, residual = _skip_norm(
-            w, hp, residual, attn, post, f"/model/layers.{i}/post_attention_layernorm/SkipLayerNorm"
-        )
-        mlp = _mlp(w, f, i, x)
-        if i + 1 < hp.layers:
-            nxt = w.init(
-                f"model.layers.{i + 1}.input_layernorm.weight",
-                f.float_tensor(f"blk.{i + 1}.attn_norm.weight"),
-            )
-            x, residual = _skip_norm(
-                w, hp, residual, mlp, nxt, f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
-            )
-    final = w.init(
-        f"model.layers.{hp.layers}.final_norm_layernorm.weight", f.float_tensor("output_norm.weight")
-    )
-    x, _ = _skip_norm(
-        w, hp, residual, mlp, final, f"/model/layers.{hp.layers}/final_norm_layernorm/SkipLayerNorm"
-    )
-    logits = w.linear(x, head, lm_prefix if hp.tied else "lm_head", "/lm_head")
-    w.rename(logits, "logits")
+        mlp, residual = _layer(w, f, hp, i, x, residual, lengths)
+        x, residual = _next_norm(w, f, hp, i + 1, residual, mlp)
+    head = embed if hp.tied else matrix(f, "output.weight")
+    w.rename(w.linear(x, head, "lm_head", "/lm_head"), "logits")
     inputs, outputs = graph_io(hp)
     graph = helper.make_graph(w.nodes, "main_graph", inputs, outputs, list(w.inits.values()))
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)]

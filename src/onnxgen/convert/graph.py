@@ -6,18 +6,14 @@ The layout is the builder's, so that onnxgen's fast paths (and onnxruntime-genai
 ``sin_cache``; ``SkipSimplifiedLayerNormalization`` between sublayers; ``MatMulNBits`` for quantized
 projections and ``GatherBlockQuantized`` for a quantized embedding. Activations are float32.
 
-A projection's GGUF blocks become ``MatMulNBits`` inputs as follows (:class:`~onnxgen.convert.blocks.Blocks`):
+A projection's GGUF blocks become one 4-bit ``MatMulNBits`` with integer zero points (the form
+onnxruntime's CPU kernels run fast; :class:`~onnxgen.convert.blocks.Nibbles`): 8-bit integers as their high
+and low halves over twice the columns, fed ``[x, x]``; offsets, where the type has them, added beside the
+kernel as ``sum over blocks of offset * (sum of the block's inputs)``.
 
-- no offset (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K): integers shifted to the default zero point, no zero-point
-  input; the kernel computes ``scale * (q - 2**(bits-1))``, which is GGUF's ``d * q`` exactly;
-- an offset and 4-bit integers (Q4_1, Q4_K, Q2_K): float zero points ``-offset / scale``;
-- an offset and 8-bit integers (Q5_1, Q5_K; onnxruntime's CPU kernel refuses float zero points at 8
-  bits): zero points 0, and the offsets added as ``sum over blocks of offset * (sum of the block's
-  inputs)``, a small MatMul beside the projection.
-
-A quantized embedding gathers the same integers and scales (tied embeddings share the lm_head's
-initializers). Its offsets, where the type has them, are gathered from a table ``[vocab, blocks]`` and
-added per block, so an embedding row equals GGUF's dequantized row bit for bit.
+A quantized embedding gathers the same packed integers, scales and zero points (tied embeddings share the
+lm_head's initializers), sums an 8-bit type's two halves, and adds its offsets from a ``[vocab, blocks]``
+table, so an embedding row equals GGUF's dequantized row.
 """
 
 from __future__ import annotations
