@@ -199,11 +199,13 @@ class Nibbles:
 
 
 def _probe(raw: np.ndarray, qtype: T, fields: tuple[tuple[int, int, int], ...]) -> np.ndarray:
-    """``raw`` blocks with ``fields`` overwritten, dequantized by gguf: [n_blocks, block elements]."""
-    blocks = raw.copy()
+    """``raw`` rows ``[N, row bytes]`` with ``fields`` of every block overwritten, dequantized by gguf:
+    ``[N, K]`` (whole rows: gguf dequantizes row by row)."""
+    size = GGML_QUANT_SIZES[qtype][1]
+    blocks = raw.copy().reshape(raw.shape[0], -1, size)
     for start, stop, byte in fields:
-        blocks[:, start:stop] = np.tile(_ONE_F16, (stop - start) // 2) if byte < 0 else byte
-    return dequantize(blocks, qtype)
+        blocks[..., start:stop] = np.tile(_ONE_F16, (stop - start) // 2) if byte < 0 else byte
+    return dequantize(blocks.reshape(raw.shape), qtype)
 
 
 def blocks_of(raw: np.ndarray, qtype: T, name: str) -> Blocks:
@@ -217,18 +219,18 @@ def blocks_of(raw: np.ndarray, qtype: T, name: str) -> Blocks:
     elements, size = GGML_QUANT_SIZES[qtype]
     n = raw.shape[0]
     k = raw.shape[1] // size * elements
-    flat = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, size)
-    q = _probe(flat, qtype, layout.unit)
+    rows = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, -1)
+    q = _probe(rows, qtype, layout.unit)
     if q.min() < layout.lo or q.max() > layout.hi or not np.array_equal(q, np.round(q)):
         raise GGUFConversionError(
             f"GGUF tensor {name!r} ({qtype.name}): its integers fall outside the type's range"
         )
     first = slice(None, None, layout.sub)  # the first element of every sub-block
-    scales = _probe(flat, qtype, layout.ones)[:, first].reshape(n, k // layout.sub)
+    scales = _probe(rows, qtype, layout.ones)[:, first]
     offsets = None
     ints = q.reshape(n, k)
     if layout.zeros:
-        offsets = _probe(flat, qtype, layout.zeros)[:, first].reshape(n, k // layout.sub)
+        offsets = _probe(rows, qtype, layout.zeros)[:, first]
     elif layout.lo < 0:
         ints = ints + 2 ** (layout.bits - 1)  # the kernel's default zero point then applies
     return Blocks(ints.astype(np.uint8), scales.astype(np.float32), offsets, layout.bits, layout.sub)

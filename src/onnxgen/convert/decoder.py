@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxgen.convert.graph import MS, OPSET, Writer, graph_io, mask_lengths, rope_tables
+from onnxgen.convert.graph import MS, OPSET, WeightFile, Writer, graph_io, mask_lengths, rope_tables
 from onnxgen.convert.reader import PERMUTED_QK, GGUFFile, Hparams
 from onnxgen.convert.weights import Matrix, matrix, same_kind, stack, take_rows, unpermute_rows
 
@@ -160,9 +160,11 @@ def _next_norm(w: Writer, f: GGUFFile, hp: Hparams, i: int, residual: str, delta
     return _skip_norm(w, hp, residual, delta, w.init(weight, f.float_tensor(tensor)), name)
 
 
-def build_model(f: GGUFFile, hp: Hparams, accuracy_level: int) -> onnx.ModelProto:
-    """The whole decoder (weights inline; the caller saves them as external data)."""
-    w = Writer(accuracy_level)
+def build_model(
+    f: GGUFFile, hp: Hparams, accuracy_level: int, weights: WeightFile | None = None
+) -> onnx.ModelProto:
+    """The whole decoder; its weights go to ``weights`` as they are made (None: inline)."""
+    w = Writer(accuracy_level, weights)
     cos, sin = rope_tables(hp)
     w.init("cos_cache", cos)
     w.init("sin_cache", sin)

@@ -19,6 +19,7 @@ table, so an embedding row equals GGUF's dequantized row.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -32,17 +33,46 @@ OPSET = 21
 MS = "com.microsoft"
 
 
+ALIGN = 4096  # onnxruntime maps an external tensor whose offset is page aligned instead of copying it
+
+
+class WeightFile:
+    """Initializers appended to one open file at page-aligned offsets, as they are made (a converted
+    model's weights never sit in memory all at once); tensors under :data:`ALIGN` bytes stay inline."""
+
+    def __init__(self, fh: BinaryIO, location: str) -> None:
+        self.fh, self.location, self.offset = fh, location, 0
+
+    def store(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        if array.nbytes < ALIGN:
+            return numpy_helper.from_array(array, name)
+        pad = -self.offset % ALIGN
+        data = array.tobytes()
+        self.fh.write(b"\0" * pad + data)
+        start, self.offset = self.offset + pad, self.offset + pad + len(data)
+        out = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+        out.dims.extend(array.shape)
+        out.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", str(start)), ("length", str(len(data)))):
+            out.external_data.add(key=key, value=value)
+        return out
+
+
 @dataclass
 class Writer:
-    """Collects nodes and initializers of one graph."""
+    """Collects nodes and initializers of one graph (initializers through ``weights`` when given)."""
 
     accuracy_level: int
+    weights: WeightFile | None = None
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inits: dict[str, onnx.TensorProto] = field(default_factory=dict)
     _consts: dict[tuple, str] = field(default_factory=dict)
 
     def init(self, name: str, array: np.ndarray) -> str:
-        self.inits[name] = numpy_helper.from_array(np.ascontiguousarray(array), name)
+        array = np.ascontiguousarray(array)
+        self.inits[name] = (
+            self.weights.store(name, array) if self.weights else numpy_helper.from_array(array, name)
+        )
         return name
 
     def ints(self, values: list[int]) -> str:

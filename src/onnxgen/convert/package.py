@@ -14,6 +14,7 @@ from typing import Any
 import onnx
 
 from onnxgen.convert.decoder import build_model
+from onnxgen.convert.graph import WeightFile
 from onnxgen.convert.reader import GGUFFile, Hparams
 from onnxgen.convert.tokenizer import build_tokenizer, special_ids, tokenizer_config
 from onnxgen.errors import GGUFConversionError
@@ -81,16 +82,9 @@ def write_model_dir(src: str | Path, out_dir: str | Path, accuracy_level: int | 
     tok = build_tokenizer(f)  # before the weights: an unsupported tokenizer fails fast
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = build_model(f, hp, level)
-    (out / DATA_FILE).unlink(missing_ok=True)
-    onnx.save_model(
-        model,
-        out / MODEL_FILE,
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=DATA_FILE,
-        size_threshold=1024,
-    )
+    with (out / DATA_FILE).open("wb") as fh:
+        model = build_model(f, hp, level, WeightFile(fh, DATA_FILE))
+    onnx.save_model(model, out / MODEL_FILE)
     tok.save(str(out / "tokenizer.json"))
     config = tokenizer_config(f, hp.context)
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")

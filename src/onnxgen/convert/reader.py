@@ -34,11 +34,16 @@ class GGUFFile:
         except (ValueError, OSError) as e:
             raise GGUFConversionError(f"{str(self.path)!r} is not a readable GGUF file: {e}") from e
         self.tensors: dict[str, ReaderTensor] = {t.name: t for t in self.reader.tensors}
+        self._values: dict[str, Any] = {}  # decoded once: a vocabulary is tens of thousands of strings
 
     def get(self, key: str, default: Any = None) -> Any:
         """The metadata value ``key`` (lists as lists, strings as str), or ``default``."""
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        if key not in self._values:
+            field = self.reader.fields.get(key)
+            if field is None:
+                return default
+            self._values[key] = field.contents()
+        return self._values[key]
 
     def require(self, key: str) -> Any:
         value = self.get(key)
