@@ -212,8 +212,8 @@ def graph_io(hp: Hparams) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInf
     for kind in ("key", "value"):
         for i in range(hp.layers):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, past))
-    for i in range(hp.layers):
-        for kind in ("key", "value"):
+    for kind in ("key", "value"):
+        for i in range(hp.layers):
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, present))
     return inputs, outputs
 
