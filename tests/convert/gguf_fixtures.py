@@ -19,7 +19,14 @@ from gguf.quants import dequantize, quantize
 
 # float16 header fields of block types gguf cannot quantize: byte offsets in a block
 _K_HEADERS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
-_K_SCALE = {T.Q2_K: 4e-3, T.Q3_K: 2e-3, T.Q4_K: 1e-3, T.Q5_K: 5e-4, T.Q6_K: 2e-4}
+# their scales (d, and dmin where the type has one): weights of std ~0.08 around 0, like real layers
+_K_SCALE = {
+    T.Q2_K: (4e-3, 6e-3),
+    T.Q3_K: (2e-3,),
+    T.Q4_K: (3e-4, 2.2e-3),
+    T.Q5_K: (1.7e-4, 2.6e-3),
+    T.Q6_K: (6e-5,),
+}
 
 
 def _byte_alphabet() -> list[str]:
@@ -59,10 +66,12 @@ class Spec:
     theta: float = 10000.0
     eps: float = 1e-5
     seed: int = 0
+    head_size: int | None = None  # {arch}.attention.key_length when it differs from hidden / heads
+    rope_freqs: bool = False  # a rope_freqs.weight tensor (Llama 3.1-style frequency divisors)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
 
 @dataclass
@@ -86,8 +95,8 @@ def _store(rng: np.random.Generator, w: np.ndarray, qtype: T) -> np.ndarray:
     elements, size = GGML_QUANT_SIZES[qtype]
     n_blocks = w.size // elements
     raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
-    for at in _K_HEADERS.get(qtype, ()):
-        scale = (rng.uniform(0.5, 1.5, n_blocks) * _K_SCALE[qtype]).astype(np.float16)
+    for at, size in zip(_K_HEADERS.get(qtype, ()), _K_SCALE.get(qtype, ()), strict=True):
+        scale = (rng.uniform(0.5, 1.5, n_blocks) * size).astype(np.float16)
         raw[:, at : at + 2] = scale.view(np.uint8).reshape(-1, 2)
     return raw.reshape(w.shape[0], -1)
 
@@ -107,6 +116,9 @@ def write_gguf(path: Path, spec: Spec) -> TinyGGUF:
     writer.add_rope_freq_base(spec.theta)
     writer.add_layer_norm_rms_eps(spec.eps)
     writer.add_uint32(f"{a}.rope.dimension_count", spec.head_dim)
+    if spec.head_size:
+        writer.add_key_length(spec.head_dim)
+        writer.add_value_length(spec.head_dim)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(TOKENS)
@@ -153,6 +165,10 @@ def write_gguf(path: Path, spec: Spec) -> TinyGGUF:
         tensor(f"{p}.ffn_up.weight", (spec.intermediate, spec.hidden), spec.qtype)
         tensor(f"{p}.ffn_down.weight", (spec.hidden, spec.intermediate), spec.qtype)
     tensor("output_norm.weight", (spec.hidden,), T.F32)
+    if spec.rope_freqs:  # divisors from 1 (high frequencies kept) to 8 (low ones slowed down)
+        factors = np.geomspace(1.0, 8.0, spec.head_dim // 2).astype(np.float32)
+        writer.add_tensor("rope_freqs.weight", factors)
+        out.weights["rope_freqs.weight"] = factors
     if not spec.tied:
         tensor("output.weight", (len(TOKENS), spec.hidden), spec.qtype)
     writer.write_header_to_file()
@@ -169,10 +185,13 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def _rope(x: np.ndarray, theta: float, interleaved: bool) -> np.ndarray:
-    """``x`` ``[seq, heads, dim]`` rotated by position: pairs ``(2i, 2i+1)`` or ``(i, i + dim/2)``."""
+def _rope(x: np.ndarray, theta: float, interleaved: bool, factors: np.ndarray | None = None) -> np.ndarray:
+    """``x`` ``[seq, heads, dim]`` rotated by position: pairs ``(2i, 2i+1)`` or ``(i, i + dim/2)``;
+    frequency ``i`` divided by ``factors[i]`` where given (llama.cpp's ``rope_freqs``)."""
     seq, _, dim = x.shape
     inv = theta ** (-np.arange(0, dim, 2) / dim)
+    if factors is not None:
+        inv = inv / factors
     ang = np.arange(seq)[:, None, None] * inv[None, None, :]
     cos, sin = np.cos(ang), np.sin(ang)
     if interleaved:
@@ -200,7 +219,7 @@ def reference_logits(g: TinyGGUF, ids: list[int]) -> np.ndarray:
             if name != "v" and f"{p}.attn_{name}_norm.weight" in w:
                 y = _rms(y, w[f"{p}.attn_{name}_norm.weight"], s.eps)
             if name != "v":
-                y = _rope(y, s.theta, interleaved=s.arch == "llama")
+                y = _rope(y, s.theta, interleaved=s.arch == "llama", factors=w.get("rope_freqs.weight"))
             qkv.append(y)
         q, k, v = qkv
         rep = s.heads // s.kv_heads

@@ -164,8 +164,18 @@ def test_a_wrong_rope_convention_shows_in_the_logits(tmp_path: Path) -> None:
         Spec(arch="qwen3", qtype=T.Q4_0, v_type=T.Q8_0, tied=False),
         Spec(arch="llama", qtype=T.Q4_K, v_type=T.Q6_K),
         Spec(arch="llama", qtype=T.Q4_1, tied=False, heads=8, kv_heads=8, theta=100000.0),
+        Spec(arch="llama", qtype=T.Q8_0, rope_freqs=True, theta=500000.0),
+        Spec(arch="qwen3", qtype=T.Q8_0, heads=4, kv_heads=2, head_size=128),
     ],
-    ids=["qwen2-biases-untied", "qwen3-qk-norms", "qwen3-split-qkv", "llama-mixed-v", "llama-mha-untied"],
+    ids=[
+        "qwen2-biases-untied",
+        "qwen3-qk-norms",
+        "qwen3-split-qkv",
+        "llama-mixed-v",
+        "llama-mha-untied",
+        "llama-rope-freqs",
+        "qwen3-wide-heads",
+    ],
 )
 def test_architectures_match_the_reference(tmp_path: Path, spec: Spec) -> None:
     g, model_dir = convert(tmp_path, spec)

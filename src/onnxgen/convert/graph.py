@@ -194,8 +194,11 @@ class Writer:
 
 
 def rope_tables(hp: Hparams) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin ``[context, head_dim / 2]`` of rotate-half RoPE (positions divided by linear scaling)."""
+    """cos and sin ``[context, head_dim / 2]`` of rotate-half RoPE (positions divided by linear scaling,
+    frequencies by ``rope_freqs.weight``'s factors, as llama.cpp applies them)."""
     inv_freq = 1.0 / hp.rope_theta ** (np.arange(0, hp.head_dim, 2, dtype=np.float64) / hp.head_dim)
+    if hp.rope_factors is not None:
+        inv_freq = inv_freq / np.asarray(hp.rope_factors, dtype=np.float64)
     angles = np.outer(np.arange(hp.context, dtype=np.float64) / hp.rope_linear, inv_freq)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 

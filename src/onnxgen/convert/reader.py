@@ -85,6 +85,7 @@ class Hparams:
     head_dim: int
     rope_theta: float
     rope_linear: float  # position scale of linear RoPE scaling (1: none)
+    rope_factors: tuple[float, ...] | None  # rope_freqs.weight: each frequency divided by its factor
     eps: float
     context: int
     vocab: int
@@ -107,11 +108,6 @@ class Hparams:
                 f"GGUF RoPE scaling {scaling!r} ({arch}.rope.scaling.type) is not supported by onnxgen convert "
                 "(supported: none, linear)"
             )
-        if "rope_freqs.weight" in f.tensors:
-            raise GGUFConversionError(
-                "GGUF tensor 'rope_freqs.weight' (per-frequency RoPE factors, Llama 3.1 style) is not "
-                "supported by onnxgen convert"
-            )
         rope_dim = int(f.get(f"{arch}.rope.dimension_count", head_dim))
         if rope_dim != head_dim:
             raise GGUFConversionError(
@@ -130,8 +126,22 @@ class Hparams:
             head_dim=head_dim,
             rope_theta=float(f.get(f"{arch}.rope.freq_base", 10000.0)),
             rope_linear=float(f.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            rope_factors=_rope_factors(f, head_dim),
             eps=float(f.require(f"{arch}.attention.layer_norm_rms_epsilon")),
             context=int(f.get(f"{arch}.context_length", 4096)),
             vocab=int(vocab),
             tied="output.weight" not in f.tensors,
         )
+
+
+def _rope_factors(f: GGUFFile, head_dim: int) -> tuple[float, ...] | None:
+    """``rope_freqs.weight`` (Llama 3.1-style scaling as llama.cpp stores it: one divisor per frequency)."""
+    if "rope_freqs.weight" not in f.tensors:
+        return None
+    factors = f.float_tensor("rope_freqs.weight").reshape(-1)
+    if factors.size != head_dim // 2:
+        raise GGUFConversionError(
+            f"GGUF tensor 'rope_freqs.weight' has {factors.size} factors; the head size {head_dim} needs "
+            f"{head_dim // 2}"
+        )
+    return tuple(float(x) for x in factors)
