@@ -68,6 +68,7 @@ class Spec:
     seed: int = 0
     head_size: int | None = None  # {arch}.attention.key_length when it differs from hidden / heads
     rope_freqs: bool = False  # a rope_freqs.weight tensor (Llama 3.1-style frequency divisors)
+    eot: int | None = None  # tokenizer.ggml.eot_token_id
 
     @property
     def head_dim(self) -> int:
@@ -128,6 +129,8 @@ def write_gguf(path: Path, spec: Spec) -> TinyGGUF:
     writer.add_eos_token_id(TOKENS.index("<|im_end|>"))
     writer.add_pad_token_id(TOKENS.index("<|endoftext|>"))
     writer.add_add_bos_token(False)
+    if spec.eot is not None:
+        writer.add_eot_token_id(spec.eot)
     writer.add_chat_template(TEMPLATE)
 
     def tensor(name: str, shape: tuple[int, ...], qtype: T, scale: float = 0.08) -> None:

@@ -73,6 +73,13 @@ def test_the_convert_command_writes_a_directory_onnxgen_runs(
     assert len(llm.generate("the the", max_new_tokens=3, ignore_eos=True).token_ids) == 3
 
 
+def test_an_end_of_turn_token_joins_the_eos_ids(tmp_path: Path) -> None:
+    g = write_gguf(tmp_path / "m.gguf", Spec(qtype=T.Q8_0, eot=259))
+    genai = json.loads((convert_gguf(g.path, tmp_path / "out") / "genai_config.json").read_text())["model"]
+    assert genai["eos_token_id"] == [261, 259]
+    assert load(tmp_path / "out").package.eos_token_ids == (261, 259)
+
+
 def test_the_convert_command_reports_a_refusal_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

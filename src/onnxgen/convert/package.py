@@ -26,7 +26,7 @@ DATA_FILE = "model.onnx.data"
 DEFAULT_ACCURACY_LEVEL = 1
 
 
-def genai_config(hp: Hparams, ids: dict[str, int | None]) -> dict[str, Any]:
+def genai_config(hp: Hparams, ids: dict[str, Any]) -> dict[str, Any]:
     """``genai_config.json`` as onnxruntime-genai's builder writes it for this decoder."""
     return {
         "model": {

@@ -173,9 +173,13 @@ def tokenizer_config(f: GGUFFile, context: int) -> dict[str, Any]:
     return config
 
 
-def special_ids(f: GGUFFile) -> dict[str, int | None]:
-    """BOS, EOS and pad ids (pad falls back to EOS, as onnxruntime-genai's builder writes it)."""
+def special_ids(f: GGUFFile) -> dict[str, Any]:
+    """BOS, EOS and pad ids (pad falls back to EOS, as onnxruntime-genai's builder writes it). EOS is a
+    list when the file names an end-of-turn token (``eot_token_id``) apart from it."""
     bos = f.get("tokenizer.ggml.bos_token_id")
     eos = f.get("tokenizer.ggml.eos_token_id")
+    eot = f.get("tokenizer.ggml.eot_token_id")
     pad = f.get("tokenizer.ggml.padding_token_id", eos)
-    return {"bos": bos, "eos": eos, "pad": pad}
+    ends = [i for i in (eos, eot) if i is not None]
+    ends = list(dict.fromkeys(int(i) for i in ends))
+    return {"bos": bos, "eos": ends[0] if len(ends) == 1 else (ends or None), "pad": pad}
