@@ -208,6 +208,9 @@ def _probe(raw: np.ndarray, qtype: T, fields: tuple[tuple[int, int, int], ...]) 
     return dequantize(blocks.reshape(raw.shape), qtype)
 
 
+ROWS_AT_ONCE = 1 << 12  # rows probed together: bounds the float32 copies gguf's dequantizer makes
+
+
 def blocks_of(raw: np.ndarray, qtype: T, name: str) -> Blocks:
     """The GGUF tensor ``name`` (its raw bytes ``[N, K / elements * bytes]`` per block) as :class:`Blocks`."""
     layout = _LAYOUTS.get(qtype)
@@ -216,10 +219,14 @@ def blocks_of(raw: np.ndarray, qtype: T, name: str) -> Blocks:
             f"GGUF tensor {name!r} has type {qtype.name}, which onnxgen does not map to MatMulNBits "
             f"(mapped: {', '.join(t.name for t in QUANTIZED)}, F32, F16, BF16)"
         )
-    elements, size = GGML_QUANT_SIZES[qtype]
-    n = raw.shape[0]
-    k = raw.shape[1] // size * elements
-    rows = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, -1)
+    rows = np.asarray(raw, dtype=np.uint8).reshape(raw.shape[0], -1)
+    parts = [
+        _rows_of(rows[i : i + ROWS_AT_ONCE], qtype, layout, name) for i in range(0, len(rows), ROWS_AT_ONCE)
+    ]
+    return parts[0] if len(parts) == 1 else Blocks.stack(parts)
+
+
+def _rows_of(rows: np.ndarray, qtype: T, layout: Layout, name: str) -> Blocks:
     q = _probe(rows, qtype, layout.unit)
     if q.min() < layout.lo or q.max() > layout.hi or not np.array_equal(q, np.round(q)):
         raise GGUFConversionError(
@@ -227,10 +234,7 @@ def blocks_of(raw: np.ndarray, qtype: T, name: str) -> Blocks:
         )
     first = slice(None, None, layout.sub)  # the first element of every sub-block
     scales = _probe(rows, qtype, layout.ones)[:, first]
-    offsets = None
-    ints = q.reshape(n, k)
-    if layout.zeros:
-        offsets = _probe(rows, qtype, layout.zeros)[:, first]
-    elif layout.lo < 0:
-        ints = ints + 2 ** (layout.bits - 1)  # the kernel's default zero point then applies
-    return Blocks(ints.astype(np.uint8), scales.astype(np.float32), offsets, layout.bits, layout.sub)
+    offsets = _probe(rows, qtype, layout.zeros)[:, first] if layout.zeros else None
+    if offsets is None and layout.lo < 0:
+        q += 2 ** (layout.bits - 1)  # unsigned: the kernel's default zero point then applies
+    return Blocks(q.astype(np.uint8), scales.astype(np.float32), offsets, layout.bits, layout.sub)
