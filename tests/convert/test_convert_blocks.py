@@ -40,11 +40,15 @@ def random_rows(qtype: T, n: int = 7, k: int = 512, seed: int = 0) -> np.ndarray
     return raw.reshape(n, -1)
 
 
-def nibble_weights(b: Blocks) -> np.ndarray:
-    """``b``'s 4-bit form evaluated in float64: ``scales * (ints - zero_points)`` (+ offsets)."""
-    q = b.nibbles()
+def kernel_weights(b: Blocks, split_bytes: bool) -> np.ndarray:
+    """``b``'s MatMulNBits form evaluated in float64: ``scales * (ints - zero_points)`` (+ offsets)."""
+    q = b.kernel_weights(split_bytes)
     n, width = q.ints.shape
-    zp = np.full(q.scales.shape, 8.0) if q.zero_points is None else q.zero_points.astype(np.float64)
+    zp = (
+        np.full(q.scales.shape, 2.0 ** (q.bits - 1))
+        if q.zero_points is None
+        else q.zero_points.astype(np.float64)
+    )
     w = (q.ints.reshape(n, -1, q.block) - zp[..., None]) * q.scales[..., None].astype(np.float64)
     w = w.reshape(n, width)
     if q.split:
@@ -61,9 +65,11 @@ def test_blocks_give_back_gguf_values(qtype: T) -> None:
     b = blocks_of(raw, qtype, "w")
     np.testing.assert_array_equal(b.dequantized(), want)
     assert b.bits in (4, 8) and b.block in (16, 32)
-    np.testing.assert_allclose(nibble_weights(b), want, rtol=0, atol=1e-6 * np.abs(want).max())
-    packed = b.nibbles().packed()
-    assert packed.dtype == np.uint8 and packed.shape[2] == b.block // 2
+    for split in (True, False):
+        np.testing.assert_allclose(kernel_weights(b, split), want, rtol=0, atol=1e-6 * np.abs(want).max())
+        q = b.kernel_weights(split)
+        assert q.packed().dtype == np.uint8 and q.packed().shape[2] == b.block * q.bits // 8
+        assert q.bits == (4 if split else b.bits) and q.ints.max() < 2**q.bits
 
 
 def test_large_tensors_are_read_in_row_chunks_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:

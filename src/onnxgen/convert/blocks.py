@@ -11,7 +11,7 @@ out here; a wrong position shows as integers out of their range (checked) or as 
 
 :class:`Blocks` holds the result with ``bits`` 4 or 8 per integer and ``block`` 16 or 32 integers per
 scale. Types without an offset store ``q`` shifted by ``2**(bits - 1)`` (unsigned); types with one store
-``q`` itself and the offset beside it. :meth:`Blocks.nibbles` gives the 4-bit ``MatMulNBits`` form.
+``q`` itself and the offset beside it. :meth:`Blocks.kernel_weights` gives the ``MatMulNBits`` inputs.
 """
 
 from __future__ import annotations
@@ -130,20 +130,21 @@ class Blocks:
             w = self.scales[..., None] * q + self.offsets[..., None]
         return w.reshape(n, k).astype(np.float32)
 
-    def nibbles(self) -> Nibbles:
-        """The same weights as 4-bit ``MatMulNBits`` inputs (:class:`Nibbles`)."""
+    def kernel_weights(self, split_bytes: bool = True) -> KernelWeights:
+        """The same weights as ``MatMulNBits`` inputs (:class:`KernelWeights`): 4-bit types as they are;
+        8-bit ones split in 4-bit halves (``split_bytes``) or kept 8-bit."""
         n, k = self.shape
         nb = k // self.block
-        if self.bits == 4:
+        if self.bits == 4 or not split_bytes:
             zp = None if self.offsets is None else np.zeros((n, nb), np.uint8)
-            return Nibbles(self.ints, self.scales, zp, self.offsets, self.block, split=False)
+            return KernelWeights(self.ints, self.scales, zp, self.offsets, self.block, self.bits, split=False)
         high = (self.ints >> 4).reshape(n, nb, self.block)
         low = (self.ints & 15).reshape(n, nb, self.block)
         zero = 8 if self.offsets is None else 0  # the container's zero point 128 (or 0) over 16
         ints = np.concatenate([high, low], axis=1).reshape(n, 2 * k)
         scales = np.concatenate([self.scales * np.float32(16), self.scales], axis=1)
         zp = np.concatenate([np.full((n, nb), zero, np.uint8), np.zeros((n, nb), np.uint8)], axis=1)
-        return Nibbles(ints, scales, zp, self.offsets, self.block, split=True)
+        return KernelWeights(ints, scales, zp, self.offsets, self.block, 4, split=True)
 
     def rows(self, index: np.ndarray) -> Blocks:
         """The rows ``index`` (a permutation or selection of output features), exactly."""
@@ -165,33 +166,36 @@ class Blocks:
 
 
 @dataclass
-class Nibbles:
-    """A :class:`Blocks` matrix as 4-bit ``MatMulNBits`` inputs, the form onnxruntime's CPU kernels run
-    fast (float zero points and 8-bit weights at float32 accuracy take a slow path, ~100x).
+class KernelWeights:
+    """A :class:`Blocks` matrix as ``MatMulNBits`` inputs with integer zero points, the forms
+    onnxruntime's CPU kernels run fast (float zero points take a slow path, ~100x; so do 8-bit weights
+    unless activations are int8, accuracy level 4).
 
     ``w = scales * (ints - zero_points)`` per block of ``block`` over ``K'`` columns, plus ``offsets`` per
     block of the original ``K`` columns where the type has them. A ``split`` matrix came from 8-bit
-    integers ``c = 16 * high + low``: its ``K' = 2K`` columns hold the high nibbles (scale ``16 * s``, zero
-    point ``z / 16``) and then the low ones (scale ``s``, zero point 0), and the projection reads its input
-    twice, ``[x, x]``. Every integer and scale is GGUF's; only the summation order differs."""
+    integers ``c = 16 * high + low``: its ``K' = 2K`` 4-bit columns hold the high nibbles (scale ``16 * s``,
+    zero point ``z / 16``) and then the low ones (scale ``s``, zero point 0), and the projection reads its
+    input twice, ``[x, x]``. Every integer and scale is GGUF's; only the summation order differs."""
 
-    ints: np.ndarray  # [N, K'] uint8, values 0..15
+    ints: np.ndarray  # [N, K'] uint8
     scales: np.ndarray  # [N, K' / block] float32
-    zero_points: np.ndarray | None  # [N, K' / block] uint8, values 0..15 (None: the default 8)
+    zero_points: np.ndarray | None  # [N, K' / block] uint8 (None: the default 2**(bits - 1))
     offsets: np.ndarray | None  # [N, K / block] float32
     block: int
+    bits: int  # 4 or 8
     split: bool
 
     def packed(self) -> np.ndarray:
-        """``ints`` as ``MatMulNBits`` B: ``[N, K' / block, block / 2]``, two per byte, low nibble first."""
+        """``ints`` as ``MatMulNBits`` B: ``[N, K' / block, block * bits / 8]`` (4 bits: two per byte, low
+        nibble first)."""
         n, k = self.ints.shape
         q = self.ints.reshape(n, k // self.block, self.block)
-        return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+        return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8) if self.bits == 4 else q
 
     def packed_zero_points(self) -> np.ndarray | None:
-        """``zero_points`` packed two per byte: ``[N, ceil(K' / block / 2)]``."""
-        if self.zero_points is None:
-            return None
+        """``zero_points`` as ``MatMulNBits`` reads them: ``[N, ceil(K' / block * bits / 8)]``."""
+        if self.zero_points is None or self.bits == 8:
+            return self.zero_points
         zp = self.zero_points
         if zp.shape[1] % 2:
             zp = np.concatenate([zp, np.zeros((zp.shape[0], 1), np.uint8)], axis=1)

@@ -6,10 +6,11 @@ The layout is the builder's, so that onnxgen's fast paths (and onnxruntime-genai
 ``sin_cache``; ``SkipSimplifiedLayerNormalization`` between sublayers; ``MatMulNBits`` for quantized
 projections and ``GatherBlockQuantized`` for a quantized embedding. Activations are float32.
 
-A projection's GGUF blocks become one 4-bit ``MatMulNBits`` with integer zero points (the form
-onnxruntime's CPU kernels run fast; :class:`~onnxgen.convert.blocks.Nibbles`): 8-bit integers as their high
-and low halves over twice the columns, fed ``[x, x]``; offsets, where the type has them, added beside the
-kernel as ``sum over blocks of offset * (sum of the block's inputs)``.
+A projection's GGUF blocks become one ``MatMulNBits`` with integer zero points (the forms onnxruntime's CPU
+kernels run fast; :class:`~onnxgen.convert.blocks.KernelWeights`): 4-bit types as they are; 8-bit ones kept
+8-bit at accuracy level 4 (int8 activations), else as their high and low halves over twice the columns,
+fed ``[x, x]``; offsets, where the type has them, added beside the kernel as ``sum over blocks of offset *
+(sum of the block's inputs)``.
 
 A quantized embedding gathers the same packed integers, scales and zero points (tied embeddings share the
 lm_head's initializers), sums an 8-bit type's two halves, and adds its offsets from a ``[vocab, blocks]``
@@ -25,11 +26,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxgen.convert.blocks import Nibbles
+from onnxgen.convert.blocks import Blocks, KernelWeights
 from onnxgen.convert.reader import Hparams
 from onnxgen.convert.weights import Matrix
 
 OPSET = 21
+INT8_ACTIVATIONS = 4  # MatMulNBits accuracy_level
 MS = "com.microsoft"
 
 
@@ -112,16 +114,16 @@ class Writer:
             w = self.init(f"{prefix}.MatMul.weight", m.T)
             return self.one("MatMul", [x, w], f"{name}/MatMul")
         n, k = m.shape
-        q = m.nibbles()
+        q = self.kernel_weights(m)
         source = self.twice(x) if q.split else x
         y = self.one(
             "MatMulNBits",
-            [source, *self.nibble_inits(q, prefix)],
-            f"{name}/MatMul_Q4",
+            [source, *self.weight_inits(q, prefix)],
+            f"{name}/MatMul_Q{q.bits}",
             domain=MS,
             K=q.ints.shape[1],
             N=n,
-            bits=4,
+            bits=q.bits,
             block_size=q.block,
             accuracy_level=self.accuracy_level,
         )
@@ -136,9 +138,14 @@ class Writer:
             self._consts[key] = self.one("Concat", [x, x], f"{x}/Twice", axis=-1)
         return self._consts[key]
 
-    def nibble_inits(self, q: Nibbles, prefix: str) -> list[str]:
-        """B ``[N, blocks, block / 2]``, scales ``[N, blocks]`` and packed zero points, made once per prefix."""
-        names = [f"{prefix}.MatMul.weight_Q4", f"{prefix}.MatMul.weight_scales"]
+    def kernel_weights(self, m: Blocks) -> KernelWeights:
+        """``m`` as MatMulNBits inputs: 8-bit integers stay 8-bit where activations are int8 (level 4;
+        onnxruntime's 8-bit kernels are fast there only), else split in 4-bit halves."""
+        return m.kernel_weights(split_bytes=self.accuracy_level != INT8_ACTIVATIONS)
+
+    def weight_inits(self, q: KernelWeights, prefix: str) -> list[str]:
+        """B ``[N, blocks, block * bits / 8]``, scales ``[N, blocks]`` and zero points, made once per prefix."""
+        names = [f"{prefix}.MatMul.weight_Q{q.bits}", f"{prefix}.MatMul.weight_scales"]
         if q.zero_points is not None:
             names.append(f"{prefix}.MatMul.weight_zp")
         if names[0] not in self.inits:
@@ -149,7 +156,7 @@ class Writer:
                 self.init(names[2], zp)
         return names
 
-    def offset_term(self, x: str, q: Nibbles, k: int, prefix: str, name: str) -> str:
+    def offset_term(self, x: str, q: KernelWeights, k: int, prefix: str, name: str) -> str:
         """``sum_b offsets[:, b] * sum(x over block b)``: the offsets' share of ``x @ w.T``."""
         table = self.init(f"{prefix}.MatMul.weight_offsets", q.offsets.T)  # type: ignore[union-attr]
         return self.one("MatMul", [self.block_sums(x, k, q.block), table], f"{name}/Offsets/MatMul")
@@ -172,11 +179,11 @@ class Writer:
             table = self.init("model.embed_tokens.weight", m)
             return self.one("Gather", [table, ids], f"{name}/Gather")
         vocab, hidden = m.shape
-        q = m.nibbles()
-        packed, *rest = self.nibble_inits(q, prefix)
-        width = q.ints.shape[1]
-        data = self.one("Reshape", [packed, self.ints([vocab, width // 2])], f"{name}/Reshape")
-        attrs = {"bits": 4, "block_size": q.block, "gather_axis": 0, "quantize_axis": 1}
+        q = self.kernel_weights(m)
+        packed, *rest = self.weight_inits(q, prefix)
+        width = q.ints.shape[1] * q.bits // 8
+        data = self.one("Reshape", [packed, self.ints([vocab, width])], f"{name}/Reshape")
+        attrs = {"bits": q.bits, "block_size": q.block, "gather_axis": 0, "quantize_axis": 1}
         rows = self.one(
             "GatherBlockQuantized", [data, ids, *rest], f"{name}/GatherBlockQuantized", domain=MS, **attrs
         )
