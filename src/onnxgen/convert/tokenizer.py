@@ -35,6 +35,7 @@ _QWEN2_SPLIT = (
 PRE_SPLITS: dict[str, tuple[str, ...]] = {
     "default": (_GPT2_SPLIT,),
     "gpt2": (_GPT2_SPLIT,),
+    "gpt-2": (_GPT2_SPLIT,),
     "smollm": (r"\p{N}", _GPT2_SPLIT),
     "llama-bpe": (_LLAMA3_SPLIT,),
     "llama3": (_LLAMA3_SPLIT,),
