@@ -21,7 +21,9 @@ def convert_gguf(src: str | Path, out_dir: str | Path, *, accuracy_level: int | 
     """Write the model directory of GGUF file ``src`` into ``out_dir`` and return it.
 
     ``accuracy_level`` is MatMulNBits': None or 1 computes with float32 activations (the GGUF's weights,
-    exactly); 4 quantizes activations to int8 per block, as llama.cpp does for these types (faster)."""
+    exactly); 4 quantizes activations to int8 per block, as llama.cpp does for these types (faster).
+    Refusals come before anything is written; a conversion that fails later may leave ``out_dir`` partly
+    written (:func:`cached_gguf_model` never does)."""
     return write_model_dir(src, out_dir, accuracy_level)
 
 
