@@ -31,6 +31,7 @@ def test_an_unmapped_tensor_type_is_refused_by_name(tmp_path: Path, qtype: T) ->
     with pytest.raises(GGUFConversionError, match=f"'token_embd.weight' has type {qtype.name}") as e:
         convert_gguf(g.path, tmp_path / "out")
     assert "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
 def test_a_missing_or_foreign_file_is_one_line(tmp_path: Path) -> None:

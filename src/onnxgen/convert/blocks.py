@@ -212,6 +212,20 @@ def _probe(raw: np.ndarray, qtype: T, fields: tuple[tuple[int, int, int], ...]) 
     return dequantize(blocks.reshape(raw.shape), qtype)
 
 
+def unmapped_type_error(name: str, qtype: T) -> GGUFConversionError:
+    return GGUFConversionError(
+        f"GGUF tensor {name!r} has type {qtype.name}, which onnxgen does not map to MatMulNBits "
+        f"(mapped: {', '.join(t.name for t in QUANTIZED)}, F32, F16, BF16)"
+    )
+
+
+def check_types(tensors: dict[str, T]) -> None:
+    """Refuse the first tensor (by name) whose type this module does not map."""
+    for name, qtype in tensors.items():
+        if qtype not in _LAYOUTS and qtype not in FLOAT:
+            raise unmapped_type_error(name, qtype)
+
+
 ROWS_AT_ONCE = 1 << 12  # rows probed together: bounds the float32 copies gguf's dequantizer makes
 
 
@@ -219,10 +233,7 @@ def blocks_of(raw: np.ndarray, qtype: T, name: str) -> Blocks:
     """The GGUF tensor ``name`` (its raw bytes ``[N, K / elements * bytes]`` per block) as :class:`Blocks`."""
     layout = _LAYOUTS.get(qtype)
     if layout is None:
-        raise GGUFConversionError(
-            f"GGUF tensor {name!r} has type {qtype.name}, which onnxgen does not map to MatMulNBits "
-            f"(mapped: {', '.join(t.name for t in QUANTIZED)}, F32, F16, BF16)"
-        )
+        raise unmapped_type_error(name, qtype)
     rows = np.asarray(raw, dtype=np.uint8).reshape(raw.shape[0], -1)
     parts = [
         _rows_of(rows[i : i + ROWS_AT_ONCE], qtype, layout, name) for i in range(0, len(rows), ROWS_AT_ONCE)

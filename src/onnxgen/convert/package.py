@@ -13,6 +13,7 @@ from typing import Any
 
 import onnx
 
+from onnxgen.convert.blocks import check_types
 from onnxgen.convert.decoder import build_model
 from onnxgen.convert.graph import WeightFile
 from onnxgen.convert.reader import GGUFFile, Hparams
@@ -79,6 +80,7 @@ def write_model_dir(src: str | Path, out_dir: str | Path, accuracy_level: int | 
         raise GGUFConversionError(f"accuracy_level must be 0, 1, 2, 3 or 4 (MatMulNBits), got {level!r}")
     f = GGUFFile(src)
     hp = Hparams.read(f)
+    check_types({name: t.tensor_type for name, t in f.tensors.items()})
     tok = build_tokenizer(f)  # before the weights: an unsupported tokenizer fails fast
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
