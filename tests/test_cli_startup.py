@@ -44,6 +44,7 @@ def _modules_after(argv: list[str]) -> tuple[int, set[str], str]:
         ["export-mtp", "--help"],
         ["pull", "--help"],
         ["pull"],  # usage error: no name
+        ["convert", "--help"],
         ["generate"],  # usage error: no prompt
         ["generate", "hi", "--bogus"],
         ["nonsense"],

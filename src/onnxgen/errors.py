@@ -41,3 +41,7 @@ class TokenizerError(OnnxgenError):
 
 class SettingError(OnnxgenError, ValueError):
     """An onnxgen environment variable holds a value onnxgen does not understand."""
+
+
+class GGUFConversionError(UnsupportedModelError):
+    """A GGUF file cannot be converted: an architecture, tensor type or setting the converter does not map."""

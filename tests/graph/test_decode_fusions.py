@@ -69,8 +69,8 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     )
 
 
-def _mlp(zero_points: bool = False, accuracy_up: int = 4) -> onnx.ModelProto:
-    gate, g_inits = _nbits("gate", "x", 96)
+def _mlp(zero_points: bool = False, accuracy_up: int = 4, gate_zero_points: bool = False) -> onnx.ModelProto:
+    gate, g_inits = _nbits("gate", "x", 96, zero_points=gate_zero_points)
     up, u_inits = _nbits("up", "x", 96, accuracy=accuracy_up, zero_points=zero_points)
     other, o_inits = _nbits("other", "y", 32)  # a different input: nothing to merge with
     nodes = [gate, up, other, helper.make_node("Mul", ["gate", "up"], ["out"])]
@@ -93,10 +93,26 @@ def test_sibling_matmuls_merge_into_one_with_the_same_outputs(tokens: int) -> No
     assert len(model.graph.node) == 4  # the input model is left as it was
 
 
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_siblings_with_zero_points_merge_with_the_same_outputs(tokens: int) -> None:
+    model = _mlp(zero_points=True, gate_zero_points=True)
+    for node in model.graph.initializer:  # zero points that differ per row and block
+        if node.name.endswith(".zp"):
+            node.CopyFrom(
+                numpy_helper.from_array(RNG.integers(0, 256, tuple(node.dims), dtype=np.uint8), node.name)
+            )
+    done = fuse_for_decode(model, None)
+    assert done.report.merged_matmuls == 2
+    fused = [n for n in done.model.graph.node if n.op_type == "MatMulNBits" and "onnxgen_merged" in n.name]
+    assert len(fused) == 1 and len(fused[0].input) == 4
+    feeds = {k: RNG.standard_normal((1, tokens, HIDDEN)).astype(np.float32) for k in ("x", "y")}
+    assert _same(_run(model, feeds), _run(done.model, feeds))
+
+
 @pytest.mark.parametrize(
     ("model", "why"),
     [
-        (_mlp(zero_points=True), "zero points"),
+        (_mlp(zero_points=True), "zero points on one only"),
         (_mlp(accuracy_up=0), "another accuracy level"),
     ],
 )

@@ -6,7 +6,7 @@ the closest flag it has (``did you mean --max-new-tokens?``). Short flags mean w
 llama.cpp (``-t`` threads, ``-s`` seed, ``-n`` new tokens, ``-c`` the server's context).
 
 Each subcommand lives in its own module of this package (``generate``, ``chat``, ``serve``, ``bench``,
-``inspect``, ``validate``, ``pull``, ``export_mtp``; ``speculative`` holds the speculative flags several share and
+``inspect``, ``validate``, ``pull``, ``convert``, ``export_mtp``; ``speculative`` holds the speculative flags several share and
 ``bench_table`` the bench report's tables) and registers itself through an ``add_<command>(sub, help)`` hook
 that sets ``run`` (and, for commands with an optional leading positional, ``take_extra_positional``).
 Only the module of the command being run is imported, and the command modules import onnx and
@@ -52,6 +52,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "onnxgen.cli.pull",
         "add_pull",
         "fetch a model by name (smollm2-135m-instruct) or Hugging Face repository; later commands take the name",
+    ),
+    "convert": (
+        "onnxgen.cli.convert",
+        "add_convert",
+        "write a GGUF file as a model directory (its quantized weights mapped exactly)",
     ),
     "export-mtp": (
         "onnxgen.cli.export_mtp",

@@ -7,7 +7,8 @@ needs; both rewrites compute every output value exactly as before (tests compare
 
 1. **Sibling MatMulNBits** (:func:`merge_sibling_matmuls`): projections that read the same input with
    the same ``K``, ``bits``, ``block_size`` and ``accuracy_level`` (an MLP's ``gate_proj`` and
-   ``up_proj``) become one ``MatMulNBits`` over the weights stacked along ``N`` followed by a ``Split``.
+   ``up_proj``), both with zero points of one type or both without, become one ``MatMulNBits`` over the
+   weights (scales, zero points) stacked along ``N`` followed by a ``Split``.
    Each output column is computed from its own weight row alone, so the columns do not change; the
    input is quantized once instead of once per projection. It pays only where the session runs two or
    more intra-op threads (:func:`merge_pays`): there the larger product divides between the threads
@@ -120,12 +121,15 @@ def sibling_groups(model: onnx.ModelProto) -> list[list[onnx.NodeProto]]:
         inputs = list(node.input)
         while inputs and not inputs[-1]:
             inputs.pop()
-        if not _is_contrib(node, "MatMulNBits") or len(inputs) != 3 or len(node.output) != 1:
-            continue  # zero points, g_idx or bias: left alone
+        if not _is_contrib(node, "MatMulNBits") or len(inputs) not in (3, 4) or len(node.output) != 1:
+            continue  # g_idx or bias: left alone
         weight, scales = inits.get(inputs[1]), inits.get(inputs[2])
+        zero_points = inits.get(inputs[3]) if len(inputs) == 4 else None
         if weight is None or scales is None or _ints(node, "N") is None or len(scales.dims) not in (1, 2):
             continue
-        if len(users.get(inputs[1], [])) != 1 or len(users.get(inputs[2], [])) != 1:
+        if len(inputs) == 4 and zero_points is None:
+            continue
+        if any(len(users.get(name, [])) != 1 for name in inputs[1:]):
             continue  # weights another node reads too
         key = (
             inputs[0],
@@ -134,6 +138,7 @@ def sibling_groups(model: onnx.ModelProto) -> list[list[onnx.NodeProto]]:
             weight.data_type,
             scales.data_type,
             tuple(scales.dims[1:]),
+            *((zero_points.data_type, tuple(zero_points.dims[1:])) if zero_points is not None else ()),
         )
         groups.setdefault(key, []).append(node)
     return [group for group in groups.values() if len(group) > 1]
@@ -162,9 +167,10 @@ def merge_sibling_matmuls(
     for group in sibling_groups(model):
         weights = [inits[n.input[1]] for n in group]
         scales = [inits[n.input[2]] for n in group]
+        zero_points = [inits[n.input[3]] for n in group if len(n.input) > 3 and n.input[3]]
         size = sum(
             helper.tensor_dtype_to_np_dtype(t.data_type).itemsize * int(np.prod(t.dims))
-            for t in weights + scales
+            for t in weights + scales + zero_points
         )
         if size > budget:
             fusions.skipped.append(
@@ -185,11 +191,19 @@ def merge_sibling_matmuls(
                 numpy_helper.from_array(np.array(sizes, dtype=np.int64), f"{base}.sizes"),
             ]
         )
+        if zero_points:  # per output row, like the weights: stacked along N the same way
+            stacked = np.concatenate([read_array(t, base_dir) for t in zero_points])
+            graph.initializer.append(store(f"{base}.zero_points", stacked))
         attrs = {a: _ints(first, a) for a in _NBITS_ATTRS if attribute(first, a) is not None}
         attrs["N"] = sum(sizes)  # type: ignore[arg-type]
         fused = helper.make_node(
             "MatMulNBits",
-            [first.input[0], f"{base}.weight", f"{base}.scales"],
+            [
+                first.input[0],
+                f"{base}.weight",
+                f"{base}.scales",
+                *([f"{base}.zero_points"] if zero_points else []),
+            ],
             [f"{base}.out"],
             name=base,
             domain="com.microsoft",
@@ -204,7 +218,7 @@ def merge_sibling_matmuls(
         )
         replace[first.output[0]] = [fused, split]
         drop.update(n.output[0] for n in group[1:])
-        unused.update(t.name for t in weights + scales)
+        unused.update(t.name for t in weights + scales + zero_points)
         fusions.merged_matmuls += len(group)
     for i in reversed(range(len(graph.initializer))):
         if graph.initializer[i].name in unused:
