@@ -1,0 +1,140 @@
+"""``onnxgen bench --workload``: each workload against a real ``onnxgen serve`` on a tiny model (tiny
+settings), the client-side counts checked against what the server reported, and the summary's arithmetic
+on records with known times."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+
+from onnxgen.bench.genai_engine import GENAI, BenchError
+from onnxgen.bench.workload_engines import LLAMA_CPP, ONNXGEN
+from onnxgen.bench.workload_run import (
+    WorkloadConfig,
+    available_engines,
+    format_workload_report,
+    group_metrics,
+    run_workloads,
+)
+from onnxgen.bench.workloads import WORKLOADS, build, code_file
+from onnxgen.cli import main
+from onnxgen.testing import TinySpec, build_model
+
+# the workloads' prompts are ~3.7k tokens in the tiny models' byte-level tokenizer
+LONG = TinySpec(max_position=8192)
+SERVER_FLAGS = ("--max-model-len", "8192", "--prefix-cache-mb", "64")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("workloads") / "genai-dense", "genai-dense", LONG)
+
+
+def _config(model: Path, *engines: str, **kw: object) -> WorkloadConfig:
+    settings: dict = dict(threads=1, rounds=2, max_tokens=4, turns=2, edits=1, questions=1)
+    settings.update(kw)
+    return WorkloadConfig(str(model), engines=engines, server_flags=SERVER_FLAGS, **settings)
+
+
+def test_each_workload_runs_against_the_server_and_counts_what_it_reports(tiny: Path) -> None:
+    report = run_workloads(_config(tiny, ONNXGEN))
+    assert len(report.requests) == 2 * (2 + 1 + 1)  # rounds x (chat turns + edits + questions)
+    for r in report.requests:
+        assert r["tokens"] == r["usage_tokens"], r  # every token streamed was counted, none twice
+        assert 1 <= r["tokens"] <= 4
+        stamps = r["stamps_s"]
+        assert stamps[0] > 0 and stamps == sorted(stamps) and stamps[-1] <= r["total_s"]
+    chat = [r for r in report.requests if r["workload"] == "chat"]
+    first, second = chat[0], chat[1]
+    # the second turn sends the first turn, its reply and the new message
+    assert second["prompt_tokens"] > first["prompt_tokens"] + first["tokens"]
+    assert second["cached_tokens"] >= first["prompt_tokens"]  # --server-flags reached the server
+    # a new round starts cold: its first turn shares only the template's opening with the last round
+    opening = "<|im_start|>system\nSession "  # at most a token a character
+    assert chat[2]["round"] == 1 and chat[2]["cached_tokens"] <= len(opening) < first["prompt_tokens"] // 4
+    edit = next(r for r in report.requests if r["workload"] == "code-edit")
+    assert edit["prompt_tokens"] > len(code_file()) // 2  # the whole file is in the prompt
+    table = report.table[ONNXGEN]
+    assert set(table) == set(WORKLOADS)
+    assert set(table["chat"]) == {"first", "later", "all"} and set(table["rag"]) == {"first", "all"}
+    for groups in table.values():
+        for m in groups.values():
+            assert m["ttft_p50_ms"] > 0 and m["ttft_p90_ms"] >= m["ttft_p50_ms"] and m["tok_s"] > 0
+    rounds = [sum(r["tokens"] for r in chat if r["round"] == i) for i in range(2)]
+    assert table["chat"]["all"]["tokens"] == statistics.median(rounds)
+    text = format_workload_report(report)
+    assert "code-edit" in text and "later" in text and "--prefix-cache-mb 64" in text
+
+
+def test_the_summary_of_known_times() -> None:
+    records = [
+        {"prompt_tokens": 10, "tokens": 3, "stamps_s": [0.1, 0.2, 0.4], "total_s": 0.5},
+        {"prompt_tokens": 30, "tokens": 2, "stamps_s": [0.3, 0.4], "total_s": 0.5},
+    ]
+    m = group_metrics(records)
+    assert m["requests"] == 2 and m["prompt_tokens"] == 20 and m["tokens"] == 5
+    assert m["ttft_p50_ms"] == pytest.approx(200.0)  # between 0.1 and 0.3
+    assert m["itl_p50_ms"] == pytest.approx(100.0)  # gaps 0.1, 0.2, 0.1
+    assert m["itl_p90_ms"] == pytest.approx(180.0)
+    assert m["decode_tok_s"] == pytest.approx(3 / 0.4)  # 3 gaps over 0.3 s + 0.1 s of decoding
+    assert m["tok_s"] == pytest.approx(5 / 1.0)
+
+
+def test_a_chat_keeps_its_history_and_the_other_workloads_do_not() -> None:
+    chat = build("chat", 0, turns=3, edits=1, questions=1)
+    assert chat.keep_history and len(chat.user) == 3
+    edits = build("code-edit", 0, turns=1, edits=2, questions=1)
+    assert not edits.keep_history and "`chunks` to `parts`" in edits.user[0]
+    assert all(code_file() in u for u in edits.user)
+    rag = build("rag", 1, turns=1, edits=1, questions=2)
+    assert rag.system != build("rag", 0, turns=1, edits=1, questions=2).system  # rounds differ up front
+    assert rag.user[0].split("Question:")[0] == rag.user[1].split("Question:")[0]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"workloads": ("chat", "essay")}, "--workload 'essay'"),
+        ({"rounds": 0}, "--rounds must be at least 1"),
+        ({"max_tokens": 0}, "--max-tokens must be at least 1"),
+        ({"engines": ("vllm",)}, "--engines 'vllm'"),
+    ],
+)
+def test_bad_settings_are_named(kw: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        WorkloadConfig("m", 1, **kw)
+    with pytest.raises(ValueError, match="--chat-turns must be between 1 and 10"):
+        build("chat", 0, turns=11, edits=1, questions=1)
+
+
+def test_an_engine_asked_for_by_name_must_be_able_to_run(tiny: Path) -> None:
+    with pytest.raises(BenchError, match=r"--engines llama\.cpp: .*(--gguf|llama-cpp-python)"):
+        available_engines(_config(tiny, LLAMA_CPP))
+    names, skipped = available_engines(WorkloadConfig(str(tiny), 1))  # by default: the rest are skipped
+    assert names[0] == ONNXGEN and LLAMA_CPP in skipped and LLAMA_CPP not in names
+
+
+def test_the_cli_names_a_bad_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "some-model", "--workload", "essay"]) != 0
+    assert "--workload 'essay'" in capsys.readouterr().err
+
+
+@pytest.mark.external
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="onnxruntime-genai absent")
+def test_onnxruntime_genai_runs_the_same_workloads_on_the_same_prompt_tokens(tiny: Path) -> None:
+    report = run_workloads(_config(tiny, ONNXGEN, GENAI, rounds=1))
+    ours = [r for r in report.requests if r["engine"] == ONNXGEN]
+    theirs = [r for r in report.requests if r["engine"] == GENAI]
+    assert len(ours) == len(theirs) == 4
+    for a, b in zip(ours, theirs, strict=True):
+        assert 1 <= b["tokens"] <= 4 and b["usage_tokens"] is None
+        if a["index"] == 0:  # the same messages: the same template, the same tokens
+            assert a["prompt_tokens"] == b["prompt_tokens"], (
+                a["workload"],
+                a["prompt_tokens"],
+                b["prompt_tokens"],
+            )
+    assert set(report.table[GENAI]) == set(WORKLOADS)
