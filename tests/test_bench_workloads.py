@@ -5,6 +5,7 @@ on records with known times."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import statistics
 from pathlib import Path
 
@@ -71,11 +72,11 @@ def test_each_workload_runs_against_the_server_and_counts_what_it_reports(tiny: 
 
 def test_the_summary_of_known_times() -> None:
     records = [
-        {"prompt_tokens": 10, "tokens": 3, "stamps_s": [0.1, 0.2, 0.4], "total_s": 0.5},
-        {"prompt_tokens": 30, "tokens": 2, "stamps_s": [0.3, 0.4], "total_s": 0.5},
+        {"prompt_tokens": 10, "cached_tokens": 0, "tokens": 3, "stamps_s": [0.1, 0.2, 0.4], "total_s": 0.5},
+        {"prompt_tokens": 30, "cached_tokens": 9, "tokens": 2, "stamps_s": [0.3, 0.4], "total_s": 0.5},
     ]
     m = group_metrics(records)
-    assert m["requests"] == 2 and m["prompt_tokens"] == 20 and m["tokens"] == 5
+    assert m["requests"] == 2 and m["prompt_tokens"] == 20 and m["cached_tokens"] == 4.5 and m["tokens"] == 5
     assert m["ttft_p50_ms"] == pytest.approx(200.0)  # between 0.1 and 0.3
     assert m["itl_p50_ms"] == pytest.approx(100.0)  # gaps 0.1, 0.2, 0.1
     assert m["itl_p90_ms"] == pytest.approx(180.0)
@@ -138,3 +139,72 @@ def test_onnxruntime_genai_runs_the_same_workloads_on_the_same_prompt_tokens(tin
                 b["prompt_tokens"],
             )
     assert set(report.table[GENAI]) == set(WORKLOADS)
+
+
+def _tiny_gguf(path: Path, template: str) -> Path:
+    """A random-weight llama GGUF of two layers whose tokenizer spells text in bytes."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    vocab = [*specials, "\u2581", *(f"<0x{b:02X}>" for b in range(256))]  # (U+2581: a space)
+    types = [gguf.TokenType.UNKNOWN] + [gguf.TokenType.CONTROL] * 4 + [gguf.TokenType.NORMAL]
+    types += [gguf.TokenType.BYTE] * 256
+    embd, ff, heads, kv_heads, layers = 64, 128, 4, 2, 2
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(8192)
+    w.add_embedding_length(embd)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(embd // heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(vocab)
+    w.add_token_scores([0.0] * len(vocab))
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(4)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_chat_template(template)
+    rng = np.random.default_rng(0)
+    kv = kv_heads * embd // heads
+    shapes = {"token_embd": (len(vocab), embd), "output": (len(vocab), embd)}
+    for i in range(layers):
+        shapes |= {
+            f"blk.{i}.attn_q": (embd, embd),
+            f"blk.{i}.attn_k": (kv, embd),
+            f"blk.{i}.attn_v": (kv, embd),
+        }
+        shapes |= {f"blk.{i}.attn_output": (embd, embd), f"blk.{i}.ffn_gate": (ff, embd)}
+        shapes |= {f"blk.{i}.ffn_up": (ff, embd), f"blk.{i}.ffn_down": (embd, ff)}
+        shapes |= {f"blk.{i}.attn_norm": (embd,), f"blk.{i}.ffn_norm": (embd,)}
+    for name, shape in {**shapes, "output_norm": (embd,)}.items():
+        norm = len(shape) == 1
+        w.add_tensor(
+            f"{name}.weight",
+            np.ones(shape, np.float32) if norm else rng.normal(0, 0.05, shape).astype(np.float32),
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.external
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python absent")
+def test_llama_cpp_runs_the_workloads_reusing_the_prefix_it_holds(tiny: Path, tmp_path: Path) -> None:
+    template = json.loads((tiny / "tokenizer_config.json").read_text())["chat_template"]
+    gguf_file = _tiny_gguf(tmp_path / "tiny.gguf", template)
+    report = run_workloads(_config(tiny, LLAMA_CPP, gguf=str(gguf_file)))
+    assert len(report.requests) == 2 * 4 and set(report.table[LLAMA_CPP]) == set(WORKLOADS)
+    chat = [r for r in report.requests if r["workload"] == "chat"]
+    assert chat[1]["prompt_tokens"] > chat[0]["prompt_tokens"] + chat[0]["tokens"]
+    assert chat[1]["cached_tokens"] >= chat[0]["prompt_tokens"]  # llama.cpp kept the first turn
+    opening = "<|im_start|>system\nSession "
+    assert chat[2]["round"] == 1 and chat[2]["cached_tokens"] <= len(opening)
+    for r in report.requests:
+        assert 1 <= r["tokens"] <= 4 and r["stamps_s"] == sorted(r["stamps_s"]) and r["stamps_s"][0] > 0

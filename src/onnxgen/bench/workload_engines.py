@@ -28,7 +28,7 @@ from onnxgen.bench.genai_engine import GENAI, BenchError, threads_overlay
 ONNXGEN = "onnxgen"
 LLAMA_CPP = "llama.cpp"
 ENGINES = (ONNXGEN, GENAI, LLAMA_CPP)
-LLAMA_CTX = 4096  # llama-cpp-python's own default (512) holds none of the workloads
+LLAMA_CTX = 8192  # llama-cpp-python's own default (512) holds none of the workloads
 START_TIMEOUT_S = 600.0
 
 
@@ -109,6 +109,12 @@ class OnnxgenServer:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-4000:]
 
+    def said(self) -> list[str]:
+        """What the server said at start (its settings, ``listening on ...``)."""
+        self._log.seek(0)
+        lines = self._log.read().decode(errors="replace").splitlines()
+        return [line.removeprefix("onnxgen serve: ") for line in lines if line.startswith("onnxgen serve: ")]
+
     def chat(self, messages: list[dict[str, str]], max_tokens: int) -> Sample:
         body = {
             "model": self.model,
@@ -184,7 +190,7 @@ class GenaiChat:
         generator = og.Generator(self.model, params)
         generator.append_tokens(ids)
         stream = self.tokenizer.create_stream()
-        sample = Sample(prompt_tokens=len(ids))
+        sample = Sample(prompt_tokens=len(ids), cached_tokens=0)  # a new generator holds nothing
         text: list[str] = []
         while not generator.is_done():
             generator.generate_next_token()
@@ -222,6 +228,7 @@ class LlamaCppChat:
             add_generation_prompt=True,
         )
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self.held: list[int] = []  # the tokens the context holds (evaluated) after the last request
 
     def _token_text(self, token: int) -> str:
         return self.llm.detokenize([token], special=True).decode(errors="replace") if token >= 0 else ""
@@ -230,17 +237,20 @@ class LlamaCppChat:
         start = time.perf_counter()
         rendered = self.format(messages=messages)
         ids = self.llm.tokenize(rendered.prompt.encode(), add_bos=not rendered.added_special, special=True)
-        sample = Sample(prompt_tokens=len(ids))
+        # generate() evaluates only what follows the longest prefix the context holds (at least one token)
+        reused = next((i for i, (a, b) in enumerate(zip(self.held, ids, strict=False)) if a != b), None)
+        reused = min(len(ids) - 1, min(len(self.held), len(ids)) if reused is None else reused)
+        sample = Sample(prompt_tokens=len(ids), cached_tokens=reused)
         out: list[int] = []
-        for token in self.llm.generate(ids, temp=0.0):  # reuses the longest prefix it holds
+        for token in self.llm.generate(ids, temp=0.0):
             sample.stamps_s.append(time.perf_counter() - start)
-            if self._lc.llama_vocab_is_eog(self.vocab, token):
-                break
-            out.append(token)
-            if len(sample.stamps_s) >= max_tokens:
+            out.append(token)  # (the last one yielded is never evaluated)
+            if self._lc.llama_vocab_is_eog(self.vocab, token) or len(out) >= max_tokens:
                 break
         sample.total_s = time.perf_counter() - start
-        sample.text = self.llm.detokenize(out).decode(errors="replace")
+        self.held = list(ids) + out[:-1]
+        eog = out and self._lc.llama_vocab_is_eog(self.vocab, out[-1])
+        sample.text = self.llm.detokenize(out[:-1] if eog else out).decode(errors="replace")
         return sample
 
     def close(self) -> None:

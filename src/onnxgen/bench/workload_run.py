@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxgen.bench.genai_engine import GENAI, BenchError
-from onnxgen.bench.workload_engines import ENGINES, LLAMA_CPP, ONNXGEN, Engine, Sample
+from onnxgen.bench.workload_engines import ENGINES, LLAMA_CPP, ONNXGEN, Engine, OnnxgenServer, Sample
 from onnxgen.bench.workloads import DEFAULT_MAX_TOKENS, WORKLOADS, build
 
 GROUPS = ("first", "later", "all")
@@ -64,6 +64,7 @@ class WorkloadReport:
     server_flags: list[str]
     max_tokens: dict[str, int]
     skipped: dict[str, str] = field(default_factory=dict)  # engine -> why it did not run
+    server_said: list[str] = field(default_factory=list)  # onnxgen serve's lines at start: its settings
     requests: list[dict[str, Any]] = field(default_factory=list)  # one per request, every round
     # engine -> workload -> group -> metric -> median over the rounds
     table: dict[str, dict[str, dict[str, dict[str, float]]]] = field(default_factory=dict)
@@ -138,6 +139,8 @@ def run_workloads(cfg: WorkloadConfig) -> WorkloadReport:
     try:
         for name in names:
             engines[name] = engine = start_engine(name, cfg)
+            if isinstance(engine, OnnxgenServer):
+                report.server_said = engine.said()
             engine.chat([{"role": "user", "content": "Say hello."}], 4)  # warm-up, untimed
         for round_index in range(cfg.rounds):
             for name, engine in engines.items():  # engines interleaved: each round sees the same load
@@ -175,9 +178,11 @@ def group_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
     gaps = [b - a for r in records for a, b in zip(r["stamps_s"], r["stamps_s"][1:], strict=False)]
     decode_s = sum(r["stamps_s"][-1] - r["stamps_s"][0] for r in records if r["stamps_s"])
     tokens = sum(r["tokens"] for r in records)
+    cached = [r["cached_tokens"] for r in records if r["cached_tokens"] is not None]
     out = {
         "requests": float(len(records)),
         "prompt_tokens": float(statistics.mean(r["prompt_tokens"] for r in records)),
+        "cached_tokens": float(statistics.mean(cached)) if cached else float("nan"),
         "tokens": float(tokens),
         "decode_tok_s": len(gaps) / decode_s if decode_s > 0 else 0.0,
         "tok_s": tokens / sum(r["total_s"] for r in records),
@@ -222,7 +227,7 @@ def format_workload_report(report: WorkloadReport) -> str:
     lines = [
         f"workloads: {report.model}, {report.threads} threads, median of {report.rounds} round(s); "
         f"onnxgen serve flags: {' '.join(report.server_flags) or '(defaults)'}",
-        "workload  | group | engine            | reqs | prompt | tokens | TTFT p50 | TTFT p90 | ITL p50 | "
+        "workload  | group | engine            | reqs | prompt | cached | tokens | TTFT p50 | TTFT p90 | ITL p50 | "
         "ITL p90 | decode tok/s | tok/s",
     ]
     workloads = dict.fromkeys(w for e in report.table.values() for w in e)
@@ -234,10 +239,15 @@ def format_workload_report(report: WorkloadReport) -> str:
                     continue
                 lines.append(
                     f"{workload:9} | {group:5} | {engine:17} | {m['requests']:4.0f} | {m['prompt_tokens']:6.0f} | "
+                    f"{m['cached_tokens']:6.0f} | "
                     f"{m['tokens']:6.0f} | {m['ttft_p50_ms']:8.1f} | {m['ttft_p90_ms']:8.1f} | "
                     f"{m['itl_p50_ms']:7.2f} | {m['itl_p90_ms']:7.2f} | {m['decode_tok_s']:12.1f} | "
                     f"{m['tok_s']:5.1f}"
                 )
-    lines.append("(times in ms; prompt: mean prompt tokens; tokens: generated in the round, all requests)")
+    lines.append(
+        "(times in ms; prompt, cached: mean prompt tokens and those the engine reused from earlier requests; "
+        "tokens: generated in the round)"
+    )
+    lines += [f"onnxgen serve said: {line}" for line in report.server_said]
     lines += [f"skipped {name}: {why}" for name, why in report.skipped.items()]
     return "\n".join(lines)
