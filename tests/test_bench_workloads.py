@@ -208,3 +208,9 @@ def test_llama_cpp_runs_the_workloads_reusing_the_prefix_it_holds(tiny: Path, tm
     assert chat[2]["round"] == 1 and chat[2]["cached_tokens"] <= len(opening)
     for r in report.requests:
         assert 1 <= r["tokens"] <= 4 and r["stamps_s"] == sorted(r["stamps_s"]) and r["stamps_s"][0] > 0
+
+
+def test_a_server_that_does_not_start_is_reported_with_its_own_words(tiny: Path) -> None:
+    cfg = WorkloadConfig(str(tiny), 1, engines=(ONNXGEN,), server_flags=("--no-such-flag",))
+    with pytest.raises(BenchError, match=r"onnxgen serve exited with 2(?s:.)*--no-such-flag"):
+        run_workloads(cfg)
