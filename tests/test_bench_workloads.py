@@ -68,6 +68,10 @@ def test_each_workload_runs_against_the_server_and_counts_what_it_reports(tiny: 
     assert table["chat"]["all"]["tokens"] == statistics.median(rounds)
     text = format_workload_report(report)
     assert "code-edit" in text and "later" in text and "--prefix-cache-mb 64" in text
+    assert (
+        report.server_said[-1].startswith("listening on")
+        and "8192 tokens per sequence" in report.server_said[-1]
+    )
 
 
 def test_the_summary_of_known_times() -> None:

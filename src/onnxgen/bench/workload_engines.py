@@ -110,10 +110,15 @@ class OnnxgenServer:
         return self._log.read().decode(errors="replace")[-4000:]
 
     def said(self) -> list[str]:
-        """What the server said at start (its settings, ``listening on ...``)."""
+        """What the server said at start, up to ``listening on ...`` (its settings; no request lines)."""
         self._log.seek(0)
-        lines = self._log.read().decode(errors="replace").splitlines()
-        return [line.removeprefix("onnxgen serve: ") for line in lines if line.startswith("onnxgen serve: ")]
+        said = []
+        for line in self._log.read().decode(errors="replace").splitlines():
+            if line.startswith("onnxgen serve: "):
+                said.append(line.removeprefix("onnxgen serve: "))
+                if said[-1].startswith("listening on"):
+                    break
+        return said
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int) -> Sample:
         body = {
