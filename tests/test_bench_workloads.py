@@ -218,3 +218,12 @@ def test_a_server_that_does_not_start_is_reported_with_its_own_words(tiny: Path)
     cfg = WorkloadConfig(str(tiny), 1, engines=(ONNXGEN,), server_flags=("--no-such-flag",))
     with pytest.raises(BenchError, match=r"onnxgen serve exited with 2(?s:.)*--no-such-flag"):
         run_workloads(cfg)
+
+
+def test_a_prompt_past_the_servers_context_names_the_request_and_the_flag(tiny: Path) -> None:
+    flags = ("--max-model-len", "1024")  # shorter than the file
+    cfg = WorkloadConfig(
+        str(tiny), 1, ("code-edit",), rounds=1, edits=1, engines=(ONNXGEN,), server_flags=flags
+    )
+    with pytest.raises(BenchError, match=r"onnxgen, code-edit request 1 \(round 1\): .*--max-model-len N"):
+        run_workloads(cfg)

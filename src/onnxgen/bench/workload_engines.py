@@ -135,7 +135,11 @@ class OnnxgenServer:
         start = time.perf_counter()
         with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
-                raise BenchError(f"onnxgen serve answered {response.status_code}: {response.read().decode()}")
+                answer = response.read().decode()
+                hint = (
+                    ' (a longer context: --server-flags "--max-model-len N")' if "context" in answer else ""
+                )
+                raise BenchError(f"onnxgen serve answered {response.status_code}: {answer}{hint}")
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue

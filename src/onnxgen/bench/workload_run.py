@@ -116,9 +116,14 @@ def run_conversation(engine: Engine, cfg: WorkloadConfig, workload: str, round_i
     convo = build(workload, round_index, turns=cfg.turns, edits=cfg.edits, questions=cfg.questions)
     history = [{"role": "system", "content": convo.system}]
     samples = []
-    for user in convo.user:
+    for i, user in enumerate(convo.user):
         messages = [*history, {"role": "user", "content": user}]
-        sample = engine.chat(messages, cfg.tokens_for(workload))
+        try:
+            sample = engine.chat(messages, cfg.tokens_for(workload))
+        except Exception as e:  # any engine's failure, named by where it happened
+            raise BenchError(
+                f"{engine.name}, {workload} request {i + 1} (round {round_index + 1}): {e}"
+            ) from e
         samples.append(sample)
         if convo.keep_history:
             history = [*messages, {"role": "assistant", "content": sample.text}]
