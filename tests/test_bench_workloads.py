@@ -27,6 +27,9 @@ from onnxgen.testing import TinySpec, build_model
 # the workloads' prompts are ~3.7k tokens in the tiny models' byte-level tokenizer
 LONG = TinySpec(max_position=8192)
 SERVER_FLAGS = ("--max-model-len", "8192", "--prefix-cache-mb", "64")
+PLAIN_FLAGS = ("--max-model-len", "8192", "--prefix-cache-mb", "0")
+SERVER = "onnxgen --max-model-len 8192 --prefix-cache-mb 64"  # the engine's name in the report
+PLAIN = "onnxgen --max-model-len 8192 --prefix-cache-mb 0"
 
 
 @pytest.fixture(scope="module")
@@ -35,30 +38,42 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(model: Path, *engines: str, **kw: object) -> WorkloadConfig:
-    settings: dict = dict(threads=1, rounds=2, max_tokens=4, turns=2, edits=1, questions=1)
-    settings.update(kw)
-    return WorkloadConfig(str(model), engines=engines, server_flags=SERVER_FLAGS, **settings)
+    tiny_settings = dict(threads=1, rounds=2, max_tokens=4, turns=2, edits=1, questions=1)
+    settings: dict = {"server_flags": (SERVER_FLAGS,), **tiny_settings, **kw}
+    return WorkloadConfig(str(model), engines=engines, **settings)
 
 
 def test_each_workload_runs_against_the_server_and_counts_what_it_reports(tiny: Path) -> None:
-    report = run_workloads(_config(tiny, ONNXGEN))
-    assert len(report.requests) == 2 * (2 + 1 + 1)  # rounds x (chat turns + edits + questions)
+    report = run_workloads(_config(tiny, ONNXGEN, server_flags=(SERVER_FLAGS, PLAIN_FLAGS)))
+    assert list(report.table) == [SERVER, PLAIN]
+    assert len(report.requests) == 2 * 2 * (2 + 1 + 1)  # servers x rounds x (chat turns + edits + questions)
     for r in report.requests:
         assert r["tokens"] == r["usage_tokens"], r  # every token streamed was counted, none twice
         assert 1 <= r["tokens"] <= 4
         stamps = r["stamps_s"]
         assert stamps[0] > 0 and stamps == sorted(stamps) and stamps[-1] <= r["total_s"]
-    chat = [r for r in report.requests if r["workload"] == "chat"]
+    cached = [r for r in report.requests if r["engine"] == SERVER]
+    plain = [r for r in report.requests if r["engine"] == PLAIN]
+    for a, b in zip(cached, plain, strict=True):  # the same requests, the same greedy replies
+        assert (a["workload"], a["round"], a["index"], a["prompt_tokens"], a["text"]) == (
+            b["workload"],
+            b["round"],
+            b["index"],
+            b["prompt_tokens"],
+            b["text"],
+        )
+        assert b["cached_tokens"] == 0  # each server got its own flags
+    chat = [r for r in cached if r["workload"] == "chat"]
     first, second = chat[0], chat[1]
     # the second turn sends the first turn, its reply and the new message
     assert second["prompt_tokens"] > first["prompt_tokens"] + first["tokens"]
-    assert second["cached_tokens"] >= first["prompt_tokens"]  # --server-flags reached the server
+    assert second["cached_tokens"] >= first["prompt_tokens"]
     # a new round starts cold: its first turn shares only the template's opening with the last round
     opening = "<|im_start|>system\nSession "  # at most a token a character
     assert chat[2]["round"] == 1 and chat[2]["cached_tokens"] <= len(opening) < first["prompt_tokens"] // 4
-    edit = next(r for r in report.requests if r["workload"] == "code-edit")
+    edit = next(r for r in cached if r["workload"] == "code-edit")
     assert edit["prompt_tokens"] > len(code_file()) // 2  # the whole file is in the prompt
-    table = report.table[ONNXGEN]
+    table = report.table[SERVER]
     assert set(table) == set(WORKLOADS)
     assert set(table["chat"]) == {"first", "later", "all"} and set(table["rag"]) == {"first", "all"}
     for groups in table.values():
@@ -67,11 +82,9 @@ def test_each_workload_runs_against_the_server_and_counts_what_it_reports(tiny: 
     rounds = [sum(r["tokens"] for r in chat if r["round"] == i) for i in range(2)]
     assert table["chat"]["all"]["tokens"] == statistics.median(rounds)
     text = format_workload_report(report)
-    assert "code-edit" in text and "later" in text and "--prefix-cache-mb 64" in text
-    assert (
-        report.server_said[-1].startswith("listening on")
-        and "8192 tokens per sequence" in report.server_said[-1]
-    )
+    assert "code-edit" in text and "later" in text and f"| {PLAIN} " in text
+    said = report.server_said[SERVER]
+    assert said[-1].startswith("listening on") and "8192 tokens per sequence" in said[-1]
 
 
 def test_the_summary_of_known_times() -> None:
@@ -106,6 +119,7 @@ def test_a_chat_keeps_its_history_and_the_other_workloads_do_not() -> None:
         ({"rounds": 0}, "--rounds must be at least 1"),
         ({"max_tokens": 0}, "--max-tokens must be at least 1"),
         ({"engines": ("vllm",)}, "--engines 'vllm'"),
+        ({"server_flags": ((), ())}, "--server-flags must name each onnxgen server once"),
     ],
 )
 def test_bad_settings_are_named(kw: dict, message: str) -> None:
@@ -131,7 +145,7 @@ def test_the_cli_names_a_bad_workload(capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="onnxruntime-genai absent")
 def test_onnxruntime_genai_runs_the_same_workloads_on_the_same_prompt_tokens(tiny: Path) -> None:
     report = run_workloads(_config(tiny, ONNXGEN, GENAI, rounds=1))
-    ours = [r for r in report.requests if r["engine"] == ONNXGEN]
+    ours = [r for r in report.requests if r["engine"] == SERVER]
     theirs = [r for r in report.requests if r["engine"] == GENAI]
     assert len(ours) == len(theirs) == 4
     for a, b in zip(ours, theirs, strict=True):
@@ -215,15 +229,18 @@ def test_llama_cpp_runs_the_workloads_reusing_the_prefix_it_holds(tiny: Path, tm
 
 
 def test_a_server_that_does_not_start_is_reported_with_its_own_words(tiny: Path) -> None:
-    cfg = WorkloadConfig(str(tiny), 1, engines=(ONNXGEN,), server_flags=("--no-such-flag",))
+    cfg = WorkloadConfig(str(tiny), 1, engines=(ONNXGEN,), server_flags=(("--no-such-flag",),))
     with pytest.raises(BenchError, match=r"onnxgen serve exited with 2(?s:.)*--no-such-flag"):
         run_workloads(cfg)
 
 
 def test_a_prompt_past_the_servers_context_names_the_request_and_the_flag(tiny: Path) -> None:
-    flags = ("--max-model-len", "1024")  # shorter than the file
+    flags = (("--max-model-len", "1024"),)  # shorter than the file
     cfg = WorkloadConfig(
         str(tiny), 1, ("code-edit",), rounds=1, edits=1, engines=(ONNXGEN,), server_flags=flags
     )
-    with pytest.raises(BenchError, match=r"onnxgen, code-edit request 1 \(round 1\): .*--max-model-len N"):
+    with pytest.raises(
+        BenchError,
+        match=r"onnxgen --max-model-len 1024, code-edit request 1 \(round 1\): .*--max-model-len N",
+    ):
         run_workloads(cfg)

@@ -59,12 +59,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def server_label(flags: tuple[str, ...]) -> str:
+    """The engine name of an onnxgen server started with ``flags``: ``onnxgen`` for the defaults."""
+    return " ".join((ONNXGEN, *flags))
+
+
 class OnnxgenServer:
     """``python -m onnxgen.cli.serve MODEL --port P --threads T *flags``, stopped by :meth:`close`."""
 
     name = ONNXGEN
 
     def __init__(self, model: str, threads: int, flags: tuple[str, ...] = ()) -> None:
+        self.name = server_label(flags)
         try:
             import httpx
         except ImportError as e:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ class WorkloadConfig:
     workloads: tuple[str, ...] = WORKLOADS
     rounds: int = 3
     max_tokens: int | None = None  # None: DEFAULT_MAX_TOKENS of each workload
-    server_flags: tuple[str, ...] = ()
+    server_flags: tuple[tuple[str, ...], ...] = ((),)  # one onnxgen server each; (): its defaults
     engines: tuple[str, ...] | None = None  # None: onnxgen and each other engine that can run here
     gguf: str | None = None  # the llama.cpp engine's model file
     turns: int = 10
@@ -49,6 +50,10 @@ class WorkloadConfig:
                 raise ValueError(f"--engines {name!r} is not an engine; choose from {', '.join(ENGINES)}")
         if self.rounds < 1:
             raise ValueError(f"--rounds must be at least 1 (got {self.rounds})")
+        if not self.server_flags or len(set(self.server_flags)) < len(self.server_flags):
+            raise ValueError(
+                f"--server-flags must name each onnxgen server once (got {list(map(list, self.server_flags))})"
+            )
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"--max-tokens must be at least 1 (got {self.max_tokens})")
 
@@ -61,10 +66,10 @@ class WorkloadReport:
     model: str
     threads: int
     rounds: int
-    server_flags: list[str]
+    server_flags: list[list[str]]
     max_tokens: dict[str, int]
     skipped: dict[str, str] = field(default_factory=dict)  # engine -> why it did not run
-    server_said: list[str] = field(default_factory=list)  # onnxgen serve's lines at start: its settings
+    server_said: dict[str, list[str]] = field(default_factory=dict)  # per server: its settings at start
     requests: list[dict[str, Any]] = field(default_factory=list)  # one per request, every round
     # engine -> workload -> group -> metric -> median over the rounds
     table: dict[str, dict[str, dict[str, dict[str, float]]]] = field(default_factory=dict)
@@ -101,15 +106,19 @@ def _missing(name: str, cfg: WorkloadConfig) -> str | None:
     return None
 
 
-def start_engine(name: str, cfg: WorkloadConfig) -> Engine:
+def start_engines(name: str, cfg: WorkloadConfig) -> Iterator[Engine]:
+    """The engines of kind ``name``, started one at a time: an onnxgen server per entry of
+    ``server_flags``, else one."""
     from onnxgen.bench import workload_engines as we
 
     if name == ONNXGEN:
-        return we.OnnxgenServer(cfg.model, cfg.threads, cfg.server_flags)
-    if name == GENAI:
-        return we.GenaiChat(cfg.model, cfg.threads)
-    assert cfg.gguf is not None  # checked by available_engines
-    return we.LlamaCppChat(cfg.gguf, cfg.threads)
+        for flags in cfg.server_flags:
+            yield we.OnnxgenServer(cfg.model, cfg.threads, flags)
+    elif name == GENAI:
+        yield we.GenaiChat(cfg.model, cfg.threads)
+    else:
+        assert cfg.gguf is not None  # checked by available_engines
+        yield we.LlamaCppChat(cfg.gguf, cfg.threads)
 
 
 def run_conversation(engine: Engine, cfg: WorkloadConfig, workload: str, round_index: int) -> list[Sample]:
@@ -136,17 +145,18 @@ def run_workloads(cfg: WorkloadConfig) -> WorkloadReport:
         cfg.model,
         cfg.threads,
         cfg.rounds,
-        list(cfg.server_flags),
+        [list(flags) for flags in cfg.server_flags],
         {w: cfg.tokens_for(w) for w in cfg.workloads},
         skipped,
     )
     engines: dict[str, Engine] = {}
     try:
-        for name in names:
-            engines[name] = engine = start_engine(name, cfg)
-            if isinstance(engine, OnnxgenServer):
-                report.server_said = engine.said()
-            engine.chat([{"role": "user", "content": "Say hello."}], 4)  # warm-up, untimed
+        for kind in names:
+            for engine in start_engines(kind, cfg):
+                engines[engine.name] = engine
+                if isinstance(engine, OnnxgenServer):
+                    report.server_said[engine.name] = engine.said()
+                engine.chat([{"role": "user", "content": "Say hello."}], 4)  # warm-up, untimed
         for round_index in range(cfg.rounds):
             for name, engine in engines.items():  # engines interleaved: each round sees the same load
                 for workload in cfg.workloads:
@@ -155,7 +165,7 @@ def run_workloads(cfg: WorkloadConfig) -> WorkloadReport:
     finally:
         for engine in engines.values():
             engine.close()
-    report.table = summarize(report.requests, names, cfg.workloads, cfg.rounds)
+    report.table = summarize(report.requests, list(engines), cfg.workloads, cfg.rounds)
     return report
 
 
@@ -172,6 +182,7 @@ def _record(engine: str, workload: str, round_index: int, index: int, s: Sample)
         "cached_tokens": s.cached_tokens,
         "stamps_s": s.stamps_s,
         "total_s": s.total_s,
+        "text": s.text,
     }
 
 
@@ -229,30 +240,35 @@ def to_json(report: WorkloadReport) -> str:
 
 
 def format_workload_report(report: WorkloadReport) -> str:
+    """The table; ``x first``: the TTFT p50 and decode tok/s of each engine over the first engine's."""
+    servers = "; ".join(" ".join(flags) or "(defaults)" for flags in report.server_flags)
+    width = max([6, *map(len, report.table)])
     lines = [
         f"workloads: {report.model}, {report.threads} threads, median of {report.rounds} round(s); "
-        f"onnxgen serve flags: {' '.join(report.server_flags) or '(defaults)'}",
-        "workload  | group | engine            | reqs | prompt | cached | tokens | TTFT p50 | TTFT p90 | ITL p50 | "
-        "ITL p90 | decode tok/s | tok/s",
+        f"onnxgen serve flags: {servers}",
+        f"workload  | group | {'engine':{width}} | reqs | prompt | cached | tokens | TTFT p50 | TTFT p90 | "
+        "ITL p50 | ITL p90 | decode tok/s | tok/s | TTFT x first | decode x first",
     ]
     workloads = dict.fromkeys(w for e in report.table.values() for w in e)
     for workload in workloads:
         for group in GROUPS:
-            for engine, by_workload in report.table.items():
-                m = by_workload.get(workload, {}).get(group)
-                if m is None:
-                    continue
+            rows = [(e, t[workload][group]) for e, t in report.table.items() if group in t.get(workload, {})]
+            base = rows[0][1] if rows else {}
+            for engine, m in rows:
+                ttft_x = m["ttft_p50_ms"] / base["ttft_p50_ms"] if base["ttft_p50_ms"] else float("nan")
+                decode_x = m["decode_tok_s"] / base["decode_tok_s"] if base["decode_tok_s"] else float("nan")
                 lines.append(
-                    f"{workload:9} | {group:5} | {engine:17} | {m['requests']:4.0f} | {m['prompt_tokens']:6.0f} | "
-                    f"{m['cached_tokens']:6.0f} | "
-                    f"{m['tokens']:6.0f} | {m['ttft_p50_ms']:8.1f} | {m['ttft_p90_ms']:8.1f} | "
-                    f"{m['itl_p50_ms']:7.2f} | {m['itl_p90_ms']:7.2f} | {m['decode_tok_s']:12.1f} | "
-                    f"{m['tok_s']:5.1f}"
+                    f"{workload:9} | {group:5} | {engine:{width}} | {m['requests']:4.0f} | "
+                    f"{m['prompt_tokens']:6.0f} | {m['cached_tokens']:6.0f} | {m['tokens']:6.0f} | "
+                    f"{m['ttft_p50_ms']:8.1f} | {m['ttft_p90_ms']:8.1f} | {m['itl_p50_ms']:7.2f} | "
+                    f"{m['itl_p90_ms']:7.2f} | {m['decode_tok_s']:12.1f} | {m['tok_s']:5.1f} | "
+                    f"{ttft_x:12.2f} | {decode_x:14.2f}"
                 )
     lines.append(
         "(times in ms; prompt, cached: mean prompt tokens and those the engine reused from earlier requests; "
         "tokens: generated in the round)"
     )
-    lines += [f"onnxgen serve said: {line}" for line in report.server_said]
+    for server, said in report.server_said.items():
+        lines += [f"{server} said: {line}" for line in said]
     lines += [f"skipped {name}: {why}" for name, why in report.skipped.items()]
     return "\n".join(lines)

@@ -156,9 +156,10 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--server-flags",
-        default="",
+        action="append",
         metavar='"FLAGS"',
-        help='extra flags for onnxgen serve, e.g. "--speculative off --prefix-cache-mb 0"',
+        help='flags for onnxgen serve, e.g. "--speculative off --prefix-cache-mb 0"; repeat it to run one '
+        'server per value side by side ("" for one with the defaults; default: one with the defaults)',
     )
     g.add_argument(
         "--engines",
@@ -232,7 +233,7 @@ def _run_workloads(args: argparse.Namespace, threads: int) -> int:
         workloads=WORKLOADS if names == ("all",) else names,
         rounds=args.rounds,
         max_tokens=args.max_tokens,
-        server_flags=tuple(shlex.split(args.server_flags)),
+        server_flags=tuple(tuple(shlex.split(flags)) for flags in args.server_flags or [""]),
         engines=_names(args.engines),
         gguf=args.gguf,
         turns=args.chat_turns,
