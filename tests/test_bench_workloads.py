@@ -17,8 +17,10 @@ from onnxgen.bench.workload_run import (
     WorkloadConfig,
     available_engines,
     format_workload_report,
+    from_json,
     group_metrics,
     run_workloads,
+    to_json,
 )
 from onnxgen.bench.workloads import WORKLOADS, build, code_file
 from onnxgen.cli import main
@@ -85,6 +87,7 @@ def test_each_workload_runs_against_the_server_and_counts_what_it_reports(tiny: 
     assert "code-edit" in text and "later" in text and f"| {PLAIN} " in text
     said = report.server_said[SERVER]
     assert said[-1].startswith("listening on") and "8192 tokens per sequence" in said[-1]
+    assert format_workload_report(from_json(to_json(report))) == text  # --json, printed later
 
 
 def test_the_summary_of_known_times() -> None:

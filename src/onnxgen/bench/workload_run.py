@@ -239,6 +239,11 @@ def to_json(report: WorkloadReport) -> str:
     return json.dumps(asdict(report), indent=2)
 
 
+def from_json(text: str) -> WorkloadReport:
+    """The report :func:`to_json` wrote (``python -m onnxgen.bench.workload_run REPORT.json`` prints it)."""
+    return WorkloadReport(**json.loads(text))
+
+
 def format_workload_report(report: WorkloadReport) -> str:
     """The table; ``x first``: the TTFT p50 and decode tok/s of each engine over the first engine's."""
     servers = "; ".join(" ".join(flags) or "(defaults)" for flags in report.server_flags)
@@ -272,3 +277,10 @@ def format_workload_report(report: WorkloadReport) -> str:
         lines += [f"{server} said: {line}" for line in said]
     lines += [f"skipped {name}: {why}" for name, why in report.skipped.items()]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for path in sys.argv[1:]:
+        print(format_workload_report(from_json(Path(path).read_text())))
