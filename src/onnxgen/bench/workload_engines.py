@@ -87,10 +87,9 @@ class OnnxgenServer:
             "--port",
             str(self.port),
         ]
+        cmd += ["--threads", str(threads), *flags]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the server's log, closed by close())
-        self.proc = subprocess.Popen(
-            [*cmd, "--threads", str(threads), *flags], stdout=self._log, stderr=self._log
-        )
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log)
         self.http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(600.0, connect=10.0))
         self._wait_ready(httpx)
         self.model = self.http.get("/v1/models").json()["data"][0]["id"]
@@ -99,17 +98,18 @@ class OnnxgenServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BenchError(f"onnxgen serve exited with {self.proc.returncode}:\n{self.log()}")
+                log = self.log()
+                self.close()
+                raise BenchError(f"onnxgen serve exited with {self.proc.returncode}:\n{log}")
             try:
                 if self.http.get("/health", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        log = self.log()
         self.close()
-        raise BenchError(
-            f"onnxgen serve did not answer /health within {START_TIMEOUT_S:.0f} s:\n{self.log()}"
-        )
+        raise BenchError(f"onnxgen serve did not answer /health within {START_TIMEOUT_S:.0f} s:\n{log}")
 
     def log(self) -> str:
         self._log.seek(0)
