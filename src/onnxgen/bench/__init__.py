@@ -7,7 +7,9 @@
   are timed through the session's forward observer, :mod:`onnxgen.runtime.observer`);
 - :mod:`.prompts`, :mod:`.constraints`: what is timed; :mod:`.stats`: medians, pairings and ratios;
 - :mod:`.pool`: pools the reports of several commands (``python -m onnxgen.bench.pool``);
-- :mod:`.prefix`: ``onnxgen bench --prefix-cache``.
+- :mod:`.prefix`: ``onnxgen bench --prefix-cache``;
+- :mod:`.workloads`, :mod:`.workload_engines`, :mod:`.workload_run`: ``onnxgen bench --workload``: a chat,
+  code edits and questions over a document, against ``onnxgen serve``, onnxruntime-genai and llama.cpp.
 
 This package imports nothing itself: a worker imports only what its engine's user would.
 """

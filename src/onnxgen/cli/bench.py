@@ -14,6 +14,8 @@ from dataclasses import replace
 from onnxgen.bench.constraints import CONSTRAINTS
 from onnxgen.bench.genai_engine import GENAI
 from onnxgen.bench.prompts import PROMPT_KINDS
+from onnxgen.bench.workload_engines import ENGINES
+from onnxgen.bench.workloads import WORKLOADS
 from onnxgen.cli.generate import (
     MODEL_ENV,
     MODEL_HELP,
@@ -129,8 +131,47 @@ def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type:
         help="--prefix-cache: tokens of each chat reply (default 32; 200 makes replies as long as the "
         "~200-token user turns)",
     )
+    _add_workload_flags(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=_run)
+
+
+def _add_workload_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "workloads (instead: what a user sends, against `onnxgen serve` with its defaults, beside "
+        "onnxruntime-genai and llama.cpp)"
+    )
+    g.add_argument(
+        "--workload",
+        metavar="NAME[,NAME...]",
+        help=f"{', '.join(WORKLOADS)} or all: a 10-turn chat, rename-a-variable edits of a ~140-line file, "
+        "questions over ~1.4k tokens of documentation",
+    )
+    g.add_argument("--rounds", type=int, default=3, help="times each workload runs (default 3; the median)")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help="tokens per reply at most (default: chat 96, code-edit 256, rag 128)",
+    )
+    g.add_argument(
+        "--server-flags",
+        action="append",
+        metavar='"FLAGS"',
+        help='flags for onnxgen serve, e.g. "--speculative off --prefix-cache-mb 0"; repeat it to run one '
+        'server per value side by side ("" for one with the defaults; default: one with the defaults)',
+    )
+    g.add_argument(
+        "--engines",
+        metavar="NAME[,NAME...]",
+        help=f"{', '.join(ENGINES)} (default: onnxgen and each other one installed and given a model)",
+    )
+    g.add_argument(
+        "--gguf", metavar="FILE", help="the model as a GGUF file, for llama.cpp (llama-cpp-python)"
+    )
+    g.add_argument("--chat-turns", type=int, default=10, help="user turns of the chat (default 10)")
+    g.add_argument("--edits", type=int, default=3, help="edits of the code-edit workload (default 3)")
+    g.add_argument("--questions", type=int, default=3, help="questions of the rag workload (default 3)")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -139,6 +180,8 @@ def _run(args: argparse.Namespace) -> int:
     from onnxgen.runtime.session import default_threads
 
     threads = resolve_threads(args.threads) or default_threads()
+    if args.workload:
+        return _run_workloads(args, threads)
     if args.prefix_cache:
         from onnxgen.bench.prefix import PrefixBenchConfig, format_prefix_report, run_prefix_bench
 
@@ -175,4 +218,28 @@ def _run(args: argparse.Namespace) -> int:
     prompt_cases(cfg)  # a prompt file that cannot be read: an error before the model is looked for
     report = run_bench(replace(cfg, model=str(resolve_model(args.model))))
     print(to_json(report) if args.json else format_report(report))
+    return 0
+
+
+def _run_workloads(args: argparse.Namespace, threads: int) -> int:
+    import shlex
+
+    from onnxgen.bench.workload_run import WorkloadConfig, format_workload_report, run_workloads, to_json
+
+    names = _names(args.workload) or ()
+    cfg = WorkloadConfig(
+        model=args.model or "",  # resolved below, once the settings are known to be good
+        threads=threads,
+        workloads=WORKLOADS if names == ("all",) else names,
+        rounds=args.rounds,
+        max_tokens=args.max_tokens,
+        server_flags=tuple(tuple(shlex.split(flags)) for flags in args.server_flags or [""]),
+        engines=_names(args.engines),
+        gguf=args.gguf,
+        turns=args.chat_turns,
+        edits=args.edits,
+        questions=args.questions,
+    )
+    report = run_workloads(replace(cfg, model=str(resolve_model(args.model))))
+    print(to_json(report) if args.json else format_workload_report(report))
     return 0
