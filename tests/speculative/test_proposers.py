@@ -99,3 +99,12 @@ def test_a_draft_model_continues_a_history_that_is_a_prefix_of_what_it_already_f
     ids2 = [*ids1, drafts1[0], drafts1[1]]
     drafts2, _ = draft.propose(np.asarray(ids2), K)
     assert drafts2[: K - 2] == drafts1[2:]
+
+
+def test_speculative_off_is_a_mode_that_turns_speculation_off() -> None:
+    from onnxgen.generation.speculative.spec import parse_speculative
+
+    assert parse_speculative("off") is None
+    assert parse_speculative("prompt-lookup") is not None
+    with pytest.raises(ValueError, match="needs --speculative"):
+        parse_speculative("off", 3)

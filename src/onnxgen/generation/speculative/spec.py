@@ -13,11 +13,12 @@ from onnxgen.generation.speculative import MTP, DraftModel, PromptLookup, Specul
 PROMPT_LOOKUP = "prompt-lookup"
 DRAFT_PREFIX = "draft:"
 MTP_AUTO, MTP_ALWAYS = "mtp", "mtp-always"
+OFF = "off"  # no speculation (what leaving the flag out gives)
 DEFAULT_DRAFT_TOKENS = 4
 DEFAULT_MTP_TOKENS = 2
 MODES_HINT = (
     f"give {PROMPT_LOOKUP}, {DRAFT_PREFIX}PATH (a draft model directory with the target's tokenizer), "
-    f"{MTP_AUTO} or {MTP_ALWAYS} (the model's MTP head)"
+    f"{MTP_AUTO} or {MTP_ALWAYS} (the model's MTP head), or {OFF}"
 )
 
 
@@ -47,7 +48,7 @@ class SpeculativeSpec:
 def parse_speculative(value: str | None, draft_tokens: int | None = None) -> SpeculativeSpec | None:
     """Check ``--speculative`` and ``--draft-tokens``; None when speculation is off. Raises ``ValueError``
     with a one-line message naming the flag and the fix."""
-    if value is None:
+    if value is None or value == OFF:
         if draft_tokens is not None:
             raise ValueError(f"--draft-tokens {draft_tokens} needs --speculative; {MODES_HINT}")
         return None
