@@ -37,6 +37,7 @@ from onnxgen.graph.passes import PassResult
 
 MS = "com.microsoft"
 ALIAS = "{}.serial{}"
+EMPTY = "serial_attention/empty"
 _MAX_INPUTS = 9  # query, key, value, past key, past value, seqlens_k, total_sequence_length, cos, sin
 
 
@@ -82,6 +83,8 @@ def serialize_attention(model: onnx.ModelProto, token_input: str, width: int) ->
         helper.make_node("Squeeze", ["serial_attention/eq"], [cond]),
     ]
     graph.initializer.append(numpy_helper.from_array(np.array([width], np.int64), "serial_attention/width"))
+    dtype = helper.tensor_dtype_to_np_dtype(_present_type(graph, candidates[0]))
+    graph.initializer.append(numpy_helper.from_array(np.zeros((0,), dtype), EMPTY))
     rewritten: dict[int, onnx.NodeProto] = {}
     for node in candidates:
         rewritten[id(node)] = _if_node(node, cond, width, report)
@@ -96,6 +99,12 @@ def serialize_attention(model: onnx.ModelProto, token_input: str, width: int) ->
         for alias in aliases:
             graph.output.append(helper.make_tensor_value_info(alias, elem, None))
     return PassResult(out, True, report)
+
+
+def _present_type(graph: onnx.GraphProto, node: onnx.NodeProto) -> int:
+    """The element type of ``node``'s present key (a graph output), float where it is not declared."""
+    declared = {o.name: o.type.tensor_type.elem_type for o in graph.output}
+    return declared.get(node.output[1]) or TensorProto.FLOAT
 
 
 def _ineligible(node: onnx.NodeProto, inputs: set[str], outputs: set[str]) -> str:
@@ -183,12 +192,15 @@ def _if_node(node: onnx.NodeProto, cond: str, width: int, report: SerialAttentio
     kept = onnx.NodeProto()
     kept.CopyFrom(node)
     kept.output[:] = [f"{tag}/else_out", f"{tag}/else_k", f"{tag}/else_v"]
-    empty = np.zeros((0,), np.float32)
-    else_nodes = [kept]
-    else_outputs = [f"{tag}/else_out", f"{tag}/else_k", f"{tag}/else_v"]
-    for i in range(2 * (width - 1)):
-        else_nodes.append(_const(f"{tag}/else_empty{i}", empty))
-        else_outputs.append(f"{tag}/else_empty{i}")
+    # the per-position outputs of a forward of another width: one empty tensor (of the parent graph, through
+    # the one Identity onnxruntime asks for), returned for each of them
+    else_nodes = [kept, helper.make_node("Identity", [EMPTY], [f"{tag}/else_empty"])]
+    else_outputs = [
+        f"{tag}/else_out",
+        f"{tag}/else_k",
+        f"{tag}/else_v",
+        *[f"{tag}/else_empty"] * (2 * (width - 1)),
+    ]
 
     def branch(name: str, nodes: list[onnx.NodeProto], outs: list[str]) -> onnx.GraphProto:
         return helper.make_graph(nodes, name, [], [onnx.ValueInfoProto(name=o) for o in outs])
