@@ -49,7 +49,7 @@ def main() -> None:
             states[name] = (session, state)
         for _ in range(args.rounds):
             for name, (session, state) in states.items():
-                start = state.length
+                snap = state.snapshot()  # (a hybrid's states cannot be rewound by length)
                 t = time.perf_counter()
                 for k in range(8):
                     session.step(state, 100 + k)
@@ -57,7 +57,8 @@ def main() -> None:
                 t = time.perf_counter()
                 session.forward(state, drafts, args.width)
                 times[f"verify {name}"].append(time.perf_counter() - t)
-                state.rewind(start)
+                state.restore(snap)
+                state.release(snap)
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         print(
             f"past {past}: step {med['step plain']:.2f} / {med['step serial']:.2f} ms "

@@ -49,33 +49,40 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--draft-tokens", type=int, default=4)
     args = p.parse_args()
+    plain_llm = onnxgen.load(args.model, threads=args.threads)  # never speculates: the graph as prepared
     exact = onnxgen.load(args.model, threads=args.threads)
     loose = onnxgen.load(args.model, threads=args.threads, exact_speculation=False)
-    print("probe:", check_verify(exact.session))
-    proposers = {"prompt-lookup": PromptLookup()}
+    print("probe on the graph as prepared:", check_verify(plain_llm.session))
+    proposers = {"prompt-lookup": PromptLookup(num_draft_tokens=args.draft_tokens)}
     if args.draft:
         proposers["draft"] = DraftModel(args.draft)
     for name, messages in (("story", STORY), ("code-edit", edit_messages())):
         kw = {"max_new_tokens": args.tokens, "temperature": 0}
-        plain = exact.chat(messages, **kw)
+        plain = plain_llm.chat(messages, **kw)
         for pname, spec in proposers.items():
             rates: dict[str, list[float]] = {"plain": [], "exact": [], "loose": []}
-            diffs = {}
+            diffs, drafts = {}, {}
             for _ in range(args.rounds):
                 for label, llm, sp in (
-                    ("plain", exact, None),
+                    ("plain", plain_llm, None),
                     ("exact", exact, spec),
                     ("loose", loose, spec),
                 ):
                     res = llm.chat(messages, speculative=sp, **kw)
                     rates[label].append(res.stats["decode_tok_s"])
                     diffs[label] = first_diff(plain.token_ids, res.token_ids)
+                    drafts[label] = (
+                        res.stats.get("accepted_draft_tokens"),
+                        res.stats.get("proposed_draft_tokens"),
+                    )
             med = {k: statistics.median(v) for k, v in rates.items()}
             print(
-                f"{name:9s} {pname:13s} first diff: exact {diffs['exact']}, loose {diffs['loose']}; decode tok/s "
-                f"plain {med['plain']:.1f}, exact {med['exact']:.1f} ({med['exact'] / med['plain']:.2f}x), "
-                f"loose {med['loose']:.1f} ({med['loose'] / med['plain']:.2f}x)"
+                f"{name:9s} {pname:13s} first diff: exact {diffs['exact']}, loose {diffs['loose']}; accepted/proposed "
+                f"exact {drafts['exact']}, loose {drafts['loose']}; decode tok/s plain {med['plain']:.1f}, exact "
+                f"{med['exact']:.1f} ({med['exact'] / med['plain']:.2f}x), loose {med['loose']:.1f} "
+                f"({med['loose'] / med['plain']:.2f}x)"
             )
 
 

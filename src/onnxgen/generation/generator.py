@@ -59,7 +59,10 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
-DEFAULT_VERIFY_DRAFTS = 4  # drafts a serial-attention verify holds when no request named a count
+# drafts a serial-attention verify holds at most: every verify carries exactly that many (padded), and its
+# attention runs once per position, so wider verifies cost more than they gain on small dense models
+# (docs/speculative-commit.md, "Exactness")
+EXACT_VERIFY_DRAFTS = 2
 
 
 class Generator:
@@ -228,7 +231,8 @@ class Generator:
         if not check.exact and self.session.serial_width is None:
             # attention position by position in verifies of one width: exact where the rest of the graph
             # computes rows alike (probed again on the new graph)
-            width = 1 + (speculative.num_draft_tokens if speculative is not None else DEFAULT_VERIFY_DRAFTS)
+            drafts = speculative.num_draft_tokens if speculative is not None else EXACT_VERIFY_DRAFTS
+            width = 1 + min(drafts, EXACT_VERIFY_DRAFTS)
             if self.session.serialize_verifies(width) is not None:
                 check = check_verify(self.session)
         if check.exact:
