@@ -201,3 +201,26 @@ def test_int8_activations_keep_8bit_weights_and_stay_close(tmp_path: Path, qtype
     got = run_logits(model_dir, g.spec, PROMPT, split=5)
     ref = reference_logits(g, PROMPT)
     assert np.abs(got - ref).max() / np.abs(ref).max() < 0.15  # seen: up to 0.06 on these random weights
+
+
+@pytest.mark.parametrize("qtype", FLOATS, ids=lambda t: t.name)
+def test_float_weights_on_request_become_int4_blocks_of_the_same_weights(tmp_path: Path, qtype: T) -> None:
+    from onnxgen.convert.weights import INT4_BLOCK
+
+    g = write_gguf(tmp_path / "tiny.gguf", Spec(qtype=qtype))
+    kept = convert_gguf(g.path, tmp_path / "kept")
+    int4 = convert_gguf(g.path, tmp_path / "int4", float_weights="int4")
+    want = g.weights["blk.0.ffn_gate.weight"]
+    got = gate_weights(int4, g.spec.hidden)
+    np.testing.assert_array_equal(gate_weights(kept, g.spec.hidden), want)  # the control: kept as they are
+    assert not np.array_equal(got, want)  # quantized ...
+    blocks = want.reshape(want.shape[0], -1, INT4_BLOCK)
+    step = np.abs(blocks).max(axis=-1, keepdims=True) / 8  # ... round to nearest, 16 levels a block
+    err = np.abs(got.reshape(blocks.shape) - blocks)
+    assert (err <= step + 1e-6).all()  # (a step at most: +8 steps clips to +7)
+    assert err.mean() < 0.3 * step.mean()  # a quarter of a step on average for round to nearest
+    ops = {n.op_type for n in onnx.load(str(int4 / "model.onnx"), load_external_data=False).graph.node}
+    assert "MatMul" not in ops and "MatMulNBits" in ops
+    assert (int4 / "model.onnx.data").stat().st_size < 0.5 * (kept / "model.onnx.data").stat().st_size
+    with pytest.raises(Exception, match="float_weights must be"):
+        convert_gguf(g.path, tmp_path / "bad", float_weights="int8")

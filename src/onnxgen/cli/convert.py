@@ -23,12 +23,21 @@ def add_convert(sub: argparse._SubParsersAction, help_text: str) -> None:  # typ
         help="MatMulNBits accuracy_level: 1 (default) computes with float32 activations, exactly the GGUF's "
         "weights; 4 quantizes activations to int8 (faster, as llama.cpp computes these types)",
     )
+    p.add_argument(
+        "--float-weights",
+        choices=("keep", "int4"),
+        default="keep",
+        help="F32/F16/BF16 weight matrices: keep them (default) or quantize them to 4-bit blocks of 32 "
+        "(smaller and faster; the file's quantized types are never re-quantized)",
+    )
     p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from onnxgen.convert import convert_gguf
 
-    out = convert_gguf(args.gguf, args.out_dir, accuracy_level=args.accuracy_level)
+    out = convert_gguf(
+        args.gguf, args.out_dir, accuracy_level=args.accuracy_level, float_weights=args.float_weights
+    )
     print(out)
     return 0

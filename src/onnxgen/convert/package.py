@@ -73,12 +73,17 @@ def genai_config(hp: Hparams, ids: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_model_dir(src: str | Path, out_dir: str | Path, accuracy_level: int | None = None) -> Path:
+def write_model_dir(
+    src: str | Path, out_dir: str | Path, accuracy_level: int | None = None, float_weights: str = "keep"
+) -> Path:
     """Convert ``src`` into ``out_dir`` (created; files there of the same names are replaced)."""
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level
     if level not in (0, 1, 2, 3, 4):
         raise GGUFConversionError(f"accuracy_level must be 0, 1, 2, 3 or 4 (MatMulNBits), got {level!r}")
+    if float_weights not in ("keep", "int4"):
+        raise GGUFConversionError(f"float_weights must be 'keep' or 'int4', got {float_weights!r}")
     f = GGUFFile(src)
+    f.quantize_float = float_weights == "int4"
     hp = Hparams.read(f)
     check_types({name: t.tensor_type for name, t in f.tensors.items()})
     tok = build_tokenizer(f)  # before the weights: an unsupported tokenizer fails fast

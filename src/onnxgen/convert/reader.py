@@ -34,6 +34,9 @@ class GGUFFile:
         except (ValueError, OSError) as e:
             raise GGUFConversionError(f"{str(self.path)!r} is not a readable GGUF file: {e}") from e
         self.tensors: dict[str, ReaderTensor] = {t.name: t for t in self.reader.tensors}
+        # float (F32/F16/BF16) weight matrices quantized to 4-bit blocks as they are read (convert's
+        # ``float_weights="int4"``); quantized GGUF types are never re-quantized
+        self.quantize_float = False
         self._values: dict[str, Any] = {}  # decoded once: a vocabulary is tens of thousands of strings
 
     def get(self, key: str, default: Any = None) -> Any:

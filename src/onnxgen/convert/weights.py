@@ -21,11 +21,30 @@ Matrix = Blocks | np.ndarray
 
 
 def matrix(f: GGUFFile, name: str) -> Matrix:
-    """The 2-D tensor ``name`` as ``[N, K]`` blocks or float32."""
+    """The 2-D tensor ``name`` as ``[N, K]`` blocks or float32 (4-bit blocks where the file is read with
+    ``quantize_float`` and the rows divide into blocks of ``INT4_BLOCK``)."""
     t = f.tensor(name)
     if t.tensor_type in FLOAT:
-        return f.float_tensor(name)
+        w = f.float_tensor(name)
+        return quantize_int4(w) if f.quantize_float and w.shape[1] % INT4_BLOCK == 0 else w
     return blocks_of(np.asarray(t.data), t.tensor_type, name)
+
+
+INT4_BLOCK = 32
+
+
+def quantize_int4(w: np.ndarray) -> Blocks:
+    """``w`` ``[N, K]`` as symmetric 4-bit blocks of ``INT4_BLOCK`` (round to nearest): per block the scale
+    is the largest magnitude over -8, so the extreme weight maps to -8 exactly (the form
+    onnxruntime's int4 quantizer and GGUF's Q4_0 use)."""
+    n, k = w.shape
+    blocks = w.astype(np.float32).reshape(n, k // INT4_BLOCK, INT4_BLOCK)
+    idx = np.abs(blocks).argmax(axis=-1)[..., None]
+    extreme = np.take_along_axis(blocks, idx, axis=-1)[..., 0]
+    scales = (extreme / np.float32(-8)).astype(np.float32)
+    safe = np.where(scales == 0, np.float32(1), scales)
+    q = np.clip(np.rint(blocks / safe[..., None]) + 8, 0, 15).astype(np.uint8)
+    return Blocks(q.reshape(n, k), scales, None, 4, INT4_BLOCK)
 
 
 def unpermute_rows(heads: int, rows: int) -> np.ndarray:
