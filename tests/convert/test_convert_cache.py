@@ -18,7 +18,8 @@ from onnxgen.convert.cache import DONE, default_cache_root
 def test_the_public_api_is_pinned() -> None:
     assert sorted(onnxgen.convert.__all__) == ["GGUFConversionError", "cached_gguf_model", "convert_gguf"]
     assert str(inspect.signature(convert_gguf)) == (
-        "(src: 'str | Path', out_dir: 'str | Path', *, accuracy_level: 'int | None' = None) -> 'Path'"
+        "(src: 'str | Path', out_dir: 'str | Path', *, accuracy_level: 'int | None' = None, "
+        "float_weights: 'str' = 'keep') -> 'Path'"
     )
     assert str(inspect.signature(cached_gguf_model)) == (
         "(src: 'str | Path', cache_root: 'str | Path | None' = None, *, "
