@@ -70,7 +70,7 @@ def _add_prompt_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser(
         "bench",
         help=help_text,

@@ -380,7 +380,7 @@ def format_stats(result: GenerationResult) -> str:
 
 
 # -- generate -------------------------------------------------------------------------------------
-def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser(
         "generate",
         help=help_text,

@@ -88,13 +88,13 @@ def _normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...] | None:
             raise _invalid("logit_bias", "a mapping of token ids to biases", bias, hint)
         key, value = item
         token = int(key) if isinstance(key, str) and key.isdigit() else key
-        if not _is_int(token) or token < 0:  # type: ignore[operator]
+        if not _is_int(token) or token < 0:
             raise _invalid("logit_bias", "keyed by token ids >= 0", key, hint)
-        if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:  # type: ignore[operator]
+        if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
             raise _invalid(
                 f"logit_bias[{token}]", f"in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", value, hint
             )
-        out[int(token)] = float(value)  # type: ignore[arg-type]
+        out[int(token)] = float(value)
     return tuple(sorted(out.items())) or None
 
 
@@ -332,7 +332,7 @@ class SamplingParams:
         if not isinstance(self.logprobs, bool):
             raise _invalid("logprobs", "a bool", self.logprobs, "use True to report token log-probabilities")
         hint = f"ask for 0 to {MAX_TOP_LOGPROBS} alternatives per token"
-        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:  # type: ignore[operator]
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise _invalid("top_logprobs", f"an integer in [0, {MAX_TOP_LOGPROBS}]", self.top_logprobs, hint)
         if self.top_logprobs and not self.logprobs:
             raise _invalid("logprobs", "True when top_logprobs is given", self.logprobs, "set logprobs=True")

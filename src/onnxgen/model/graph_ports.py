@@ -76,7 +76,7 @@ def _subgraph_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
 
 def walk_nodes(nodes: list[onnx.NodeProto] | object) -> Iterator[onnx.NodeProto]:
     """Every node in ``nodes`` and, recursively, in the subgraphs of their attributes (Scan, Loop, If)."""
-    for node in nodes:  # type: ignore[attr-defined]
+    for node in nodes:
         yield node
         yield from _subgraph_nodes(node)
 

@@ -105,7 +105,7 @@ def check_declared_shapes(plan: Plan, sig: GraphSignature) -> None:
 
 def _pick(plan: Plan, role: str, default: str, ports: tuple[Port, ...], used: set[str]) -> str | None:
     if plan.stated(role):
-        return getattr(plan, role)  # type: ignore[no-any-return]
+        return getattr(plan, role)
     return default if any(p.name == default and p.name not in used for p in ports) else None
 
 

@@ -65,7 +65,7 @@ def _as_id(value: Any, where: str, key: str, *, many: bool) -> Value | None:
     if value is None:
         return None
     if many and isinstance(value, list):
-        ids = tuple(_as_id(v, where, key, many=False) for v in value)  # type: ignore[misc]
+        ids = tuple(_as_id(v, where, key, many=False) for v in value)
         return tuple(i for i in ids if i is not None) or None  # type: ignore[misc]
     if isinstance(value, bool) or not isinstance(value, int):
         kind = "an integer or a list of integers" if many else "an integer"

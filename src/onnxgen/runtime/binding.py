@@ -329,7 +329,7 @@ class OrtInternals:
                 "which int4 quantization (exporting an MTP head, a drafter's int4 lm_head) uses; install an "
                 "onnxruntime that has it"
             )
-        return fn  # type: ignore[no-any-return]
+        return fn
 
     @classmethod
     def session(
@@ -359,7 +359,7 @@ class OrtInternals:
         session = make(options, source, isinstance(source, str), from_config)
         before_initialize()
         session.initialize_session(["CPUExecutionProvider"], [{}], set())
-        return wrap(session)  # type: ignore[no-any-return]
+        return wrap(session)
 
     @classmethod
     def missing(cls, session: ort.InferenceSession, binding: ort.IOBinding, value: ort.OrtValue) -> list[str]:

@@ -305,7 +305,7 @@ class DecoderSession:
         session itself (its memory goes before a replacement is loaded); :meth:`current` waits meanwhile."""
         for owner in list(self._binding_owners):
             owner.drop_bindings()
-        self.session = None  # type: ignore[assignment]
+        self.session = None
 
     def current(self) -> ort.InferenceSession:
         """The onnxruntime session, waiting while it is being replaced (:attr:`verify_plan`)."""

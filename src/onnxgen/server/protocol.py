@@ -155,7 +155,7 @@ class CompletionRequest(SamplingFields):
         if isinstance(p, str):
             return [p]
         if p and isinstance(p[0], int):
-            return [p]  # type: ignore[list-item]
+            return [p]
         return p  # type: ignore[return-value]
 
 

@@ -201,7 +201,7 @@ async def _events(
             item = await stream.next()
             if item == DISCONNECTED:
                 return
-            for delta in item:  # type: ignore[union-attr]
+            for delta in item:
                 if delta.error is not None:
                     code = "invalid_request" if delta.client_error else "server_error"
                     for event in run.builder.fail(delta.error, code):

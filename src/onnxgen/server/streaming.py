@@ -166,7 +166,7 @@ async def sse_events(
             yield _sse(chunk)
         while remaining:
             item = await stream.next()
-            for delta in item:  # type: ignore[union-attr]
+            for delta in item:
                 if delta.error is not None:  # the request ends here; finally cancels its other choices
                     kind = "invalid_request_error" if delta.client_error else "server_error"
                     yield _sse(error_body(delta.error, kind))

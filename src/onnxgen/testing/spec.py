@@ -78,7 +78,7 @@ class TinySpec:
     @classmethod
     def hybrid(cls, **kw: object) -> TinySpec:
         """Qwen3.5-like layout: one full-attention layer in every four (layers 3, 7, ...)."""
-        n = int(kw.pop("num_layers", 4))  # type: ignore[arg-type]
+        n = int(kw.pop("num_layers", 4))
         types = tuple("attention" if i % 4 == 3 else "linear" for i in range(n))
         return cls(num_layers=n, layer_types=types, **kw)  # type: ignore[arg-type]
 
