@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 from onnxgen.errors import GenerationError
 
@@ -219,7 +219,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     logprobs_mode: str = "raw"
-    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] | None = None
+    logit_bias: Mapping[int, float] | Mapping[str, float] | Sequence[tuple[int, float]] | None = None
     json_extra_properties: bool = False
     cache_salt: str | None = None
     max_tokens: InitVar[int | None] = None
@@ -263,6 +263,11 @@ class SamplingParams:
         self._check_logprobs()
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise _invalid("cache_salt", "a non-empty string", self.cache_salt, "or None to share the cache")
+
+    @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as it is stored once constructed: sorted ``(id, bias)`` pairs (empty: no bias)."""
+        return cast("tuple[tuple[int, float], ...]", self.logit_bias or ())
 
     def _check_lengths(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 1, "ask for at least one new token")
