@@ -174,9 +174,9 @@ def _collect(
     if (tc := get("tokenizer_config")) is not None:
         lookup = _TokenLookup(tc[1], tokenizer_path, token_id)
         for key in _FIELDS:
-            token_id = lookup(tc[1].get(key.replace("_id", "")))
-            if token_id is not None:
-                out.setdefault(key, []).append((tc[0], token_id))
+            found_id = lookup(tc[1].get(key.replace("_id", "")))
+            if found_id is not None:
+                out.setdefault(key, []).append((tc[0], found_id))
         _add_length(out, tc[0], tc[1].get("model_max_length"), "model_max_length")
     if "eos_token_id" not in out and tokenizer_path is not None:
         found = _TokenLookup(tc[1] if tc is not None else {}, tokenizer_path).known(EOS_TOKEN_NAMES)

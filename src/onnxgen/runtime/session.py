@@ -218,6 +218,13 @@ class DecoderSession:
                     self._switch_to_verify_plan()
         return self._verify_plan
 
+    @verify_plan.setter
+    def verify_plan(self, plan: VerifyPlan | None) -> None:
+        """Use ``plan`` (None: commit by replay) from now on, on the session as it is."""
+        with self._verify_lock:
+            self._pending = None
+            self._verify_plan = plan
+
     def _verify_graph(self) -> tuple[bytes, VerifyPlan] | None:
         """The prepared graph rewritten for the verify plan (serialized, weights by reference) and the plan;
         None (and why, logged) where no plan covers the model's states."""
@@ -318,13 +325,6 @@ class DecoderSession:
     def track(self, owner: BindingOwner) -> None:
         """Note an object that keeps IO bindings of this session (they are dropped when it is replaced)."""
         self._binding_owners.add(owner)
-
-    @verify_plan.setter
-    def verify_plan(self, plan: VerifyPlan | None) -> None:
-        """Use ``plan`` (None: commit by replay) from now on, on the session as it is."""
-        with self._verify_lock:
-            self._pending = None
-            self._verify_plan = plan
 
     def _output_dtype(self, name: str) -> np.dtype:
         t = next(o.type for o in self.session.get_outputs() if o.name == name)
@@ -644,7 +644,8 @@ class DecoderSession:
         if raw is None:
             return None
         held = None
-        if self.length_mask and session is self.session:  # (length_mask implies a mask input)
+        if self.length_mask and session is self.session:
+            assert self.io.attention_mask is not None  # length_mask implies a mask input
             held = state.bindings.lane_mask
             if held is None:
                 held = state.bindings.lane_mask = LengthMask(state.capacity, self._dtypes.mask)
