@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field, fields
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from onnxgen.errors import GenerationError
 
@@ -34,21 +34,21 @@ def _invalid(name: str, constraint: str, value: object, hint: str) -> SamplingPa
     )
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
 def _check_int(name: str, value: object, low: int, hint: str) -> None:
-    if not _is_int(value) or value < low:  # type: ignore[operator]
+    if not _is_int(value) or value < low:
         raise _invalid(name, f"an integer >= {low}", value, hint)
 
 
 def _check_float(name: str, value: object, low: float, high: float, constraint: str, hint: str) -> None:
-    if not _is_number(value) or not low <= value <= high:  # type: ignore[operator]
+    if not _is_number(value) or not low <= value <= high:
         raise _invalid(name, constraint, value, hint)
 
 

@@ -318,11 +318,9 @@ class TokenChoice:
     def __init__(self, chain: Sequence[LogitsProcessor], sampler: _Sampler | None) -> None:
         self.chain = chain
         self.sampler = sampler
-        sets = [getattr(p, "maskable", None) for p in chain]
+        sets = [m for p in chain if (m := getattr(p, "maskable", None)) is not None]
         self.maskable: frozenset[int] | None = (
-            frozenset().union(*sets)  # type: ignore[arg-type]
-            if sampler is None and all(m is not None for m in sets)
-            else None
+            frozenset().union(*sets) if sampler is None and len(sets) == len(chain) else None
         )
 
     def __call__(self, ids: np.ndarray, prompt_len: int, logits: np.ndarray) -> int:
