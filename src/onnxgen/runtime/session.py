@@ -242,13 +242,14 @@ class DecoderSession:
         self._verify_strategy = None
         if built is None:
             return
-        data, plan = built
+        data, built_plan = built
+        plan: VerifyPlan | None = built_plan
         self._release_session()
         try:
             session = self._load(data)
         except Exception:
             log.warning("the verify plan's graph could not be loaded; verifies will replay instead")
-            session, plan = self._load(self.prepared.source()[0]), None  # type: ignore[assignment]
+            session, plan = self._load(self.prepared.source()[0]), None
         if plan is not None:
             plan.attach(session, self._providers)
         self.session, self._verify_plan = session, plan
@@ -444,11 +445,12 @@ class DecoderSession:
     ) -> None:
         """Leave this step's lane to the next step of its parity: a plain step's, or a fetching step's whose
         fetched outputs are all bound to persistent buffers (the lane carries those buffers)."""
-        if fetch and (binder.fetch_bound is None or binder.fetch_bound[0] is not fetch):
+        bound = binder.fetch_bound
+        if fetch and (bound is None or bound[0] is not fetch):
             return
         lane = self._lane(state, session, binder, step, logits_buf)
-        if lane is not None and fetch:
-            lane.fetch, lane.fetched = fetch, binder.fetch_bound[1]  # type: ignore[index]
+        if lane is not None and fetch and bound is not None:
+            lane.fetch, lane.fetched = fetch, bound[1]
         state.bindings.lanes[parity] = lane
 
     @staticmethod
