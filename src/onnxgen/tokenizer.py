@@ -231,7 +231,9 @@ class Tokenizer:
         :func:`~onnxgen.chat.messages.template_messages` (arguments given as JSON text become objects).
         """
         template = self._template()
-        context = {name: text for name, text in self.special_tokens.items() if text is not None}
+        context: dict[str, Any] = {
+            name: text for name, text in self.special_tokens.items() if text is not None
+        }
         context.update(tools=template_tools(tools) if tools else None, documents=None)
         context.update(kwargs)
         for index, message in enumerate(messages):
@@ -321,8 +323,13 @@ def _normalizer_shrink(spec: Mapping[str, Any] | None) -> int | None:
         return factor
     if kind == "Replace":  # a fixed string replaced by one at least as long (metaspace's " " -> "▁")
         pattern, content = (spec.get("pattern") or {}).get("String"), spec.get("content")
-        keeps = isinstance(pattern, str) and isinstance(content, str)
-        return 1 if keeps and len(content.encode()) >= len(pattern.encode()) else None
+        if (
+            isinstance(pattern, str)
+            and isinstance(content, str)
+            and len(content.encode()) >= len(pattern.encode())
+        ):
+            return 1
+        return None
     return _SHRINKING_NORMALIZERS.get(str(kind))
 
 

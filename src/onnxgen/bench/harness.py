@@ -112,8 +112,9 @@ class BenchConfig:
             constraint_kwargs(name)
             if self.constraints.count(name) > 1:
                 raise ValueError(f"--constraint {','.join(self.constraints)!r}: {name!r} is listed twice")
-        for kind in self.prompt_kinds or ():
-            if kind not in PROMPT_KINDS or self.prompt_kinds.count(kind) > 1:  # type: ignore[union-attr]
+        given = self.prompt_kinds or ()
+        for kind in given:
+            if kind not in PROMPT_KINDS or given.count(kind) > 1:
                 raise ValueError(
                     f"--prompt-kind {','.join(self.prompt_kinds or ())!r}: each entry must be one of "
                     f"{', '.join(PROMPT_KINDS)}, listed once (got {kind!r})"

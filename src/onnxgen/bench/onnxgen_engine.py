@@ -167,4 +167,4 @@ def make_engine(name: str, model: str, threads: int, options: dict[str, Any]) ->
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of a benchmark worker subprocess (see :mod:`onnxgen.bench.worker`)."""
-    return serve(make_engine, argv)  # type: ignore[arg-type]
+    return serve(make_engine, argv)

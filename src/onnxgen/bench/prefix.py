@@ -146,7 +146,7 @@ async def _clients(
                     tokens += chunk.usage.completion_tokens
                     prompt.append(chunk.usage.prompt_tokens)
                     details = chunk.usage.prompt_tokens_details
-                    cached.append(details.cached_tokens if details is not None else 0)
+                    cached.append((details.cached_tokens or 0) if details is not None else 0)
             ttfts.append(first if first is not None else time.perf_counter() - start)
 
     start = time.perf_counter()

@@ -100,7 +100,7 @@ def build(workload: str, round_index: int, *, turns: int, edits: int, questions:
     raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
 
 
-def _take(items: tuple, n: int, flag: str) -> tuple:  # type: ignore[type-arg]
+def _take(items: tuple, n: int, flag: str) -> tuple:
     if not 1 <= n <= len(items):
         raise ValueError(f"{flag} must be between 1 and {len(items)} (got {n})")
     return items[:n]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from onnxgen.chat import hermes, xml_calls
 from onnxgen.chat.calls import CallBody, ToolCallStream
@@ -50,6 +51,10 @@ ALIASES = {"qwen3_xml": "qwen3_coder"}
 DEFAULT_PARSER = "hermes"  # the server's parser where neither a flag nor the template names one
 
 
+@overload
+def tool_parser_for(name: str, template: str | None = None) -> ToolParser: ...
+@overload
+def tool_parser_for(name: None = None, template: str | None = None) -> ToolParser | None: ...
 def tool_parser_for(name: str | None = None, template: str | None = None) -> ToolParser | None:
     """The parser called ``name``, else the one the chat ``template`` text implies, else None."""
     if name is not None:
@@ -72,7 +77,7 @@ def server_tool_parser(name: str | None, template: str | None) -> tuple[ToolPars
     one the chat ``template`` implies, else :data:`DEFAULT_PARSER` (most chat models that call tools
     without saying so in their template write hermes' ``<tool_call>`` JSON, as vLLM's default does)."""
     if name is not None:
-        return tool_parser_for(name), "--tool-call-parser"  # type: ignore[return-value]
+        return tool_parser_for(name), "--tool-call-parser"
     implied = tool_parser_for(None, template)
     if implied is not None:
         return implied, "the chat template"

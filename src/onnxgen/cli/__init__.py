@@ -96,7 +96,7 @@ def _command_parser(parser: argparse.ArgumentParser, name: str | None) -> argpar
     """The parser of command ``name`` (the top-level one where there is none)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and name in action.choices:
-            return action.choices[name]  # type: ignore[no-any-return]
+            return action.choices[name]
     return parser
 
 

@@ -70,7 +70,7 @@ def _add_prompt_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_bench(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser(
         "bench",
         help=help_text,
@@ -186,7 +186,7 @@ def _run(args: argparse.Namespace) -> int:
         from onnxgen.bench.prefix import PrefixBenchConfig, format_prefix_report, run_prefix_bench
 
         model = str(resolve_model(args.model))
-        cfg = PrefixBenchConfig(
+        prefix_cfg = PrefixBenchConfig(
             model,
             threads,
             args.prefix_cache_mb,
@@ -194,8 +194,10 @@ def _run(args: argparse.Namespace) -> int:
             runs=args.runs,
             new_tokens=args.reply_tokens,
         )
-        report = run_prefix_bench(cfg)
-        print(json.dumps(report.__dict__, indent=2) if args.json else format_prefix_report(report))
+        prefix_report = run_prefix_bench(prefix_cfg)
+        print(
+            json.dumps(prefix_report.__dict__, indent=2) if args.json else format_prefix_report(prefix_report)
+        )
         return 0
     cfg = BenchConfig(
         model=args.model or "",  # resolved below, once the settings are known to be good

@@ -216,7 +216,7 @@ def _token_note(entry: dict[str, Any]) -> str:
 
 
 def speculative_lines(report: dict[str, Any]) -> list[str]:
-    k = report.get("draft_tokens")
+    k = report["draft_tokens"]
     rows = [list(SPEC_COLUMNS)]
     for entry in report["results"]:
         rows.extend(

@@ -140,7 +140,7 @@ class ChatSession:
         return result
 
 
-def add_chat(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_chat(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser(
         "chat",
         help=help_text,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def add_convert(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_convert(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser(
         "convert",
         help=help_text,

@@ -8,7 +8,7 @@ import argparse
 from onnxgen.export import PRECISIONS
 
 
-def add_export_mtp(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_export_mtp(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser(
         "export-mtp",
         help=help_text,

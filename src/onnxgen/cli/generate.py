@@ -245,8 +245,9 @@ def sampling_params(args: argparse.Namespace, defaults: dict[str, Any] | None = 
     if given.get("temperature") == 0:  # greedy: no sampling filters or penalty unless flags ask for them
         defaults = {k: v for k, v in (defaults or {}).items() if k not in SAMPLING_DEFAULTS}
     given = {**(defaults or {}), **given}
+    constraint: dict[str, Any] = constraint_kwargs(args)
     try:
-        return SamplingParams(**given, **constraint_kwargs(args))
+        return SamplingParams(**given, **constraint)
     except SamplingParamsError as e:
         if e.param not in _SAMPLING_FIELDS:
             raise
@@ -380,7 +381,7 @@ def format_stats(result: GenerationResult) -> str:
 
 
 # -- generate -------------------------------------------------------------------------------------
-def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_generate(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser(
         "generate",
         help=help_text,

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from onnxgen.prepare import PreparedModel
 
 
-def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_inspect(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser("inspect", help=help_text)
     p.add_argument(
         "model",

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 
-def add_pull(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_pull(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser(
         "pull",
         help=help_text,

@@ -48,7 +48,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def add_serve(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_serve(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser("serve", help=help_text)
     _add_arguments(p)
     p.set_defaults(run=_run)

@@ -22,7 +22,7 @@ from onnxgen.validate import (
 )
 
 
-def add_validate(sub: argparse._SubParsersAction, help_text: str) -> None:  # type: ignore[type-arg]
+def add_validate(sub: argparse._SubParsersAction, help_text: str) -> None:
     exact = Thresholds()
     p = sub.add_parser(
         "validate",

@@ -118,7 +118,7 @@ class Blocks:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.ints.shape  # type: ignore[return-value]
+        return self.ints.shape
 
     def dequantized(self) -> np.ndarray:
         """The weights in float32, computed as the GGUF dequantizer computes them."""
@@ -155,7 +155,7 @@ class Blocks:
     def stack(parts: list[Blocks]) -> Blocks:
         """Several matrices with the same container, one under the other (a fused QKV projection)."""
         first = parts[0]
-        offsets = None if first.offsets is None else np.concatenate([p.offsets for p in parts])  # type: ignore[misc]
+        offsets = None if first.offsets is None else np.concatenate([p.offsets for p in parts])
         return Blocks(
             np.concatenate([p.ints for p in parts]),
             np.concatenate([p.scales for p in parts]),

@@ -173,12 +173,13 @@ def build_model(
     lm_prefix = "lm_head" if hp.tied else "model.embed_tokens"
     residual = w.embedding("input_ids", embed, lm_prefix)
     norm_w = w.init("model.layers.0.input_layernorm.weight", f.float_tensor("blk.0.attn_norm.weight"))
-    attrs = {"axis": -1, "epsilon": hp.eps, "stash_type": 1}
     x = w.one(
         "SimplifiedLayerNormalization",
         [residual, norm_w],
         "/model/layers.0/input_layernorm/LayerNorm",
-        **attrs,
+        axis=-1,
+        epsilon=hp.eps,
+        stash_type=1,
     )
     for i in range(hp.layers):
         mlp, residual = _layer(w, f, hp, i, x, residual, lengths)

@@ -212,8 +212,8 @@ def rope_tables(hp: Hparams) -> tuple[np.ndarray, np.ndarray]:
 
 def graph_io(hp: Hparams) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
-    past = ["batch_size", hp.kv_heads, "past_sequence_length", hp.head_dim]
-    present = ["batch_size", hp.kv_heads, "total_sequence_length", hp.head_dim]
+    past: list[str | int] = ["batch_size", hp.kv_heads, "past_sequence_length", hp.head_dim]
+    present: list[str | int] = ["batch_size", hp.kv_heads, "total_sequence_length", hp.head_dim]
     inputs = [
         helper.make_tensor_value_info("input_ids", i64, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info("attention_mask", i64, ["batch_size", "total_sequence_length"]),

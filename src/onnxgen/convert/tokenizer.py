@@ -99,7 +99,7 @@ def _sentencepiece(f: GGUFFile, tokens: list[str]) -> Tokenizer:
         byte_fallback=True,
     )
     tok = Tokenizer(model)
-    steps = [normalizers.Replace(" ", "▁")]
+    steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", "▁")]
     if f.get("tokenizer.ggml.add_space_prefix", True):
         steps.insert(0, normalizers.Prepend("▁"))
     tok.normalizer = normalizers.Sequence(steps)

@@ -131,8 +131,9 @@ class Engine:
         seq, reason = emitted.seq, emitted.finish_reason
         rid, index = self._owners[id(seq)]
         if emitted.token < 0:
-            stats = self._stats(seq)
-            return RequestOutput([], "", "error", stats, request_id=rid, index=index, error=seq.error)
+            return RequestOutput(
+                [], "", "error", self._stats(seq), request_id=rid, index=index, error=seq.error
+            )
         logprobs = None if emitted.logprob is None else [emitted.logprob]
         stats = self._stats(seq) if reason is not None else None
         return RequestOutput([emitted.token], emitted.text, reason, stats, logprobs, rid, index)

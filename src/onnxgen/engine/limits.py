@@ -87,7 +87,7 @@ def row_bytes(io: DecoderIO) -> tuple[int, int]:
         per_token += len(pair.inputs) * int(np.prod(shape)) * np.dtype(dtype_of(pair.dtype)).itemsize
     states = 0
     for state in io.state_pairs:
-        dims = [int(d) for d in state.shape if not isinstance(d, str)]
+        dims = [int(d) for d in state.shape if isinstance(d, int)]  # every axis but the batch one is static
         states += int(np.prod(dims)) * np.dtype(dtype_of(state.dtype)).itemsize
     return per_token, states
 

@@ -28,7 +28,10 @@ class TextStream:
     """The text of a sequence's tokens as they come: decoded incrementally, cut at the first stop string."""
 
     def __init__(
-        self, tokenizer: Tokenizer, prompt: Ids[int], stop: StopStrings | tuple[str, ...] | None = None
+        self,
+        tokenizer: Tokenizer,
+        prompt: Ids[int],
+        stop: StopStrings | tuple[str, ...] | list[str] | str | None = None,
     ) -> None:
         self.detok = IncrementalDetokenizer(tokenizer, prompt)
         self.stops = StopStringMatcher(stop) if stop else None
@@ -75,7 +78,7 @@ class Sequence:
 
     def __init__(
         self,
-        prompt: Ids[int],
+        prompt: Ids[int] | np.ndarray,
         params: SamplingParams,
         eos_ids: Ids[int],
         constraint: Constraint | None = None,

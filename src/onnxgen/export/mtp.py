@@ -174,9 +174,12 @@ def _rotary_caches(decoder: ir.Model, g: MTPGeometry, context_length: int | None
             continue
         cos, sin = tensors
         assert cos is not None and sin is not None
-        if tuple(cos.shape) != tuple(sin.shape) or len(cos.shape) != 2 or cos.shape[1] * 2 != g.rotary_dim:
+        if tuple(cos.shape) != tuple(sin.shape) or len(cos.shape) != 2:
             continue
-        want = rotary_tables(g, int(cos.shape[0]))
+        positions, half = cos.shape.numpy()  # a constant's shape is static
+        if half * 2 != g.rotary_dim:
+            continue
+        want = rotary_tables(g, int(positions))
         # the builder computes its tables in float32: angles differ by ~1e-7 times the position
         if all(np.allclose(t.numpy(), w, atol=1e-3) for t, w in zip((cos, sin), want, strict=True)):
             return RotaryCaches(cos, sin)
@@ -245,9 +248,9 @@ def _borrow_lm_head(decoder: ir.Model, package: ModelPackage, g: MTPGeometry) ->
     k = node.attributes.get("K")
     weight = tensors[1] if len(tensors) > 1 else None
     if isinstance(weight, Transposed):
-        rows: int | None = int(weight.tensor.shape[weight.perm[0]])
+        rows: int | None = int(weight.tensor.shape.numpy()[weight.perm[0]])
     else:
-        rows = int(weight.shape[0]) if weight is not None else None
+        rows = int(weight.shape.numpy()[0]) if weight is not None else None
     hidden = k.as_int() if k is not None else rows
     if hidden is not None and int(hidden) != g.hidden:
         raise ModelPackageError(

@@ -122,7 +122,11 @@ class _Builder:
         key = id(tensor)
         if key not in self.initializers:
             self.initializers[key] = ir.Value(
-                name=tensor.name, shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor
+                name=tensor.name,
+                # onnx_ir declares a tensor's shape as ShapeProtocol; its tensors hold an ir.Shape, as Value takes
+                shape=tensor.shape,  # type: ignore[arg-type]
+                type=ir.TensorType(tensor.dtype),
+                const_value=tensor,
             )
         return self.initializers[key]
 
@@ -266,7 +270,9 @@ def _attention(
     flat = b.op("Reshape", [normed, _ints(b, "attn.flat", [0, 0, -1])])
     q, k = b.ops("Split", [flat, _ints(b, "attn.qk_split", [q_dim, kv_dim])], 2, axis=-1)
     fused = isinstance(rotary, RotaryCaches)
-    caches = [b.initializer(rotary.cos), b.initializer(rotary.sin)] if fused else []
+    caches = (
+        [b.initializer(rotary.cos), b.initializer(rotary.sin)] if isinstance(rotary, RotaryCaches) else []
+    )
     out, present_key, present_value = b.ops(
         "GroupQueryAttention",
         [q, k, v, past[0], past[1], lengths[0], lengths[1], *caches],
@@ -307,7 +313,7 @@ def build_mtp_graph(
     ``rotary``: GroupQueryAttention's caches, or None for rotary nodes on the position ids (widths
     :func:`fused_rotary_fits` refuses)."""
     f32 = ir.DataType.FLOAT
-    kv_dims = ["batch_size", g.kv_heads, "past_sequence_length", g.head_dim]
+    kv_dims: list[int | str] = ["batch_size", g.kv_heads, "past_sequence_length", g.head_dim]
     inputs = [
         _port(TOKENS, ir.DataType.INT64, ["batch_size", "sequence_length"]),
         _port(HIDDEN_IN, f32, ["batch_size", "sequence_length", g.hidden]),
@@ -351,12 +357,13 @@ def build_mtp_graph(
     down = b.project(act, LAYER + "mlp.down_proj", w[LAYER + "mlp.down_proj.weight"])
     y, _ = b.skip_rms(x, down, "mtp.norm.weight", w["mtp.norm.weight"], g.rms_eps)
     logits = lm_head.apply(b, y)
-    for value, name, dims in (
+    outputs: list[tuple[ir.Value, str, list[int | str]]] = [
         (y, HIDDEN_OUT, ["batch_size", "sequence_length", g.hidden]),
         (logits, LOGITS, ["batch_size", "sequence_length", g.vocab]),
         (present_key, PRESENT_KEY, ["batch_size", g.kv_heads, "total_sequence_length", g.head_dim]),
         (present_value, PRESENT_VALUE, ["batch_size", g.kv_heads, "total_sequence_length", g.head_dim]),
-    ):
+    ]
+    for value, name, dims in outputs:
         value.name, value.type, value.shape = name, ir.TensorType(f32), ir.Shape(dims)
     graph = ir.Graph(
         inputs,

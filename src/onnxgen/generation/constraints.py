@@ -43,8 +43,13 @@ from onnxgen.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # llguidance is imported where a request sets a constraint, not by every load
     import llguidance as llg
+    from llguidance._lib import JsonCompileOptions  # the type of grammar_from_json_schema's options
 
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 _HINTS = {
     "json_schema": "fix the schema (keywords llguidance does not implement, such as not, if/then/else, "
     "uniqueItems, contains, are errors; 'x-guidance': {'lenient': true} in the schema ignores them)",

@@ -119,7 +119,7 @@ class Generator:
     def check_logit_bias(self, params: SamplingParams) -> None:
         """Raise where ``params.logit_bias`` names ids outside the model's vocabulary."""
         vocab = self.session.vocab_size
-        bad = [i for i, _ in params.logit_bias or () if vocab > 0 and i >= vocab]
+        bad = [i for i, _ in params.logit_bias_pairs if vocab > 0 and i >= vocab]
         if bad:
             raise GenerationError(
                 f"logit_bias has token ids {bad[:5]} outside the model's vocabulary [0, {vocab}); "
@@ -154,7 +154,7 @@ class Generator:
 
     def loop(
         self,
-        prompt_ids: Ids[int],
+        prompt_ids: Ids[int] | np.ndarray,
         params: SamplingParams,
         speculative: Speculative | None,
         draft: Generator | None,

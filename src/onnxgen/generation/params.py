@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from onnxgen.errors import GenerationError
 
@@ -34,21 +34,21 @@ def _invalid(name: str, constraint: str, value: object, hint: str) -> SamplingPa
     )
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
 def _check_int(name: str, value: object, low: int, hint: str) -> None:
-    if not _is_int(value) or value < low:  # type: ignore[operator]
+    if not _is_int(value) or value < low:
         raise _invalid(name, f"an integer >= {low}", value, hint)
 
 
 def _check_float(name: str, value: object, low: float, high: float, constraint: str, hint: str) -> None:
-    if not _is_number(value) or not low <= value <= high:  # type: ignore[operator]
+    if not _is_number(value) or not low <= value <= high:
         raise _invalid(name, constraint, value, hint)
 
 
@@ -88,13 +88,13 @@ def _normalize_logit_bias(bias: object) -> tuple[tuple[int, float], ...] | None:
             raise _invalid("logit_bias", "a mapping of token ids to biases", bias, hint)
         key, value = item
         token = int(key) if isinstance(key, str) and key.isdigit() else key
-        if not _is_int(token) or token < 0:  # type: ignore[operator]
+        if not _is_int(token) or token < 0:
             raise _invalid("logit_bias", "keyed by token ids >= 0", key, hint)
-        if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:  # type: ignore[operator]
+        if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
             raise _invalid(
                 f"logit_bias[{token}]", f"in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", value, hint
             )
-        out[int(token)] = float(value)  # type: ignore[arg-type]
+        out[int(token)] = float(value)
     return tuple(sorted(out.items())) or None
 
 
@@ -219,7 +219,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     logprobs_mode: str = "raw"
-    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] | None = None
+    logit_bias: Mapping[int, float] | Mapping[str, float] | Sequence[tuple[int, float]] | None = None
     json_extra_properties: bool = False
     cache_salt: str | None = None
     max_tokens: InitVar[int | None] = None
@@ -263,6 +263,11 @@ class SamplingParams:
         self._check_logprobs()
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise _invalid("cache_salt", "a non-empty string", self.cache_salt, "or None to share the cache")
+
+    @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as it is stored once constructed: sorted ``(id, bias)`` pairs (empty: no bias)."""
+        return cast("tuple[tuple[int, float], ...]", self.logit_bias or ())
 
     def _check_lengths(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 1, "ask for at least one new token")
@@ -332,7 +337,7 @@ class SamplingParams:
         if not isinstance(self.logprobs, bool):
             raise _invalid("logprobs", "a bool", self.logprobs, "use True to report token log-probabilities")
         hint = f"ask for 0 to {MAX_TOP_LOGPROBS} alternatives per token"
-        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:  # type: ignore[operator]
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise _invalid("top_logprobs", f"an integer in [0, {MAX_TOP_LOGPROBS}]", self.top_logprobs, hint)
         if self.top_logprobs and not self.logprobs:
             raise _invalid("logprobs", "True when top_logprobs is given", self.logprobs, "set logprobs=True")

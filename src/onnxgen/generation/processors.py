@@ -238,7 +238,7 @@ def build_chain(
     this module's docstring."""
     chain: list[LogitsProcessor] = []
     if params.logit_bias:
-        chain.append(LogitBias(params.logit_bias))  # type: ignore[arg-type]
+        chain.append(LogitBias(params.logit_bias_pairs))
     if params.repetition_penalty != 1.0:
         chain.append(RepetitionPenalty(params.repetition_penalty))
     if params.presence_penalty != 0.0:
@@ -318,11 +318,9 @@ class TokenChoice:
     def __init__(self, chain: Sequence[LogitsProcessor], sampler: _Sampler | None) -> None:
         self.chain = chain
         self.sampler = sampler
-        sets = [getattr(p, "maskable", None) for p in chain]
+        sets = [m for p in chain if (m := getattr(p, "maskable", None)) is not None]
         self.maskable: frozenset[int] | None = (
-            frozenset().union(*sets)  # type: ignore[arg-type]
-            if sampler is None and all(m is not None for m in sets)
-            else None
+            frozenset().union(*sets) if sampler is None and len(sets) == len(chain) else None
         )
 
     def __call__(self, ids: np.ndarray, prompt_len: int, logits: np.ndarray) -> int:
@@ -347,8 +345,8 @@ def _greedy_argmax(
 ) -> tuple[int, np.ndarray | None]:
     """``argmax(apply_chain(chain, view, logits))`` and the processed logits when they were computed
     (None: a chain that only masks ids was not run, the raw argmax being none of them)."""
-    masks = [getattr(p, "masked_ids", None) for p in chain]
-    if all(m is not None for m in masks):
+    masks = [m for p in chain if (m := getattr(p, "masked_ids", None)) is not None]
+    if len(masks) == len(chain):
         token = int(logits.argmax())
         if not any(token in ids for m in masks if (ids := m(view)) is not None):
             return token, None

@@ -35,7 +35,7 @@ class TokenLoop(Sequence):
         self,
         session: DecoderSession,
         state: DecodeState,
-        prompt: Ids[int],
+        prompt: Ids[int] | np.ndarray,
         params: SamplingParams,
         eos_ids: Ids[int],
         constraint: Constraint | None = None,

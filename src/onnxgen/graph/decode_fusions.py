@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -183,7 +184,7 @@ def merge_sibling_matmuls(
             continue
         first = group[0]
         base = f"{first.name or first.output[0]}/onnxgen_merged"
-        sizes = [_ints(n, "N") for n in group]
+        sizes = [_ints(n, "N", 0) for n in group]  # (sibling_groups keeps only nodes that state N)
         graph.initializer.extend(
             [
                 store(f"{base}.weight", np.concatenate([read_array(t, base_dir) for t in weights])),
@@ -194,8 +195,8 @@ def merge_sibling_matmuls(
         if zero_points:  # per output row, like the weights: stacked along N the same way
             stacked = np.concatenate([read_array(t, base_dir) for t in zero_points])
             graph.initializer.append(store(f"{base}.zero_points", stacked))
-        attrs = {a: _ints(first, a) for a in _NBITS_ATTRS if attribute(first, a) is not None}
-        attrs["N"] = sum(sizes)  # type: ignore[arg-type]
+        attrs: dict[str, Any] = {a: _ints(first, a) for a in _NBITS_ATTRS if attribute(first, a) is not None}
+        attrs["N"] = sum(sizes)
         fused = helper.make_node(
             "MatMulNBits",
             [

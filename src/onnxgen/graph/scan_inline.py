@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -173,10 +173,11 @@ def scan_eligibility(node: ir.Node, graph: ir.Graph, opset: int) -> str | None:
         values = node.attributes.get_ints(attr)
         if values is not None and len(values) != count:
             return f"arity: {attr} has {len(values)} entries for {count} scan tensors"
-    if any(v is None for v in node.inputs):
+    inputs = [v for v in node.inputs if v is not None]
+    if len(inputs) < len(node.inputs):
         return "arity: the Scan has an empty input"
     axes = _axes(node, "scan_input_axes", m)
-    for j, (value, axis) in enumerate(zip(node.inputs[n:], axes, strict=True)):
+    for j, (value, axis) in enumerate(zip(inputs[n:], axes, strict=True)):
         extent = _static_extent(value, axis)
         if extent is not None and extent > 1:
             return f"static-extent: scan input {j} ({value.name}) has extent {extent} on scan axis {axis}"
@@ -242,7 +243,8 @@ class _NameSource:
     def __init__(self, model: ir.Model) -> None:
         self.values: Counter[str] = Counter()
         self.nodes: Counter[str] = Counter()
-        for g in (model.graph, *model.functions.values()):
+        scopes: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+        for g in scopes:
             self._count(g, 1)
 
     def _count(self, g: ir.Graph | ir.Function, sign: int) -> None:
@@ -377,7 +379,7 @@ class _Splice:
             return self._single(op_type, [x, axes], base)
         return self._single(op_type, [x], base, axes=[axis])
 
-    def _single(self, op_type: str, inputs: list[ir.Value], base: str, **attrs: object) -> ir.Value:
+    def _single(self, op_type: str, inputs: list[ir.Value], base: str, **attrs: Sequence[int]) -> ir.Value:
         out = ir.Value(name=self.names.value(f"{base}__{op_type.lower()}"))
         node = ir.node(
             op_type, inputs, attributes=attrs, outputs=[out], name=self.names.node(f"{self.prefix}/{op_type}")

@@ -273,7 +273,10 @@ def commit_graph(
 ) -> onnx.ModelProto:
     """Rule 6: the commit graph re-running ``replays``; ``ports`` gives the ONNX element type and shape of
     every past port and capture (as the verify session reports them), ``model`` the opsets to import."""
-    nodes, inputs, outputs, inits = [], [], [], []
+    nodes: list[onnx.NodeProto] = []
+    inputs: list[onnx.ValueInfoProto] = []
+    outputs: list[onnx.ValueInfoProto] = []
+    inits: list[onnx.TensorProto] = []
     for i, r in enumerate(replays):
         node = onnx.NodeProto()
         node.CopyFrom(r.node)

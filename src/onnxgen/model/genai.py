@@ -36,8 +36,9 @@ def genai_plan(genai: dict[str, Any], path: Path, sig: GraphSignature) -> Plan |
     decoder = (genai.get("model") or {}).get("decoder")
     if not isinstance(decoder, dict):
         return None
-    ins = decoder.get("inputs") if isinstance(decoder.get("inputs"), dict) else {}
-    outs = decoder.get("outputs") if isinstance(decoder.get("outputs"), dict) else {}
+    ins, outs = decoder.get("inputs"), decoder.get("outputs")
+    ins = ins if isinstance(ins, dict) else {}
+    outs = outs if isinstance(outs, dict) else {}
     plan = Plan(source="genai_config", origin=f"{path.name} model.decoder")
     plan.optional_roles = frozenset({"attention_mask", "position_ids"})
     for key, role in (

@@ -6,7 +6,7 @@ Everything here reads a ``ModelProto`` loaded without weights; nothing touches t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import onnx
@@ -74,9 +74,9 @@ def _subgraph_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
             yield from walk_nodes(g.node)
 
 
-def walk_nodes(nodes: list[onnx.NodeProto] | object) -> Iterator[onnx.NodeProto]:
+def walk_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """Every node in ``nodes`` and, recursively, in the subgraphs of their attributes (Scan, Loop, If)."""
-    for node in nodes:  # type: ignore[attr-defined]
+    for node in nodes:
         yield node
         yield from _subgraph_nodes(node)
 

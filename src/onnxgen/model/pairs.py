@@ -23,7 +23,7 @@ least one side (taken from whichever side is static).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from onnxgen.errors import AmbiguousIOError, DecoderIOError
 from onnxgen.model.graph_ports import GraphSignature
@@ -44,10 +44,12 @@ WRITE_INDICES = "write_indices"
 KV_LENGTHS = "nonpad_kv_seqlen"
 
 
-def _index(ports: Iterable[Port], parse: object, claimed: set[str]) -> dict[tuple[int, str], str]:
+def _index(
+    ports: Iterable[Port], parse: Callable[[str], tuple[int, str] | None], claimed: set[str]
+) -> dict[tuple[int, str], str]:
     out: dict[tuple[int, str], str] = {}
     for p in ports:
-        parsed = parse(p.name) if p.name not in claimed else None  # type: ignore[operator]
+        parsed = parse(p.name) if p.name not in claimed else None
         if parsed is None:
             continue
         if parsed in out:

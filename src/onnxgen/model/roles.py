@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from onnxgen.errors import AmbiguousIOError, DecoderIOError
@@ -105,7 +106,7 @@ def check_declared_shapes(plan: Plan, sig: GraphSignature) -> None:
 
 def _pick(plan: Plan, role: str, default: str, ports: tuple[Port, ...], used: set[str]) -> str | None:
     if plan.stated(role):
-        return getattr(plan, role)  # type: ignore[no-any-return]
+        return getattr(plan, role)
     return default if any(p.name == default and p.name not in used for p in ports) else None
 
 
@@ -175,10 +176,10 @@ def _position_ok(p: Port) -> bool:
     return p.rank == 3 and (not isinstance(p.shape[0], int) or p.shape[0] == 3)
 
 
-def _check_port(port: Port | None, role: str, ok: object, wanted: str) -> None:
+def _check_port(port: Port | None, role: str, ok: Callable[[Port], bool], wanted: str) -> None:
     if port is None or not port.rank_known:
         return
-    if not ok(port):  # type: ignore[operator]
+    if not ok(port):
         raise DecoderIOError(
             f"'{port.name}' ({role}) is {port.dtype} {_show(port.shape)}; onnxgen needs {wanted}"
         )

@@ -65,7 +65,7 @@ def _as_id(value: Any, where: str, key: str, *, many: bool) -> Value | None:
     if value is None:
         return None
     if many and isinstance(value, list):
-        ids = tuple(_as_id(v, where, key, many=False) for v in value)  # type: ignore[misc]
+        ids = tuple(_as_id(v, where, key, many=False) for v in value)
         return tuple(i for i in ids if i is not None) or None  # type: ignore[misc]
     if isinstance(value, bool) or not isinstance(value, int):
         kind = "an integer or a list of integers" if many else "an integer"
@@ -174,9 +174,9 @@ def _collect(
     if (tc := get("tokenizer_config")) is not None:
         lookup = _TokenLookup(tc[1], tokenizer_path, token_id)
         for key in _FIELDS:
-            token_id = lookup(tc[1].get(key.replace("_id", "")))
-            if token_id is not None:
-                out.setdefault(key, []).append((tc[0], token_id))
+            found_id = lookup(tc[1].get(key.replace("_id", "")))
+            if found_id is not None:
+                out.setdefault(key, []).append((tc[0], found_id))
         _add_length(out, tc[0], tc[1].get("model_max_length"), "model_max_length")
     if "eos_token_id" not in out and tokenizer_path is not None:
         found = _TokenLookup(tc[1] if tc is not None else {}, tokenizer_path).known(EOS_TOKEN_NAMES)

@@ -338,7 +338,7 @@ class BatchState:
             arrays.append(np.ascontiguousarray(mask, dtype=self._dtypes.mask))
             binding.bind_cpu_input(io.attention_mask, arrays[-1])
         if io.position_ids is not None:
-            pos = lengths.reshape(n, 1).astype(self._dtypes.position)
+            pos: np.ndarray = lengths.reshape(n, 1).astype(self._dtypes.position)
             if io.position_ids_rank == 3:
                 pos = np.broadcast_to(pos, (3, n, 1))
             arrays.append(np.ascontiguousarray(pos))

@@ -133,7 +133,7 @@ class LengthMask:
     ``filled`` positions, zeros after. Both lanes of the state share it; a step at position ``past``
     writes one element, or (after a rewind, or steps that ran without a lane) re-fills it first."""
 
-    def __init__(self, capacity: int, dtype: np.dtype) -> None:
+    def __init__(self, capacity: int, dtype: np.dtype | type) -> None:
         self.buffer = HostBuffer.wrap(aligned_zeros((1, capacity), dtype))
         self.row = self.buffer.array[0]
         self.filled = 0
@@ -149,7 +149,7 @@ class OnesMasks:
     once per shape: binding a kept OrtValue is much cheaper than making one from numpy at every step of a
     decode loop. At most ``MASK_VALUES`` shapes are kept (then they are made again)."""
 
-    def __init__(self, dtype: np.dtype) -> None:
+    def __init__(self, dtype: np.dtype | type) -> None:
         self.dtype = dtype
         self.buffer = np.ones(0, dtype=dtype)
         self.values: dict[tuple[int, int], ort.OrtValue] = {}
@@ -329,7 +329,7 @@ class OrtInternals:
                 "which int4 quantization (exporting an MTP head, a drafter's int4 lm_head) uses; install an "
                 "onnxruntime that has it"
             )
-        return fn  # type: ignore[no-any-return]
+        return fn
 
     @classmethod
     def session(
@@ -359,7 +359,7 @@ class OrtInternals:
         session = make(options, source, isinstance(source, str), from_config)
         before_initialize()
         session.initialize_session(["CPUExecutionProvider"], [{}], set())
-        return wrap(session)  # type: ignore[no-any-return]
+        return wrap(session)
 
     @classmethod
     def missing(cls, session: ort.InferenceSession, binding: ort.IOBinding, value: ort.OrtValue) -> list[str]:

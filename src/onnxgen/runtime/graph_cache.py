@@ -44,9 +44,10 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Set
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -594,7 +595,7 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def relocate(
-    model: onnx.ModelProto, base: Path, root: Path, names: set[str] = frozenset(), folder: Path | None = None
+    model: onnx.ModelProto, base: Path, root: Path, names: Set[str] = frozenset(), folder: Path | None = None
 ) -> None:
     """Rewrite every external location of ``model`` relative to ``root``: the tensors ``names`` lie in
     ``folder``, the others in ``base``."""
@@ -641,7 +642,7 @@ class WeightFile:
     def __init__(self, path: Path, final: Path) -> None:
         self.path = path
         self.name = final.name
-        self._file = None
+        self._file: BinaryIO | None = None
         self._offset = 0
         self.names: set[str] = set()  # the tensors written to the file
 

@@ -33,7 +33,7 @@ MB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _madvise():  # type: ignore[no-untyped-def]
+def _madvise():
     if not sys.platform.startswith("linux"):
         return None
     try:

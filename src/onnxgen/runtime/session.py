@@ -218,6 +218,13 @@ class DecoderSession:
                     self._switch_to_verify_plan()
         return self._verify_plan
 
+    @verify_plan.setter
+    def verify_plan(self, plan: VerifyPlan | None) -> None:
+        """Use ``plan`` (None: commit by replay) from now on, on the session as it is."""
+        with self._verify_lock:
+            self._pending = None
+            self._verify_plan = plan
+
     def _verify_graph(self) -> tuple[bytes, VerifyPlan] | None:
         """The prepared graph rewritten for the verify plan (serialized, weights by reference) and the plan;
         None (and why, logged) where no plan covers the model's states."""
@@ -235,13 +242,14 @@ class DecoderSession:
         self._verify_strategy = None
         if built is None:
             return
-        data, plan = built
+        data, built_plan = built
+        plan: VerifyPlan | None = built_plan
         self._release_session()
         try:
             session = self._load(data)
         except Exception:
             log.warning("the verify plan's graph could not be loaded; verifies will replay instead")
-            session, plan = self._load(self.prepared.source()[0]), None  # type: ignore[assignment]
+            session, plan = self._load(self.prepared.source()[0]), None
         if plan is not None:
             plan.attach(session, self._providers)
         self.session, self._verify_plan = session, plan
@@ -305,7 +313,7 @@ class DecoderSession:
         session itself (its memory goes before a replacement is loaded); :meth:`current` waits meanwhile."""
         for owner in list(self._binding_owners):
             owner.drop_bindings()
-        self.session = None  # type: ignore[assignment]
+        self.session = None
 
     def current(self) -> ort.InferenceSession:
         """The onnxruntime session, waiting while it is being replaced (:attr:`verify_plan`)."""
@@ -318,13 +326,6 @@ class DecoderSession:
     def track(self, owner: BindingOwner) -> None:
         """Note an object that keeps IO bindings of this session (they are dropped when it is replaced)."""
         self._binding_owners.add(owner)
-
-    @verify_plan.setter
-    def verify_plan(self, plan: VerifyPlan | None) -> None:
-        """Use ``plan`` (None: commit by replay) from now on, on the session as it is."""
-        with self._verify_lock:
-            self._pending = None
-            self._verify_plan = plan
 
     def _output_dtype(self, name: str) -> np.dtype:
         t = next(o.type for o in self.session.get_outputs() if o.name == name)
@@ -444,11 +445,12 @@ class DecoderSession:
     ) -> None:
         """Leave this step's lane to the next step of its parity: a plain step's, or a fetching step's whose
         fetched outputs are all bound to persistent buffers (the lane carries those buffers)."""
-        if fetch and (binder.fetch_bound is None or binder.fetch_bound[0] is not fetch):
+        bound = binder.fetch_bound
+        if fetch and (bound is None or bound[0] is not fetch):
             return
         lane = self._lane(state, session, binder, step, logits_buf)
-        if lane is not None and fetch:
-            lane.fetch, lane.fetched = fetch, binder.fetch_bound[1]  # type: ignore[index]
+        if lane is not None and fetch and bound is not None:
+            lane.fetch, lane.fetched = fetch, bound[1]
         state.bindings.lanes[parity] = lane
 
     @staticmethod
@@ -644,7 +646,8 @@ class DecoderSession:
         if raw is None:
             return None
         held = None
-        if self.length_mask and session is self.session:  # (length_mask implies a mask input)
+        if self.length_mask and session is self.session:
+            assert self.io.attention_mask is not None  # length_mask implies a mask input
             held = state.bindings.lane_mask
             if held is None:
                 held = state.bindings.lane_mask = LengthMask(state.capacity, self._dtypes.mask)

@@ -81,8 +81,9 @@ class PerPositionPlan(VerifyPlan):
     def commit(
         self, state: DecodeState, snap: Snapshot, fetched: Mapping[str, ort.OrtValue], tokens: int, kept: int
     ) -> bool:
-        rows = [p.select(fetched[p.output].numpy(), tokens, kept) for p in self.per_position]
-        if any(r is None for r in rows):
+        selected = [p.select(fetched[p.output].numpy(), tokens, kept) for p in self.per_position]
+        rows = [r for r in selected if r is not None]
+        if len(rows) < len(selected):
             return False  # a state window shorter than this verify
         buffers = state.spare_states()
         for buf, row in zip(buffers, rows, strict=True):

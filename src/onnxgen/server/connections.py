@@ -54,7 +54,7 @@ def header_deadline_protocol(seconds: float) -> type[asyncio.Protocol]:
 
     base: Any = AutoHTTPProtocol
 
-    class HeaderDeadlineProtocol(base):  # type: ignore[misc,valid-type]
+    class HeaderDeadlineProtocol(base):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._waiting_since: Any = None  # the cycle (None: none yet) a request has not followed

@@ -9,7 +9,7 @@ token counters, and time-to-first-token, inter-token and end-to-end latency hist
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -160,7 +160,7 @@ class _Finished:
             return Both(self.finished.labels(reason), self.success.labels(self.model_name, reason))
         return self.finished.labels(reason)
 
-    def collect(self) -> list[Metric]:
+    def collect(self) -> Iterable[Metric]:
         """The finished-requests counter's samples (as ``Counter.collect``)."""
         return self.finished.collect()
 

@@ -255,7 +255,7 @@ class RequestPreparer:
         if chat:
             count_messages_and_tools(body)
         batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
-        if not chat and batch and len(prompt) > self.config.max_queue:
+        if not chat and batch and isinstance(prompt, list) and len(prompt) > self.config.max_queue:
             raise ApiError(
                 400,
                 f"{len(prompt)} prompts exceed this server's queue of {self.config.max_queue}; split them",
@@ -274,7 +274,7 @@ class RequestPreparer:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
-        prompts = req.prompts()
+        prompts: Sequence[str | list[int]] = req.prompts()
         out = []
         for p, prompt in enumerate(prompts):
             which = "the prompt" if len(prompts) == 1 else f"prompt {p}"

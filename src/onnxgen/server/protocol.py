@@ -117,6 +117,12 @@ class SamplingFields(BaseModel):
         return None
 
     @property
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives per token in ``logprobs``; None when no logprobs are asked for (each endpoint
+        names the count its own way)."""
+        return None
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -155,7 +161,7 @@ class CompletionRequest(SamplingFields):
         if isinstance(p, str):
             return [p]
         if p and isinstance(p[0], int):
-            return [p]  # type: ignore[list-item]
+            return [p]
         return p  # type: ignore[return-value]
 
 

@@ -34,7 +34,7 @@ from onnxgen.server.prepare import Prepared, count_messages_and_tools, validatio
 from onnxgen.server.protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest
 from onnxgen.server.security import api_key_of
 from onnxgen.server.service import Service
-from onnxgen.server.streaming import DISCONNECTED, RequestStream, collect
+from onnxgen.server.streaming import RequestStream, collect
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +199,9 @@ async def _events(
             yield _event(event)
         while not finished:
             item = await stream.next()
-            if item == DISCONNECTED:
+            if isinstance(item, str):  # DISCONNECTED
                 return
-            for delta in item:  # type: ignore[union-attr]
+            for delta in item:
                 if delta.error is not None:
                     code = "invalid_request" if delta.client_error else "server_error"
                     for event in run.builder.fail(delta.error, code):

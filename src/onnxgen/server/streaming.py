@@ -124,7 +124,7 @@ async def collect(stream: RequestStream, request: Request) -> Collected:
     try:
         while remaining:
             item = await stream.next()
-            if item == DISCONNECTED:
+            if isinstance(item, str):  # DISCONNECTED
                 stream.cancel()
                 out.disconnected = True
                 return out
@@ -166,7 +166,9 @@ async def sse_events(
             yield _sse(chunk)
         while remaining:
             item = await stream.next()
-            for delta in item:  # type: ignore[union-attr]
+            if isinstance(item, str):  # DISCONNECTED: pushed only where a watcher runs (collect), not here
+                return
+            for delta in item:
                 if delta.error is not None:  # the request ends here; finally cancels its other choices
                     kind = "invalid_request_error" if delta.client_error else "server_error"
                     yield _sse(error_body(delta.error, kind))
@@ -176,9 +178,9 @@ async def sse_events(
                     record.completion_tokens = tokens
                 if delta.finish_reason is not None:
                     remaining -= 1
-                chunk = shape.chunk(delta)
-                if chunk is not None:
-                    yield _sse(chunk)
+                body = shape.chunk(delta)
+                if body is not None:
+                    yield _sse(body)
         if include_usage:
             yield _sse(shape.usage_chunk(usage(stream.prompt_tokens, tokens, stream.handle.cached_tokens)))
         yield "data: [DONE]\n\n"

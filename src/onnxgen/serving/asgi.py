@@ -83,8 +83,13 @@ class AppRunner:
                 started.set_result(message)
 
         scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": self._state}
-        self._lifespan = asyncio.create_task(self.app(scope, receive, send))
-        await asyncio.wait({self._lifespan, started}, return_when=asyncio.FIRST_COMPLETED)
+
+        async def lifespan() -> None:
+            await self.app(scope, receive, send)
+
+        self._lifespan = asyncio.create_task(lifespan())
+        first: set[asyncio.Future[Any]] = {self._lifespan, started}
+        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
         if not started.done() or started.result()["type"] != "lifespan.startup.complete":
             message = started.result().get("message", "") if started.done() else "the app ended"
             raise RuntimeError(f"the app's startup failed: {message}")

@@ -56,7 +56,7 @@ METRICS_PERIOD_S = 5.0
 class OnnxgenEngine:
     """One engine replica: the ``onnxgen serve`` app, driven in process."""
 
-    async def __init__(self, spec: EngineSpec) -> None:
+    async def __init__(self, spec: EngineSpec) -> None:  # type: ignore[misc]  # Ray Serve awaits it
         app, _ = await asyncio.to_thread(load_app, spec)
         self.name = serve.get_replica_context().replica_id.to_full_id_str()
         self.runner = AppRunner(app, [(REPLICA_HEADER.encode(), self.name.encode())])
@@ -134,7 +134,13 @@ def build_app(
     return ingress.bind(engines.bind(spec), spec.security, retries)
 
 
-_APP_ARGS = ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "affinity_slack")
+_APP_ARGS: tuple[str, ...] = (
+    "replicas",
+    "min_replicas",
+    "max_replicas",
+    "target_ongoing_requests",
+    "affinity_slack",
+)
 _APP_ARGS += ("ingress_replicas", "retries")
 _INTEGERS = ("replicas", "min_replicas", "max_replicas", "affinity_slack", "ingress_replicas", "retries")
 _ENGINE_INTEGERS = ("threads", "max_batch", "max_queue", "max_model_len", "prefill_chunk", "min_rows")

@@ -97,8 +97,8 @@ class OnnxgenIngress:
             request.scope.get("query_string", b""),
             list(request.scope["headers"]),
             body,
-            client,  # type: ignore[arg-type]
-            server,  # type: ignore[arg-type]
+            client,
+            server,
             key,
         )
 
@@ -141,7 +141,7 @@ class OnnxgenIngress:
             for chunk in first:
                 yield chunk
             async for chunk in stream:
-                yield chunk  # type: ignore[misc]
+                yield chunk
         except REPLICA_FAILED as e:
             self.metrics.broken.inc()
             message = f"the replica serving this request failed mid-stream ({e}); the response is incomplete"
@@ -162,7 +162,7 @@ def _sse_error(message: str) -> bytes:
 
 
 async def _all(stream: DeploymentResponseGenerator) -> list[bytes]:
-    return [chunk async for chunk in stream]  # type: ignore[misc]
+    return [chunk async for chunk in stream]
 
 
 def _carries_output(chunk: bytes) -> bool:
@@ -184,7 +184,7 @@ def _carries_output(chunk: bytes) -> bool:
 async def _leading_events(stream: DeploymentResponseGenerator) -> list[bytes]:
     chunks: list[bytes] = []
     async for chunk in stream:
-        chunks.append(chunk)  # type: ignore[arg-type]
-        if _carries_output(chunk):  # type: ignore[arg-type]
+        chunks.append(chunk)
+        if _carries_output(chunk):
             break
     return chunks

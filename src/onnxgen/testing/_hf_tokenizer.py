@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 # Qwen3.5's split (transformers' Qwen3_5Tokenizer); the builder re-saves Qwen3.5 tokenizers with it.
 PRETOKENIZE_REGEX = (
@@ -72,7 +73,9 @@ def byte_level_bpe(
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    affixes = {"continuing_subword_prefix": "", "end_of_word_suffix": ""} if name_affixes else {}
+    affixes: dict[str, Any] = (
+        {"continuing_subword_prefix": "", "end_of_word_suffix": ""} if name_affixes else {}
+    )
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,

@@ -185,7 +185,7 @@ def catalogue(model: str, max_batch: int, max_queue: int) -> list[Abuse]:
 def _tokenize(model: str) -> list[Abuse]:
     """``/tokenize`` takes what a completion or chat request takes, no more."""
     user = [{"role": "user", "content": "hi"}]
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    tool: dict[str, Any] = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     tools = [{**tool, "function": {**tool["function"], "name": f"f{i}"}} for i in range(10_000)]
     return [
         Abuse(

@@ -17,6 +17,7 @@ keys in ``[batch, kv_heads, seq, head_dim]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -110,7 +111,7 @@ def attention_gqa(
     rotary: dict[str, object] = {"do_rotary": 1, "rotary_interleaved": 0}
     extra = [cos, sin]
     if position_ids is not None:
-        mrope = {"mrope_section": mrope_section(s.head_dim), "mrope_layout": 1}
+        mrope: dict[str, Any] = {"mrope_section": mrope_section(s.head_dim), "mrope_layout": 1}
         q = b.op1("MRotaryEmbedding", [q, position_ids, cos, sin], domain=MS, num_heads=s.num_heads, **mrope)
         k = b.op1(
             "MRotaryEmbedding", [k, position_ids, cos, sin], domain=MS, num_heads=s.num_kv_heads, **mrope

@@ -200,6 +200,7 @@ def _declare_outputs(b: GraphBuilder, spec: TinySpec, style: Style, ports: Ports
     b.output("logits", "float32", ["batch_size", "sequence_length", spec.vocab_size])
     kv = {p.layer: p for p in ports.kv}
     form = ports.variant.kv
+    shape: list[int | str | None]
     for layer in range(spec.num_layers):
         if layer in kv:
             if form == "stacked":
@@ -216,8 +217,9 @@ def _declare_outputs(b: GraphBuilder, spec: TinySpec, style: Style, ports: Ports
         for st in (st for st in ports.states if st.layer == layer):
             shape = list(st.shape)
             if style.states == "mobius":  # mobius leaves present state shapes symbolic
-                shape = ["batch_size"] + [
-                    f"present_{layer}_{st.kind}_state_dim_{i}" for i in range(1, len(shape))
+                shape = [
+                    "batch_size",
+                    *(f"present_{layer}_{st.kind}_state_dim_{i}" for i in range(1, len(shape))),
                 ]
             b.output(st.output, "float32", shape)
 

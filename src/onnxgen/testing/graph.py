@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -81,7 +82,7 @@ class GraphBuilder:
         *,
         domain: str = "",
         outputs: Sequence[str] | None = None,
-        **attrs: object,
+        **attrs: Any,
     ) -> str | list[str]:
         """Append a node; returns its single output name, or a list when ``n_out`` > 1."""
         outs = list(outputs) if outputs is not None else [self.fresh(op_type.lower()) for _ in range(n_out)]
@@ -100,7 +101,7 @@ class GraphBuilder:
         *,
         domain: str = "",
         out: str | None = None,
-        **attrs: object,
+        **attrs: Any,
     ) -> str:
         """Append a single-output node; returns its output name (``out`` when given)."""
         outs = [out] if out is not None else [self.fresh(op_type.lower())]
@@ -114,7 +115,7 @@ class GraphBuilder:
         outputs: Sequence[str | None],
         *,
         domain: str = "",
-        **attrs: object,
+        **attrs: Any,
     ) -> list[str]:
         """Append a node with several outputs; ``None`` entries get fresh names. Returns all output names."""
         outs = [o if o is not None else self.fresh(op_type.lower()) for o in outputs]

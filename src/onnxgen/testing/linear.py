@@ -29,6 +29,7 @@ Contracts checked on onnxruntime 1.32 (see tests/testing/test_linear_layers.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def _weights(b: GraphBuilder, w: dict[str, np.ndarray], layer: int, names: tuple
     return {n: b.const(np.ascontiguousarray(w[p + n], dtype=np.float32), name=p + n) for n in names}
 
 
-def _op(b: GraphBuilder, op_type: str, inputs: list[str], **attrs: object) -> str:
+def _op(b: GraphBuilder, op_type: str, inputs: list[str], **attrs: Any) -> str:
     """One single-output node; returns its output name."""
     out = b.op(op_type, inputs, **attrs)
     if not isinstance(out, str):
@@ -70,7 +71,7 @@ def _op(b: GraphBuilder, op_type: str, inputs: list[str], **attrs: object) -> st
     return out
 
 
-def _ops(b: GraphBuilder, op_type: str, inputs: list[str], outputs: list[str], **attrs: object) -> list[str]:
+def _ops(b: GraphBuilder, op_type: str, inputs: list[str], outputs: list[str], **attrs: Any) -> list[str]:
     """One node with several named outputs; returns their names."""
     b.op(op_type, inputs, outputs=outputs, **attrs)
     return outputs

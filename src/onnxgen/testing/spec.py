@@ -23,6 +23,7 @@ Weight names (all float32, ``x @ W`` convention, i.e. ``W`` is ``[in, out]``):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -76,11 +77,11 @@ class TinySpec:
         return 2 * self.lin_key_heads * self.lin_key_dim + self.lin_value_heads * self.lin_value_dim
 
     @classmethod
-    def hybrid(cls, **kw: object) -> TinySpec:
+    def hybrid(cls, **kw: Any) -> TinySpec:
         """Qwen3.5-like layout: one full-attention layer in every four (layers 3, 7, ...)."""
-        n = int(kw.pop("num_layers", 4))  # type: ignore[arg-type]
+        n = int(kw.pop("num_layers", 4))
         types = tuple("attention" if i % 4 == 3 else "linear" for i in range(n))
-        return cls(num_layers=n, layer_types=types, **kw)  # type: ignore[arg-type]
+        return cls(num_layers=n, layer_types=types, **kw)
 
 
 def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:

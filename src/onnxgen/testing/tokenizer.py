@@ -69,7 +69,11 @@ def tiny_tokenizer(vocab_size: int) -> Tokenizer:
 def special_token_ids(vocab_size: int) -> dict[str, int]:
     """Ids of ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` keyed by token."""
     tok = tiny_tokenizer(vocab_size)
-    return {t: int(tok.token_to_id(t)) for t in SPECIAL_TOKENS}
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    missing = [t for t, i in ids.items() if i is None]
+    if missing:
+        raise ValueError(f"the tiny tokenizer lacks the special tokens {missing}")
+    return {t: int(i) for t, i in ids.items() if i is not None}
 
 
 def _tokenizer_config(tok: Tokenizer, model_max_length: int) -> dict[str, object]:

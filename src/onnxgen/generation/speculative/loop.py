@@ -79,7 +79,7 @@ class SpeculativeLoop(TokenLoop):
         self,
         session: DecoderSession,
         state: DecodeState,
-        prompt: Sequence[int],
+        prompt: Sequence[int] | np.ndarray,
         params: SamplingParams,
         eos_ids: Sequence[int],
         proposer: Proposer,
