@@ -155,7 +155,8 @@ def test_resident_bytes_from_pagemap_agree_with_smaps() -> None:
         counted = memory.resident_bytes([mine])
     except OSError:
         pytest.skip("/proc/self/pagemap cannot be read here")
-    assert counted == [mine.rss] and 5 << 20 <= mine.rss < 6 << 20
+    # (written pages plus at most one 2 MiB huge page the kernel may have backed the edge with)
+    assert counted == [mine.rss] and 5 << 20 <= mine.rss <= 7 << 20
     del data
     buf.close()
 
