@@ -10,9 +10,9 @@ usual default) or whose mapping happens to be aligned (``always``), and onnxrunt
 session was created, it marks the mappings the session added or grew (the heap among them)
 ``MADV_HUGEPAGE`` and collapses them into huge pages now (``MADV_COLLAPSE``, Linux 6.1+), skipping
 mappings that are mostly unpopulated (collapsing those would make their holes resident). It copies the
-memory once (time in proportion to its size): up to ``SYNC_LIMIT`` bytes before the
-session is returned, a larger model on a background thread (``madvise`` releases the GIL), so loading a
-big model is not held up by seconds and its steps speed up once the collapse is done (:func:`wait`).
+memory once (time in proportion to its size), on a background thread (``madvise`` releases the GIL; up to
+``SYNC_LIMIT`` bytes could be collapsed before the session is returned, by default none), so a load is not
+held up by it and the steps speed up once the collapse is done (:func:`wait`).
 The background thread collapses ``CHUNK`` bytes at a time and only while the rest of the process is idle
 (:func:`others_busy`): a collapse holds the address space's lock while it copies, so running beside the
 first request after a load it stalled that request's allocations and page faults (its first token came
@@ -46,7 +46,10 @@ MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 MIN_POPULATED = 0.75  # share of a mapping that must be resident before it is collapsed
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-SYNC_LIMIT = 256 << 20  # bytes collapsed while loading; more is collapsed on a background thread
+# bytes collapsed while loading; more is collapsed on a background thread. 0: always in the background, so a
+# load returns as soon as onnxruntime's session is ready (a synchronous collapse added ~0.35 s to a 135M int4
+# model's 0.3 s load; docs/benchmarks.md) and the pages turn huge in the process's idle moments
+SYNC_LIMIT = 0
 CHUNK = 8 << 20  # bytes a background collapse copies between checks that the process is idle
 IDLE_WINDOW_S = 0.02  # how long the background thread watches the process's CPU time before a chunk
 BUSY_SHARE = 0.2  # CPU time of the other threads, as a share of the window, that counts as busy
