@@ -90,6 +90,7 @@ def test_more_than_the_load_time_limit_is_collapsed_on_a_background_thread(
 ) -> None:
     """A big model's load is not held up by the copy: it runs on a thread, and wait() joins it."""
     monkeypatch.setattr(hugepages, "SYNC_LIMIT", 4 << 20)
+    assert hugepages.wait(timeout=60)  # the collapses of models loaded earlier in this process
     before = hugepages.anonymous_mappings()
     buf = _private_anonymous(16 << 20)
     data = np.frombuffer(buf, dtype=np.uint8)
