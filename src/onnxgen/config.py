@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from onnxgen.errors import SettingError
@@ -236,6 +237,15 @@ def env_model() -> str | None:
 def env_cache_dir() -> str | None:
     """``$ONNXGEN_CACHE_DIR``: where prepared session graphs are kept."""
     return _env_text(CACHE_DIR)
+
+
+def cache_home() -> Path:
+    """The folder onnxgen keeps what it makes on disk in (prepared graphs, converted GGUF files, pulled
+    models): ``$ONNXGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxgen``, else ``~/.cache/onnxgen``."""
+    given = env_cache_dir()
+    if given:
+        return Path(given).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxgen"
 
 
 def env_cache_off() -> bool:

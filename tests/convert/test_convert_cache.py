@@ -11,8 +11,9 @@ from gguf import GGMLQuantizationType as T
 from gguf_fixtures import Spec, write_gguf
 
 import onnxgen.convert
+from onnxgen.config import cache_home
 from onnxgen.convert import cached_gguf_model, convert_gguf
-from onnxgen.convert.cache import DONE, default_cache_root
+from onnxgen.convert.cache import DONE
 
 
 def test_the_public_api_is_pinned() -> None:
@@ -67,8 +68,9 @@ def test_a_failed_conversion_leaves_nothing_in_the_cache(tmp_path: Path) -> None
 def test_the_default_cache_root_follows_onnxgens_cache_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # (conversions go to cache_home() / "gguf", beside the prepared graphs and the pulled models)
     monkeypatch.setenv("ONNXGEN_CACHE_DIR", str(tmp_path / "mine"))
-    assert default_cache_root() == tmp_path / "mine"
+    assert cache_home() == tmp_path / "mine"
     monkeypatch.delenv("ONNXGEN_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_cache_root() == tmp_path / "xdg" / "onnxgen"
+    assert cache_home() == tmp_path / "xdg" / "onnxgen"

@@ -9,25 +9,16 @@ complete copy.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from onnxgen.config import env_cache_dir
+from onnxgen.config import cache_home
 from onnxgen.convert.package import DEFAULT_ACCURACY_LEVEL, write_model_dir
 from onnxgen.errors import GGUFConversionError
 
 CONVERTER_VERSION = 1  # bumped when a conversion of the same file would come out different
 DONE = ".complete"  # written last into a finished directory
-
-
-def default_cache_root() -> Path:
-    """``$ONNXGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnxgen``, else ``~/.cache/onnxgen`` (the folder the
-    prepared-graph cache uses)."""
-    if env_cache_dir():
-        return Path(str(env_cache_dir()))
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxgen"
 
 
 def file_digest(path: Path) -> str:
@@ -46,7 +37,7 @@ def cached_model(
     path = Path(src)
     if not path.is_file():
         raise GGUFConversionError(f"GGUF file {str(path)!r} does not exist")
-    root = (Path(cache_root) if cache_root is not None else default_cache_root()) / "gguf"
+    root = (Path(cache_root) if cache_root is not None else cache_home()) / "gguf"
     level = DEFAULT_ACCURACY_LEVEL if accuracy_level is None else accuracy_level
     key = f"{file_digest(path)[:32]}-v{CONVERTER_VERSION}-a{level}"
     target = root / key

@@ -81,9 +81,8 @@ class Engine:
             raise GenerationError(
                 f"request id {request_id!r} is already running; give each request its own id"
             )
-        for (
-            seq
-        ) in group:  # speculation is off where this model's verify would not give plain decoding's tokens
+        # speculation is off where this model's verify would not give plain decoding's tokens
+        for seq in group:
             seq.speculative = self.generator.speculation_for(seq.speculative)
         self.scheduler.add(group)  # raises QueueFull before the request is known
         self._requests[request_id] = group

@@ -83,7 +83,9 @@ def serialize_attention(model: onnx.ModelProto, token_input: str, width: int) ->
         helper.make_node("Squeeze", ["serial_attention/eq"], [cond]),
     ]
     graph.initializer.append(numpy_helper.from_array(np.array([width], np.int64), "serial_attention/width"))
-    dtype = helper.tensor_dtype_to_np_dtype(_present_type(graph, candidates[0]))
+    # the element type of each present output (a graph output), float where it is not declared
+    declared = {o.name: o.type.tensor_type.elem_type or TensorProto.FLOAT for o in graph.output}
+    dtype = helper.tensor_dtype_to_np_dtype(declared[candidates[0].output[1]])
     graph.initializer.append(numpy_helper.from_array(np.zeros((0,), dtype), EMPTY))
     rewritten: dict[int, onnx.NodeProto] = {}
     for node in candidates:
@@ -93,18 +95,10 @@ def serialize_attention(model: onnx.ModelProto, token_input: str, width: int) ->
         nodes.append(rewritten.get(id(node), node))
     del graph.node[:]
     graph.node.extend(nodes)
-    declared = {o.name: o.type.tensor_type.elem_type for o in graph.output}
     for present, aliases in report.aliases.items():
-        elem = declared.get(present) or TensorProto.FLOAT
         for alias in aliases:
-            graph.output.append(helper.make_tensor_value_info(alias, elem, None))
+            graph.output.append(helper.make_tensor_value_info(alias, declared[present], None))
     return PassResult(out, True, report)
-
-
-def _present_type(graph: onnx.GraphProto, node: onnx.NodeProto) -> int:
-    """The element type of ``node``'s present key (a graph output), float where it is not declared."""
-    declared = {o.name: o.type.tensor_type.elem_type for o in graph.output}
-    return declared.get(node.output[1]) or TensorProto.FLOAT
 
 
 def _ineligible(node: onnx.NodeProto, inputs: set[str], outputs: set[str]) -> str:

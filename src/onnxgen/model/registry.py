@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from onnxgen.config import env_cache_dir
+from onnxgen.config import cache_home
 from onnxgen.errors import ModelPackageError
 
 REGISTRY_FILE = "registry.json"
@@ -22,8 +22,7 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 def models_root() -> Path:
     """The folder pulled models are kept in (made when first written)."""
-    base = env_cache_dir() or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxgen"
-    return Path(base).expanduser() / "models"
+    return cache_home() / "models"
 
 
 def is_short_name(text: str) -> bool:

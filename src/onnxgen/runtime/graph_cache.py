@@ -54,7 +54,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from onnxgen.config import default_threads, env_cache_dir, env_cache_off
+from onnxgen.config import cache_home, default_threads, env_cache_off
 from onnxgen.errors import OnnxgenError, UnsupportedModelError
 from onnxgen.graph.decode_fusions import Fusions, fuse_for_decode, merge_pays
 from onnxgen.graph.hidden_state import expose_hidden_state
@@ -204,9 +204,7 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
         return Path(cache_dir)
     if env_cache_off():
         return _process_folder()
-    if env_cache_dir():
-        return Path(str(env_cache_dir()))
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxgen"
+    return cache_home()
 
 
 _PROCESS: list[Path] = []  # this process's own cache folder, made on first use

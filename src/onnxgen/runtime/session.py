@@ -394,9 +394,9 @@ class DecoderSession:
             raise GenerationError(f"ids have batch {batch} but the decode state was made for {state.batch}")
         if self.vocab_size > 0 and ids.size and not self._ids_in_vocab(ids):
             self._bad_ids(ids, state.length)
-        session = self.current() if self.plan is None or fetch else self.plan.session_for(t, state.steps & 1)
-        persistent = bool(fetch) and t <= SMALL_STEP
         parity = state.steps & 1
+        session = self.current() if self.plan is None or fetch else self.plan.session_for(t, parity)
+        persistent = bool(fetch) and t <= SMALL_STEP
         serial = t == self.serial_width  # binders of their own, binding each position's present outputs too
         kind = (2 * (t + 1) if persistent else 2 if fetch else 0) + (SERIAL_KIND if serial else 0)
         binder = self._binder(state, session, kind)

@@ -16,13 +16,12 @@ one verify, then one more step each), so the engine speculates only where the ou
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from onnxgen.runtime.session import DecoderSession
+from onnxgen.runtime.session import DecoderSession
 
 PROBE_WIDTH = 4  # tokens one probe verify covers (any width above one takes the multi-row kernels)
 
@@ -36,20 +35,19 @@ class VerifyCheck:
 
 
 _LOCK = threading.Lock()
+# each session's last check and the session epoch (graph) it was made on
+_CHECKS: weakref.WeakKeyDictionary[DecoderSession, tuple[int, VerifyCheck]] = weakref.WeakKeyDictionary()
 
 
 def check_verify(session: DecoderSession) -> VerifyCheck:
     """The session's :class:`VerifyCheck`, probed on its first call (and again after the session's graph is
     replaced, e.g. by the verify plan's); later calls return the cached result."""
-    cached = getattr(session, "_verify_check", None)
-    if cached is not None and cached[0] == session.epoch:
-        return cached[1]
     with _LOCK:
-        cached = getattr(session, "_verify_check", None)
+        cached = _CHECKS.get(session)
         if cached is not None and cached[0] == session.epoch:
             return cached[1]
         check = verify_matches_steps(session, session.serial_width or PROBE_WIDTH)
-        session._verify_check = (session.epoch, check)  # type: ignore[attr-defined]
+        _CHECKS[session] = (session.epoch, check)
         return check
 
 

@@ -122,10 +122,11 @@ def load_app(spec: EngineSpec, say: Callable[[str], None] = lambda _: None) -> t
     default = speculative.build() if speculative is not None else None
     llm.check_speculative(default)  # the MTP head, the draft model (loaded now): an error before serving
     limits = BatchLimits.resolve(config, llm.package, llm.session)  # the context; this CPU's probe
-    if config.max_model_len is None:  # say where the default length comes from when it is not the context
-        length, why = default_max_model_len(llm.io, llm.package.context_length, config.max_batch)
-        if length == limits.max_model_len and why.startswith("cut"):
-            say(f"{length} tokens per sequence ({why})")
+    context = llm.package.context_length
+    if config.max_model_len is None and context is not None and limits.max_model_len < context:
+        # the default cut the model's context to the KV budget: say so, and why
+        why = default_max_model_len(llm.io, context, config.max_batch)[1]
+        say(f"{limits.max_model_len} tokens per sequence ({why})")
     app = create_app(
         llm,
         limits,
